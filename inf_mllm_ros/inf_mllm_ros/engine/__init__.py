@@ -1,0 +1,1 @@
+"""The streaming engine: bounded KV cache, eviction policies, model adapters. Imports no rclpy."""
