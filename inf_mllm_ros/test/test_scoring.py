@@ -185,6 +185,9 @@ TRITON_CASES = [
     ("head_dim_128", 2, 2, 128, 50, 3, "float32", False),
     ("head_dim_48", 2, 1, 48, 13, 4, "float32", False),
     ("strided_query", 4, 2, 64, 60, 6, "float32", True),
+    # Windows longer than one query tile; later key blocks skip the queries that cannot see them.
+    ("long_window_fp32", 2, 1, 64, 10, 90, "float32", False),
+    ("long_window_bf16", 4, 2, 64, 20, 70, "bfloat16", False),
 ]
 
 
@@ -215,7 +218,7 @@ def test_triton_matches_torch(triton_results, case):
     result = triton_results[case[0]]
     assert result["shape"] == [case[2], case[4] + case[5]]
     assert result["max_err"] <= 1e-4, result
-    assert result["sum_err"] <= 1e-4, result
+    assert result["sum_err"] <= 1e-5, result
 
 
 def triton_case(name, num_heads, num_kv, head_dim, n_past, q, dtype, transposed):
@@ -230,7 +233,7 @@ def triton_case(name, num_heads, num_kv, head_dim, n_past, q, dtype, transposed)
     return {
         "shape": list(got.shape),
         "max_err": (got - want).abs().max().item(),
-        "sum_err": (got.sum(dim=1) - group * q).abs().max().item(),
+        "sum_err": ((got.sum(dim=1) - group * q).abs().max() / (group * q)).item(),  # relative
     }
 
 

@@ -156,7 +156,7 @@ def window_scores_triton(
     """Triton path of `scoring.window_scores`; same shapes and result (float32 [num_kv, keys]).
 
     block_m (window queries per tile) defaults to 16 for short windows (decode steps, tl.dot's
-    minimum) and 64 for long ones (prefill chunks); block_n is the keys per tile.
+    minimum) and 64 for long ones (prefill chunks, 32 in fp32); block_n is the keys per tile.
     """
     if triton is None:
         raise RuntimeError(f"triton is not available: {_IMPORT_ERROR}")
@@ -164,7 +164,8 @@ def window_scores_triton(
     num_kv, n_keys, _ = key.shape
     group = num_heads // num_kv
     if block_m is None:
-        block_m = 16 if n_q <= 16 else 64
+        # fp32 tiles of 64 queries x 128 dims nearly fill the 99 KiB of shared memory on sm_86/89.
+        block_m = 16 if n_q <= 16 else (32 if query.element_size() == 4 else 64)
     if key.dtype != query.dtype:
         key = key.to(query.dtype)
     # tl.dot needs K >= 16; pad the head dim to a power of two and mask the tail.
