@@ -1,0 +1,36 @@
+"""Fixtures shared by the tests: repository root, and an isolated ROS environment."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# One ROS domain per test session, set before any test starts rclpy, so nodes made in this
+# process and in its child processes meet each other and nothing else on the machine.
+# Derived from the pid so that two sessions running at once differ (1..100 are safe ports).
+SESSION_DOMAIN_ID = str(os.getpid() % 100 + 1)
+os.environ["ROS_DOMAIN_ID"] = SESSION_DOMAIN_ID
+os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes more than a few seconds (real model, long streams)")
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    """The repository root (holds inf_mllm_interfaces/ and inf_mllm_ros/)."""
+    return REPO_ROOT
+
+
+@pytest.fixture
+def ros_env() -> dict:
+    """Environment for child processes: this one, on localhost, in this session's domain."""
+    env = dict(os.environ)
+    env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    env["ROS_DOMAIN_ID"] = SESSION_DOMAIN_ID
+    return env
