@@ -100,7 +100,8 @@ def image_msg_to_rgb(msg: Any) -> np.ndarray:
 
     Supported encodings: rgb8, bgr8, rgba8, bgra8 (alpha dropped), mono8, 8UC1/8UC3/8UC4,
     mono16 (top 8 bits kept) and 16UC1 (depth: the valid, non-zero range of the frame is
-    stretched to 1..255, zeros stay black). Row padding (``step``) and ``is_bigendian`` are honoured.
+    stretched to 1..255, zeros stay black). Row padding (``step``) and ``is_bigendian`` are
+    honoured.
 
     Raises:
         ImageConversionError: with ``kind`` "empty", "encoding" or "size".
@@ -289,5 +290,6 @@ def rgb_to_compressed_fields(rgb: np.ndarray, fmt: str = "jpeg", *, quality: int
     ok, buf = cv2.imencode(".jpg" if codec == "jpeg" else ".png",
                            cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), params)
     if not ok:
-        raise ImageConversionError("decode", f"OpenCV could not encode a {rgb.shape} image as {codec}")
+        raise ImageConversionError(
+            "decode", f"OpenCV could not encode a {rgb.shape} image as {codec}")
     return {"format": fmt, "data": buf.tobytes()}

@@ -1,0 +1,337 @@
+"""Sample bags: the generator writes real rosbag2 bags that bag_io reads back exactly,
+the committed demo bag matches its scenario, and broken bags fail with clear BagErrors."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from inf_mllm_ros.bag_io import BagError, iter_messages, open_bag, stamp_seconds, to_frame, to_text
+from inf_mllm_ros.sample_bag import (
+    CAMERA_TOPIC_COMPRESSED,
+    CAMERA_TOPIC_RAW,
+    NARRATION_TOPIC,
+    START_NS,
+    build_scenario,
+    main,
+    probe_questions,
+    render_frame,
+    scenario_events,
+    write_sample_bag,
+)
+
+DEMO_BAG = Path(__file__).resolve().parents[1] / "sample_bags" / "warehouse_shift"
+SMALL = dict(duration_s=6.0, fps=2.0, size=(96, 72), seed=3)
+
+
+@pytest.fixture(scope="module")
+def small_bags(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bags")
+    return {storage: write_sample_bag(root / storage, storage=storage, **SMALL).path
+            for storage in ("mcap", "sqlite3")}
+
+
+def _raw_reference(path: Path) -> list[tuple[str, int, bytes]]:
+    """The bag as rosbags' own reader sees it, for an independent comparison."""
+    from rosbags.rosbag2 import Reader
+
+    with Reader(path) as reader:
+        items = [(c.topic, t, bytes(d)) for c, t, d in reader.messages()]
+    return sorted(items, key=lambda item: (item[1], item[0]))
+
+
+# --- generator and reader round trip ---------------------------------------------------------
+
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+def test_generated_bag_reads_back_message_for_message(small_bags, storage: str) -> None:
+    path = small_bags[storage]
+    with open_bag(path) as bag:
+        assert {t: (i.msgtype, i.count) for t, i in bag.topics.items()} == {
+            CAMERA_TOPIC_COMPRESSED: ("sensor_msgs/msg/CompressedImage", 12),
+            NARRATION_TOPIC: ("std_msgs/msg/String", 2),
+        }
+        assert bag.start_ns == START_NS and bag.message_count == 14
+        items = list(bag.messages())
+    assert [(m.topic, m.timestamp_ns, m.rawdata) for m in items] == _raw_reference(path)
+    stamps = [m.timestamp_ns for m in items]
+    assert stamps == sorted(stamps)
+    frames = [m.timestamp_ns - START_NS for m in items if m.topic == CAMERA_TOPIC_COMPRESSED]
+    assert frames == [i * 500_000_000 for i in range(12)]
+
+
+def test_mcap_and_sqlite3_hold_the_same_messages(small_bags) -> None:
+    def read(path: Path) -> list:
+        return [(m.topic, m.msgtype, m.timestamp_ns, m.rawdata) for m in iter_messages(path)]
+
+    mcap, sqlite = read(small_bags["mcap"]), read(small_bags["sqlite3"])
+    assert mcap == sqlite and len(mcap) == 14
+
+
+def test_generated_frames_and_narration_decode(small_bags) -> None:
+    events = scenario_events(SMALL["duration_s"], SMALL["seed"])
+    texts, frames = [], 0
+    for item in iter_messages(small_bags["mcap"]):
+        if item.topic == NARRATION_TOPIC:
+            text, stamp = to_text(item)
+            texts.append((stamp, text))
+        else:
+            rgb, stamp = to_frame(item)
+            assert rgb.shape == (72, 96, 3) and rgb.dtype == np.uint8
+            assert stamp == pytest.approx(item.timestamp_ns / 1e9)  # header agrees with bag time
+            assert item.msg.header.frame_id == "warehouse_cam"
+            frames += 1
+    assert frames == 12
+    assert texts == [(START_NS / 1e9 + e.time_s, e.text) for e in events]
+
+
+def test_topic_filter_and_errors_for_requested_topics(small_bags) -> None:
+    only = list(iter_messages(small_bags["sqlite3"], topics=[NARRATION_TOPIC]))
+    assert [m.topic for m in only] == [NARRATION_TOPIC] * 2
+    with pytest.raises(BagError, match=r"no topic '/nope'.*it has /camera"):
+        iter_messages(small_bags["sqlite3"], topics=["/nope"])
+
+
+def test_raw_frames_are_exactly_the_rendered_scene(tmp_path: Path) -> None:
+    summary = write_sample_bag(tmp_path / "raw", raw=True, storage="sqlite3",
+                               duration_s=2.0, fps=1.0, size=(80, 60), seed=5)
+    assert summary.topics == {CAMERA_TOPIC_RAW: "sensor_msgs/msg/Image",
+                              NARRATION_TOPIC: "std_msgs/msg/String"}
+    scenario = build_scenario(2.0, 5)
+    rng = np.random.default_rng(5)  # the generator draws frame noise in frame order
+    frames = [m for m in iter_messages(summary.path, [CAMERA_TOPIC_RAW])]
+    assert len(frames) == 2
+    for i, item in enumerate(frames):
+        assert item.msg.encoding == "rgb8"
+        rgb, _ = to_frame(item)
+        np.testing.assert_array_equal(rgb, render_frame(scenario, float(i), 80, 60, rng))
+
+
+def test_cli_writes_bag_and_questions(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "cli_bag"
+    assert main([str(out), "--storage", "sqlite3", "--duration", "3", "--fps", "1",
+                 "--size", "64x48", "--seed", "1"]) == 0
+    assert (out / "metadata.yaml").is_file() and list(out.glob("*.db3"))
+    assert yaml.safe_load((out / "questions.yaml").read_text()) == []  # none fit in 3 s
+    assert "/narration" in capsys.readouterr().out
+    assert main([str(out)]) == 2  # refuses to overwrite
+    assert "exists" in capsys.readouterr().err
+
+
+def test_long_scenario_stays_consistent_with_its_frames() -> None:
+    scenario = build_scenario(400.0, seed=7)
+    assert len(scenario.events) > 30 and len(scenario.probes) > 30
+    for event in scenario.events:
+        text = event.text
+        if "parked at dock" in text:
+            dock = text.rsplit(" ", 1)[1].rstrip(".")
+            assert scenario.place_of("F2", event.time_s) == f"dock {dock}", text
+        if "moved to shelf" in text:
+            pallet, shelf = text.split()[2], text.rstrip(".").split()[-1]
+            assert scenario.place_of(pallet, event.time_s) == f"shelf {shelf}", text
+        if "light turned" in text:
+            colour = text.rstrip(".").split()[-1]
+            assert scenario.tracks["D1"].state(event.time_s)[1] == colour, text
+    assert build_scenario(400.0, seed=7).events == scenario.events  # seeded: reproducible
+    assert build_scenario(400.0, seed=8).events != scenario.events
+
+
+# --- the committed demo bag ------------------------------------------------------------------
+
+def test_demo_bag_reads_and_matches_its_scenario() -> None:
+    with open_bag(DEMO_BAG) as bag:
+        assert {t: i.count for t, i in bag.topics.items()} == {
+            CAMERA_TOPIC_COMPRESSED: 40, NARRATION_TOPIC: 8}
+        items = list(bag.messages())
+    texts = [to_text(m)[0] for m in items if m.topic == NARRATION_TOPIC]
+    assert texts == [e.text for e in scenario_events(40.0)]
+    assert "[08:00:05] Forklift F2 parked at dock 3." in texts
+    scenario = build_scenario(40.0)
+    frames = [m for m in items if m.topic == CAMERA_TOPIC_COMPRESSED]
+    for index in (0, 18, 39):  # JPEG of the same drawing: close, not exact
+        rgb, stamp = to_frame(frames[index])
+        assert rgb.shape == (240, 320, 3)
+        assert stamp == pytest.approx(START_NS / 1e9 + index)
+        drawn = render_frame(scenario, float(index), 320, 240)
+        assert np.abs(rgb.astype(int) - drawn.astype(int)).mean() < 6
+    size = sum(p.stat().st_size for p in DEMO_BAG.iterdir())
+    assert size < 3_000_000
+
+
+def test_demo_questions_file_matches_the_scenario() -> None:
+    listed = yaml.safe_load((DEMO_BAG / "questions.yaml").read_text())
+    assert [(q["time_s"], q["question"], q["expected"]) for q in listed] == [
+        tuple(p) for p in probe_questions(40.0)]
+    first = {"time_s": 8.0, "question": "Where did forklift F2 park?", "expected": "dock 3"}
+    assert first in listed
+
+
+# --- broken bags -----------------------------------------------------------------------------
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_missing_path(tmp_path: Path) -> None:
+    missing = tmp_path / "no_such_bag"
+    with pytest.raises(BagError, match="no_such_bag: no such bag"):
+        open_bag(missing)
+    with pytest.raises(BagError, match="no such bag"):
+        iter_messages(missing)
+
+
+def test_not_a_bag(tmp_path: Path) -> None:
+    (tmp_path / "empty_dir").mkdir()
+    with pytest.raises(BagError, match="empty_dir: not a rosbag2 bag: the folder has no metadata"):
+        open_bag(tmp_path / "empty_dir")
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(BagError, match=r"notes.txt: not a rosbag2 bag: expected a folder"):
+        open_bag(tmp_path / "notes.txt")
+
+
+@pytest.mark.parametrize("text", ["{{{ not: yaml ::", "just_a_string",
+                                  "rosbag2_bagfile_information: {}"])
+def test_garbage_metadata(small_bags, tmp_path: Path, text: str) -> None:
+    bag = _copy(small_bags["mcap"], tmp_path / "bad_meta")
+    (bag / "metadata.yaml").write_text(text)
+    with pytest.raises(BagError, match=r"bad_meta: malformed bag"):
+        open_bag(bag)
+
+
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+def test_truncated_storage(small_bags, tmp_path: Path, storage: str) -> None:
+    bag = _copy(small_bags[storage], tmp_path / f"cut_{storage}")
+    data_file = next(p for p in bag.iterdir() if p.suffix in (".mcap", ".db3"))
+    data_file.write_bytes(data_file.read_bytes()[: data_file.stat().st_size // 2])
+    with pytest.raises(BagError, match=f"cut_{storage}") as info:
+        list(iter_messages(bag))
+    assert "malformed bag" in str(info.value) or "storage is damaged" in str(info.value)
+
+
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+def test_garbage_storage(small_bags, tmp_path: Path, storage: str) -> None:
+    bag = _copy(small_bags[storage], tmp_path / f"junk_{storage}")
+    data_file = next(p for p in bag.iterdir() if p.suffix in (".mcap", ".db3"))
+    data_file.write_bytes(np.random.default_rng(0).bytes(4096))
+    with pytest.raises(BagError, match=f"junk_{storage}"):
+        list(iter_messages(bag))
+
+
+def _write_custom_bag(path: Path, storage: str, *, embed: bool) -> None:
+    """A bag with a custom message type, with or without its definition embedded."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore, get_types_from_msg
+
+    store = get_typestore(Stores.LATEST)
+    store.register(get_types_from_msg("string name\nfloat32 level", "acme_msgs/msg/Beacon"))
+    Beacon = store.types["acme_msgs/msg/Beacon"]
+    plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
+    with Writer(path, version=8, storage_plugin=plugin) as writer:
+        if embed:
+            conn = writer.add_connection("/beacon", "acme_msgs/msg/Beacon", typestore=store)
+        else:
+            conn = writer.add_connection("/beacon", "acme_msgs/msg/Beacon", msgdef="",
+                                         rihs01="RIHS01_" + "0" * 64)
+        # A standard type without embedded definition resolves from the type store.
+        chat = writer.add_connection("/chat", "std_msgs/msg/String", msgdef="",
+                                     rihs01="RIHS01_" + "0" * 64)
+        writer.write(conn, 10, store.serialize_cdr(Beacon(name="b1", level=0.5),
+                                                   "acme_msgs/msg/Beacon"))
+        writer.write(chat, 20, store.serialize_cdr(store.types["std_msgs/msg/String"](data="hi"),
+                                                   "std_msgs/msg/String"))
+
+
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+def test_unknown_message_type(tmp_path: Path, storage: str) -> None:
+    path = tmp_path / "unknown"
+    _write_custom_bag(path, storage, embed=False)
+    with open_bag(path) as bag:
+        assert bag.unknown_types == {"acme_msgs/msg/Beacon": ["/beacon"]}
+        with pytest.raises(BagError, match=r"unknown: topic '/beacon' has message type "
+                                           r"'acme_msgs/msg/Beacon', which has no definition"):
+            bag.messages(["/beacon"])
+        items = list(bag.messages())
+        assert [m.topic for m in items] == ["/beacon", "/chat"]
+        assert to_text(items[1]) == ("hi", 20e-9)
+        with pytest.raises(BagError, match="acme_msgs/msg/Beacon"):
+            items[0].msg
+
+
+def test_custom_type_with_embedded_definition_reads(tmp_path: Path) -> None:
+    path = tmp_path / "custom"
+    _write_custom_bag(path, "mcap", embed=True)
+    item = next(iter_messages(path, ["/beacon"]))
+    assert item.msg.name == "b1" and item.msg.level == pytest.approx(0.5)
+
+
+def test_topic_without_messages(tmp_path: Path) -> None:
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore
+
+    path = tmp_path / "quiet"
+    with Writer(path, version=8, storage_plugin=StoragePlugin.MCAP) as writer:
+        writer.add_connection("/silent", "std_msgs/msg/String",
+                              typestore=get_typestore(Stores.LATEST))
+    with pytest.raises(BagError, match=r"quiet: no messages on '/silent'"):
+        iter_messages(path, ["/silent"])
+
+
+def test_helpers_reject_wrong_messages_and_use_bag_time() -> None:
+    from types import SimpleNamespace
+
+    with pytest.raises(TypeError):
+        to_frame(SimpleNamespace(data="text"))
+    with pytest.raises(TypeError):
+        to_text(SimpleNamespace(data=b"bytes"))
+    unset = SimpleNamespace(header=SimpleNamespace(stamp=SimpleNamespace(sec=0, nanosec=0)))
+    assert stamp_seconds(unset) is None
+    stamped = SimpleNamespace(header=SimpleNamespace(stamp=SimpleNamespace(sec=3, nanosec=5)))
+    assert stamp_seconds(stamped) == pytest.approx(3.000000005)
+
+
+def _as_written_by(bag: Path, distro: str) -> None:
+    """Make a sqlite3 bag look as that distribution's rosbag2 writes it, without embedded types.
+
+    Humble writes metadata version 5 (no ros_distro, no type hashes) and db schema 3 (no
+    message_definitions table); Jazzy and Kilted name themselves in metadata. Dropping the
+    embedded definitions makes the reader take every type from that distribution's store.
+    """
+    import sqlite3
+
+    db = next(bag.glob("*.db3"))
+    with sqlite3.connect(db) as conn:
+        if distro == "humble":
+            conn.execute("DROP TABLE message_definitions")
+            conn.execute("UPDATE schema SET schema_version = 3")
+        else:
+            conn.execute("DELETE FROM message_definitions")
+    conn.close()
+    meta = yaml.safe_load((bag / "metadata.yaml").read_text())
+    info = meta["rosbag2_bagfile_information"]
+    if distro == "humble":
+        info["version"] = 5
+        info.pop("ros_distro", None)
+        for topic in info["topics_with_message_count"]:
+            topic["topic_metadata"].pop("type_description_hash", None)
+    else:
+        info["version"] = {"jazzy": 8, "kilted": 9}[distro]
+        info["ros_distro"] = distro
+    (bag / "metadata.yaml").write_text(yaml.safe_dump(meta))
+
+
+@pytest.mark.parametrize("distro", ["humble", "jazzy", "kilted"])
+def test_bags_without_embedded_types_from_each_distribution(small_bags, tmp_path: Path,
+                                                            distro: str) -> None:
+    bag = _copy(small_bags["sqlite3"], tmp_path / distro)
+    _as_written_by(bag, distro)
+    with open_bag(bag) as opened:
+        assert opened.ros_distro == (None if distro == "humble" else distro)
+        assert opened.unknown_types == {}
+        texts = [to_text(m)[0] for m in opened.messages([NARRATION_TOPIC])]
+        frame = next(opened.messages([CAMERA_TOPIC_COMPRESSED]))
+        assert to_frame(frame)[0].shape == (72, 96, 3)
+    assert texts == [e.text for e in scenario_events(SMALL["duration_s"], SMALL["seed"])]
