@@ -45,6 +45,10 @@ class ImageConversionError(ValueError):
         super().__init__(message)
         self.kind = kind
 
+    def __reduce__(self):
+        # Keeps the kind when the error crosses a process boundary (pickle).
+        return type(self), (self.kind, str(self))
+
 
 @dataclass(frozen=True)
 class _Layout:

@@ -125,9 +125,13 @@ def test_error_data_too_short() -> None:
     assert err.kind == "size" and "31 bytes" in str(err) and "32" in str(err)
 
 
-def test_error_kind_is_validated() -> None:
+def test_error_kind_is_validated_and_survives_pickle() -> None:
+    import pickle
+
     with pytest.raises(ValueError):
         ImageConversionError("other", "x")
+    again = pickle.loads(pickle.dumps(ImageConversionError("size", "too small")))
+    assert again.kind == "size" and str(again) == "too small"
 
 
 # --- compressed ---------------------------------------------------------------------------
