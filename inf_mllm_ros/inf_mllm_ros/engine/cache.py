@@ -1,0 +1,346 @@
+"""A bounded KV cache for transformers decoder models.
+
+Each layer owns storage for `capacity + headroom` tokens, allocated once at the first update and
+never reallocated. New tokens are appended; when a prompt is complete the eviction policy chooses,
+per KV head, which `capacity` slots survive, and they are gathered to the front in stream order.
+
+Positions. Every slot remembers the RoPE position its key was rotated with (`pos_start`; `pos_end`
+is one past the largest position component the token uses, which differs from `pos_start + 1` only
+for M-RoPE image tokens). In "cache" mode the survivors are re-packed after eviction: gaps left by
+evicted tokens are closed and each key is rotated by its shift, so positions stay below the cache
+size however long the stream runs (StreamingLLM's reason for stability past the training context).
+In "original" mode positions are left as they were.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import torch
+from torch import Tensor
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from .policies import EvictionPolicy, SlotView
+from .scoring import visible_counts, window_scores
+
+POSITION_MODES = ("cache", "original")
+
+
+class CacheOverflowError(RuntimeError):
+    """More tokens were pushed than the storage can hold before the next eviction."""
+
+
+@dataclass
+class PromptPositions:
+    """Positions of the tokens about to be appended (same for every layer and head)."""
+
+    start: Tensor  # [q] int64: the position the key is rotated with
+    end: Tensor  # [q] int64: one past the largest position component of the token
+    seq: Tensor  # [q] int64: index of the token in the stream
+
+    @classmethod
+    def contiguous(cls, first_position: int, first_seq: int, length: int, device=None) -> "PromptPositions":
+        pos = torch.arange(first_position, first_position + length, dtype=torch.long, device=device)
+        seq = torch.arange(first_seq, first_seq + length, dtype=torch.long, device=device)
+        return cls(pos, pos + 1, seq)
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def shift_rotary(keys: Tensor, delta: Tensor, inv_freq: Tensor) -> Tensor:
+    """Rotate RoPE keys by `delta` positions: R(p + d) k = R(d) R(p) k.
+
+    keys [heads, n, head_dim], delta [heads, n]. Only the first 2 * len(inv_freq) dims are rotary.
+    The math runs in float32 so repeated shifts do not accumulate rounding of low-precision dtypes.
+    """
+    rot = inv_freq.shape[0] * 2
+    angles = delta.to(torch.float32)[..., None] * inv_freq.to(device=keys.device, dtype=torch.float32)
+    angles = torch.cat((angles, angles), dim=-1)
+    k = keys[..., :rot].to(torch.float32)
+    rotated = k * angles.cos() + rotate_half(k) * angles.sin()
+    if rot == keys.shape[-1]:
+        return rotated.to(keys.dtype)
+    return torch.cat((rotated.to(keys.dtype), keys[..., rot:]), dim=-1)
+
+
+def packed_positions(start: Tensor, end: Tensor, seq: Tensor) -> tuple[Tensor, Tensor]:
+    """Close the gaps that evicted tokens left, per head. Returns (new_start, new_end).
+
+    Runs of tokens that were adjacent in the stream keep their relative positions (so an image's
+    2-D layout survives); each run starts where the previous run's positions ended.
+    """
+    heads, n = start.shape
+    if n == 0:
+        return start, end
+    new_run = torch.ones_like(seq, dtype=torch.bool)
+    new_run[:, 1:] = seq[:, 1:] != seq[:, :-1] + 1
+    run_id = new_run.long().cumsum(-1) - 1  # [heads, n]
+    runs = int(run_id.max()) + 1
+    empty = torch.zeros(heads, runs, dtype=start.dtype, device=start.device)
+    run_first = empty.scatter_reduce(1, run_id, start, reduce="amin", include_self=False)
+    run_last_end = empty.scatter_reduce(1, run_id, end, reduce="amax", include_self=False)
+    extent = run_last_end - run_first
+    run_new_first = extent.cumsum(-1) - extent
+    delta = (run_new_first - run_first).gather(1, run_id)
+    return start + delta, end + delta
+
+
+class BoundedLayer(CacheLayerMixin):
+    """One decoder layer's slots: keys, values, positions and attention statistics."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, owner: "BoundedKVCache"):
+        super().__init__()
+        self.owner = owner
+        self.fill = 0
+        self.frontier = 0  # next free position after the tokens this layer has seen
+
+    # --- storage -----------------------------------------------------------------------------------
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        _, heads, _, head_dim = key_states.shape
+        slots = self.owner.slots
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = torch.zeros(1, heads, slots, head_dim, dtype=key_states.dtype, device=key_states.device)
+        self.values = torch.zeros(
+            1, heads, slots, value_states.shape[-1], dtype=value_states.dtype, device=value_states.device
+        )
+        long = dict(dtype=torch.long, device=key_states.device)
+        self.pos_start = torch.zeros(heads, slots, **long)
+        self.pos_end = torch.zeros(heads, slots, **long)
+        self.seq = torch.zeros(heads, slots, **long)
+        f32 = dict(dtype=torch.float32, device=key_states.device)
+        self.window_attention = torch.zeros(heads, slots, **f32)
+        self.window_queries = torch.zeros(slots, **f32)
+        self.accumulated_attention = torch.zeros(heads, slots, **f32)
+        self.is_initialized = True
+
+    @property
+    def num_heads(self) -> int:
+        return self.keys.shape[1]
+
+    def nbytes(self) -> int:
+        if not self.is_initialized:
+            return 0
+        tensors = (self.keys, self.values, self.pos_start, self.pos_end, self.seq)
+        stats = (self.window_attention, self.window_queries, self.accumulated_attention)
+        return sum(t.numel() * t.element_size() for t in tensors + stats)
+
+    def kv_nbytes(self) -> int:
+        if not self.is_initialized:
+            return 0
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+    # --- transformers cache protocol -----------------------------------------------------------------
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        q = key_states.shape[-2]
+        end = self.fill + q
+        if key_states.shape[0] != 1:
+            raise ValueError("the bounded cache holds one stream: batch size must be 1")
+        if end > self.keys.shape[-2]:
+            raise CacheOverflowError(
+                f"{q} new tokens do not fit: {self.fill} cached, room for {self.keys.shape[-2]} "
+                "(push long input in chunks)"
+            )
+        self.keys[:, :, self.fill : end] = key_states
+        self.values[:, :, self.fill : end] = value_states
+        staged = self.owner.staged
+        if staged is None or len(staged) != q:
+            raise RuntimeError("positions of the incoming tokens were not staged on the cache")
+        self.pos_start[:, self.fill : end] = staged.start
+        self.pos_end[:, self.fill : end] = staged.end
+        self.seq[:, self.fill : end] = staged.seq
+        self.window_attention[:, self.fill : end] = 0
+        self.window_queries[self.fill : end] = 0
+        self.accumulated_attention[:, self.fill : end] = 0
+        self.frontier = max(self.frontier, int(staged.end.max()))
+        self.fill = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def get_seq_length(self) -> int:
+        return self.fill
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        # The physical layout is [kept slots | new tokens]: a plain causal mask over it is right.
+        return self.fill + query_length, 0
+
+    def get_max_length(self) -> int:
+        return self.owner.slots
+
+    def reset(self) -> None:
+        self.fill = 0
+        self.frontier = 0
+
+    # --- Inf-MLLM bookkeeping --------------------------------------------------------------------------
+    def observe(self, query: Tensor, key: Tensor, scaling: float) -> None:
+        """Add the attention the new queries pay to every visible slot."""
+        q = query.shape[-2]
+        n_past = self.fill - q
+        scores = window_scores(query[0], key[0], n_past, scaling, backend=self.owner.scoring_backend)
+        self.window_attention[:, : self.fill] += scores
+        self.window_queries[: self.fill] += visible_counts(n_past, q, scores.device)
+        self.accumulated_attention[:, : self.fill] += scores
+
+    def evict(self, policy: EvictionPolicy, keep: int) -> int:
+        """Keep `keep` slots chosen by the policy; returns how many tokens were evicted."""
+        n = self.fill
+        if n <= keep:
+            return 0
+        view = SlotView(
+            fill=n,
+            num_heads=self.num_heads,
+            seq=self.seq[:, :n],
+            window_attention=self.window_attention[:, :n],
+            window_queries=self.window_queries[:n],
+            accumulated_attention=self.accumulated_attention[:, :n],
+        )
+        idx = policy.select(view, keep)
+        self._gather(idx)
+        self.fill = keep
+        # The retrieval window ends with the eviction it drove.
+        self.window_attention[:, :keep] = 0
+        self.window_queries[:keep] = 0
+        return n - keep
+
+    def _gather(self, idx: Tensor) -> None:
+        keep = idx.shape[-1]
+        for store in (self.keys, self.values):
+            full = idx[None, :, :, None].expand(1, -1, -1, store.shape[-1])
+            store[:, :, :keep] = torch.gather(store, 2, full)
+        for meta in (self.pos_start, self.pos_end, self.seq, self.window_attention, self.accumulated_attention):
+            meta[:, :keep] = torch.gather(meta, 1, idx)
+
+    def pack_positions(self, inv_freq: Tensor) -> None:
+        """Close position gaps (cache mode) and rotate the keys to match."""
+        n = self.fill
+        start, end = packed_positions(self.pos_start[:, :n], self.pos_end[:, :n], self.seq[:, :n])
+        delta = start - self.pos_start[:, :n]
+        if bool((delta != 0).any()):
+            self.keys[0, :, :n] = shift_rotary(self.keys[0, :, :n], delta, inv_freq)
+        self.pos_start[:, :n] = start
+        self.pos_end[:, :n] = end
+        self.frontier = int(end.max()) if n else 0
+
+
+class BoundedKVCache(Cache):
+    """A KV cache of fixed size for one stream, with a pluggable eviction policy.
+
+    capacity: tokens kept after each eviction.
+    headroom: extra slots for the prompt being pushed (one chunk) or a question and its answer.
+    rope_inv_freq: the model's RoPE inverse frequencies, needed to re-pack positions in "cache" mode.
+    position_slack: in "cache" mode, re-pack only once the positions hold more than this many unused
+        values (0 re-packs after every eviction; a larger value rotates long-lived keys less often).
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        capacity: int,
+        policy: EvictionPolicy,
+        *,
+        headroom: int = 256,
+        position_mode: str = "cache",
+        rope_inv_freq: Tensor | None = None,
+        position_slack: int = 0,
+        scoring_backend: str = "auto",
+    ):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if headroom < 1:
+            raise ValueError(f"headroom must be >= 1, got {headroom}")
+        if position_mode not in POSITION_MODES:
+            raise ValueError(f"position_mode must be one of {POSITION_MODES}, got {position_mode!r}")
+        if position_mode == "cache" and policy.evicts and rope_inv_freq is None:
+            raise ValueError("position_mode 'cache' needs the model's RoPE inverse frequencies")
+        self.capacity = capacity
+        self.headroom = headroom
+        self.policy = policy
+        self.position_mode = position_mode
+        self.position_slack = position_slack
+        self.rope_inv_freq = rope_inv_freq
+        self.scoring_backend = scoring_backend
+        self.staged: PromptPositions | None = None
+        self.evict_after_prompt = False
+        self.pack_after_prompt = False
+        self.observing = True
+        self.tokens_evicted = 0
+        self.evictions = 0
+        super().__init__(layers=[BoundedLayer(self) for _ in range(num_layers)])
+
+    @property
+    def slots(self) -> int:
+        return self.capacity + self.headroom
+
+    # --- driven by the engine around each forward pass ------------------------------------------------
+    def stage(self, positions: PromptPositions, *, evict: bool, pack: bool = True, observe: bool = True) -> None:
+        """Declare the next forward's tokens, whether eviction runs after it, and whether positions
+        may be re-packed then (not between the blocks of one frame, whose layout must stay whole)."""
+        if self.fill + len(positions) > self.slots:
+            raise CacheOverflowError(
+                f"{len(positions)} new tokens do not fit: {self.fill} cached, room for {self.slots}"
+            )
+        self.staged = positions
+        self.evict_after_prompt = evict and self.policy.evicts
+        self.pack_after_prompt = pack and self.position_mode == "cache"
+        self.observing = observe
+
+    def after_attention(self, layer_idx: int, query: Tensor, key: Tensor, scaling: float) -> None:
+        """Called by the attention function once a layer has attended: score, then maybe evict."""
+        layer = self.layers[layer_idx]
+        if self.observing and self.policy.needs_attention:
+            layer.observe(query, key, scaling)
+        if self.evict_after_prompt and layer.fill > self.capacity:
+            evicted = layer.evict(self.policy, self.capacity)
+            if layer_idx == 0:
+                self.tokens_evicted += evicted
+                self.evictions += 1
+        if self.pack_after_prompt and layer.frontier - layer.fill > self.position_slack:
+            layer.pack_positions(self.rope_inv_freq)
+
+    # --- state -----------------------------------------------------------------------------------------
+    @property
+    def fill(self) -> int:
+        return self.layers[0].fill
+
+    @property
+    def next_position(self) -> int:
+        """The position the next token gets: one past every position in use."""
+        return max(layer.frontier for layer in self.layers)
+
+    def truncate(self, fill: int, frontier: int) -> None:
+        """Drop tokens appended after a snapshot of (fill, next_position) taken with no eviction since."""
+        for layer in self.layers:
+            if layer.fill < fill:
+                raise ValueError(f"cannot truncate to {fill}: layer holds {layer.fill}")
+            layer.fill = fill
+            layer.frontier = min(layer.frontier, frontier)
+
+    def kv_nbytes(self) -> int:
+        return sum(layer.kv_nbytes() for layer in self.layers)
+
+    def nbytes(self) -> int:
+        return sum(layer.nbytes() for layer in self.layers)
+
+    def storage_pointers(self) -> list[int]:
+        """Data pointers of every layer's key and value storage (they must never change)."""
+        return [t.data_ptr() for layer in self.layers if layer.is_initialized for t in (layer.keys, layer.values)]
+
+    def cached_seq(self, layer_idx: int = 0) -> Tensor:
+        """Stream indices of the tokens held by one layer: [heads, fill]."""
+        layer = self.layers[layer_idx]
+        return layer.seq[:, : layer.fill]
+
+    def reset(self) -> None:
+        for layer in self.layers:
+            layer.reset()
+        self.tokens_evicted = 0
+        self.evictions = 0

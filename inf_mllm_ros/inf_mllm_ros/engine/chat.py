@@ -1,0 +1,78 @@
+"""Turn a model's chat template into the pieces of an endless conversation.
+
+A stream is a system turn followed by user turns (text messages, camera frames), questions and
+answers. We never hold the whole history, so each turn's text is the difference between rendering a
+short history with and without it. That works for any template that renders a history as a prefix of
+a longer one (ChatML, Llama, Idefics3, Qwen2-VL, LLaVA); models without a template get a plain format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_MARK = "\u2063MARK\u2063"
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    system_prefix: str  # before the system prompt
+    system_suffix: str  # after it, before the first user turn
+    user_prefix: str
+    user_suffix: str
+    assistant_prefix: str  # the generation prompt after a question
+    assistant_suffix: str  # closes an answer
+
+    @classmethod
+    def plain(cls) -> "ChatFormat":
+        return cls("", "\n", "", "\n", "Answer:", "\n")
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> "ChatFormat":
+        if not getattr(tokenizer, "chat_template", None):
+            return cls.plain()
+        try:
+            return cls._derive(tokenizer)
+        except Exception:  # a template that refuses our probing histories
+            return cls.plain()
+
+    @classmethod
+    def _derive(cls, tokenizer) -> "ChatFormat":
+        def render(messages, generation=False):
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+
+        def msg(role, text):
+            return {"role": role, "content": text}
+
+        sys_only = render([msg("system", _MARK)])
+        system_prefix, system_suffix = _split(sys_only)
+        one = [msg("system", "S"), msg("user", "U")]
+        two = one + [msg("user", _MARK)]
+        user_prefix, user_suffix = _split(_delta(render(one), render(two)))
+        ask = one + [msg("user", "Q")]
+        assistant_prefix = _delta(render(ask), render(ask, generation=True))
+        answered = ask + [msg("assistant", _MARK)]
+        tail = _delta(render(ask, generation=True), render(answered))
+        assistant_suffix = _split(tail)[1]
+        return cls(system_prefix, system_suffix, user_prefix, user_suffix, assistant_prefix, assistant_suffix)
+
+    def system(self, text: str) -> str:
+        return f"{self.system_prefix}{text}{self.system_suffix}"
+
+    def user(self, text: str) -> str:
+        return f"{self.user_prefix}{text}{self.user_suffix}"
+
+    def question(self, text: str) -> str:
+        return f"{self.user_prefix}{text}{self.user_suffix}{self.assistant_prefix}"
+
+
+def _split(text: str) -> tuple[str, str]:
+    if text.count(_MARK) != 1:
+        raise ValueError("template dropped or repeated the probe text")
+    before, after = text.split(_MARK)
+    return before, after
+
+
+def _delta(shorter: str, longer: str) -> str:
+    if not longer.startswith(shorter):
+        raise ValueError("template does not render histories as prefixes of each other")
+    return longer[len(shorter) :]

