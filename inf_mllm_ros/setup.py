@@ -7,11 +7,15 @@ PACKAGE = "inf_mllm_ros"
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def files(pattern):
+    return sorted(os.path.relpath(p, HERE) for p in glob(os.path.join(HERE, pattern)))
+
+
 def tree(folder):
     """data_files entries that install `folder` recursively under share/<package>/."""
     entries = []
-    for root, _dirs, files in os.walk(os.path.join(HERE, folder)):
-        paths = [os.path.relpath(os.path.join(root, f), HERE) for f in sorted(files)]
+    for root, _dirs, names in os.walk(os.path.join(HERE, folder)):
+        paths = [os.path.relpath(os.path.join(root, f), HERE) for f in sorted(names)]
         if paths:
             rel_root = os.path.relpath(root, HERE)
             entries.append((os.path.join("share", PACKAGE, rel_root), paths))
@@ -25,8 +29,8 @@ setup(
     data_files=[
         ("share/ament_index/resource_index/packages", ["resource/" + PACKAGE]),
         ("share/" + PACKAGE, ["package.xml"]),
-        ("share/" + PACKAGE + "/launch", sorted(glob("launch/*.py"))),
-        ("share/" + PACKAGE + "/config", sorted(glob("config/*.yaml"))),
+        ("share/" + PACKAGE + "/launch", files("launch/*.py")),
+        ("share/" + PACKAGE + "/config", files("config/*.yaml")),
     ]
     + tree("sample_bags"),
     install_requires=["setuptools"],

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Source me (bash): `source scripts/env.sh` after scripts/setup.sh.
 # Activates .venv (ROS 2 from PyPI wheels) and the colcon workspace in install/,
 # and keeps ROS traffic on this machine in a domain of its own.
@@ -6,6 +7,7 @@ _inf_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ ! -x "$_inf_root/.venv/bin/python" || ! -f "$_inf_root/install/setup.bash" ]]; then
     echo "scripts/env.sh: run scripts/setup.sh first" >&2
     unset _inf_root
+    # shellcheck disable=SC2317  # exit only when run instead of sourced
     return 1 2>/dev/null || exit 1
 fi
 

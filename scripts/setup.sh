@@ -74,9 +74,13 @@ fi
 
 # --- 4. colcon build ------------------------------------------------------------
 log "colcon build (inf_mllm_interfaces, inf_mllm_ros)"
+# A plain (non-symlink) install never removes files: a module deleted or renamed in the source
+# would stay importable from install/. The Python package reinstalls in seconds, so start it clean.
+rm -rf build/inf_mllm_ros install/inf_mllm_ros
 (
     # Build against the virtualenv only, whatever ROS setup the calling shell had.
     unset COLCON_PREFIX_PATH AMENT_CURRENT_PREFIX ROS_DISTRO ROS_VERSION
+    # shellcheck disable=SC2030  # local to this subshell on purpose
     export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV"
     export PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV"
     "$VENV/bin/colcon" build \
@@ -93,15 +97,21 @@ set +u
 source "$ROOT/scripts/env.sh"
 set -u
 rc=0
+# Looked up in the source of the installed module, to spare a second import of torch.
 python - <<'EOF' || rc=$?
-import importlib, importlib.util, sys
+import ast, importlib.util, sys
 try:
     spec = importlib.util.find_spec("inf_mllm_ros.engine.loading")
 except ImportError:
     spec = None
-if spec is None:
+if spec is None or not spec.origin:
     sys.exit(3)
-sys.exit(0 if hasattr(importlib.import_module(spec.name), "prepare_default_model") else 3)
+with open(spec.origin, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), spec.origin)
+names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+sys.exit(0 if "prepare_default_model" in names else 3)
 EOF
 case "$rc" in
     0)
@@ -109,7 +119,7 @@ case "$rc" in
         python -m inf_mllm_ros.engine.loading --prepare
         ;;
     3) log "inf_mllm_ros.engine.loading has no prepare_default_model; skipping model preparation" ;;
-    *) die "importing inf_mllm_ros.engine.loading failed" ;;
+    *) die "could not inspect inf_mllm_ros.engine.loading" ;;
 esac
 
 log "done; use it with: source scripts/env.sh"
