@@ -1,0 +1,270 @@
+"""A thread-safe front for one `KVStream`: one worker runs the model, callers get futures.
+
+Work is taken in this order: control (reset), then texts and questions in arrival order, then the
+newest camera frame. Frames are kept one deep: a frame that arrives while another waits replaces it
+and the older one counts as dropped, so a camera faster than the model never builds a backlog.
+Texts and questions have bounded queues; when one is full the call is refused at once with a reason.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .adapters import ModelAdapter
+from .loading import load_model
+from .stream import Answer, KVStream, StreamConfig, StreamStats
+
+
+class EngineNotReadyError(RuntimeError):
+    """The model is still loading, failed to load, or the engine was closed."""
+
+
+class EngineBusyError(RuntimeError):
+    """A bounded queue is full; the input was refused, nothing else changed."""
+
+
+class FrameDroppedError(RuntimeError):
+    """A newer frame replaced this one before the model could take it."""
+
+
+@dataclass
+class EngineCounters:
+    frames_dropped: int = 0
+    texts_refused: int = 0
+    queries_answered: int = 0
+    queries_failed: int = 0
+    jobs_failed: int = 0
+
+
+class StreamingEngine:
+    """Runs a model over a stream on a worker thread.
+
+    model: a model folder or "smollm2" (the embedded default); or pass `adapter` already loaded.
+    The model loads on the worker; `ready` is set when it is usable, `load_error` says why not.
+    """
+
+    def __init__(
+        self,
+        model: str | None = "smollm2",
+        config: StreamConfig | None = None,
+        *,
+        adapter: ModelAdapter | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        trust_remote_code: bool = False,
+        max_pending_texts: int = 64,
+        max_pending_queries: int = 8,
+        on_ingested: Callable[[str], None] | None = None,
+    ):
+        self.config = config or StreamConfig()
+        self.max_pending_texts = max_pending_texts
+        self.max_pending_queries = max_pending_queries
+        self.counters = EngineCounters()
+        self.ready = threading.Event()
+        self.load_error: Exception | None = None
+        self._on_ingested = on_ingested
+        self._stream: KVStream | None = None
+        self._stats: StreamStats | None = None
+        self._lock = threading.Condition()
+        self._control: deque = deque()
+        self._messages: deque = deque()  # ("text" | "query", fn, future) in arrival order
+        self._pending_texts = 0
+        self._pending_queries = 0
+        self._frame: tuple | None = None
+        self._closed = False
+        loader = (lambda: adapter) if adapter is not None else (
+            lambda: load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        )
+        self._worker = threading.Thread(target=self._run, args=(loader,), name="inf_mllm_engine", daemon=True)
+        self._worker.start()
+
+    # --- submitting ----------------------------------------------------------------------------------
+    def submit_text(self, text: str, stamp: float | None = None) -> Future:
+        if not isinstance(text, str) or not text.strip():
+            return _failed(ValueError("empty text"))
+        with self._lock:
+            self._check_open()
+            if self._pending_texts >= self.max_pending_texts:
+                self.counters.texts_refused += 1
+                return _failed(EngineBusyError(f"text queue full ({self.max_pending_texts} waiting); message refused"))
+            self._pending_texts += 1
+            return self._enqueue(self._messages, "text", lambda s: s.push_text(text, stamp))
+
+    def submit_frame(self, rgb: np.ndarray, stamp: float | None = None) -> Future:
+        future: Future = Future()
+        with self._lock:
+            self._check_open()
+            if self._frame is not None:
+                self.counters.frames_dropped += 1
+                self._frame[2].set_exception(FrameDroppedError("a newer frame replaced this one"))
+            self._frame = ("frame", lambda s: s.push_frame(rgb, stamp), future)
+            self._lock.notify()
+        return future
+
+    def submit_ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False) -> Future:
+        return self._submit_query(lambda s: s.ask(question, max_new_tokens=max_new_tokens, keep_in_memory=keep_in_memory))
+
+    def submit_describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None) -> Future:
+        return self._submit_query(lambda s: s.describe(prompt, max_new_tokens=max_new_tokens))
+
+    def submit_reset(self) -> Future:
+        with self._lock:
+            self._check_open()
+            return self._enqueue(self._control, "control", lambda s: s.reset())
+
+    def _submit_query(self, fn) -> Future:
+        with self._lock:
+            if not self.ready.is_set():
+                self.counters.queries_failed += 1
+                reason = f"model failed to load: {self.load_error}" if self.load_error else "model is still loading"
+                return _failed(EngineNotReadyError(reason))
+            self._check_open()
+            if self._pending_queries >= self.max_pending_queries:
+                self.counters.queries_failed += 1
+                return _failed(EngineBusyError(f"query queue full ({self.max_pending_queries} waiting); try again later"))
+            self._pending_queries += 1
+            return self._enqueue(self._messages, "query", fn)
+
+    def _enqueue(self, queue: deque, kind: str, fn) -> Future:
+        future: Future = Future()
+        queue.append((kind, fn, future))
+        self._lock.notify()
+        return future
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineNotReadyError("engine is closed")
+
+    # --- blocking conveniences -----------------------------------------------------------------------
+    def push_text(self, text: str, stamp: float | None = None, timeout: float | None = None) -> int:
+        return self.submit_text(text, stamp).result(timeout)
+
+    def push_frame(self, rgb: np.ndarray, stamp: float | None = None, timeout: float | None = None) -> int:
+        return self.submit_frame(rgb, stamp).result(timeout)
+
+    def ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
+            timeout: float | None = None) -> Answer:
+        return self.submit_ask(question, max_new_tokens=max_new_tokens, keep_in_memory=keep_in_memory).result(timeout)
+
+    def describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None,
+                 timeout: float | None = None) -> Answer:
+        return self.submit_describe(prompt, max_new_tokens=max_new_tokens).result(timeout)
+
+    def reset(self, timeout: float | None = None) -> None:
+        self.submit_reset().result(timeout)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait for the model; raises EngineNotReadyError if loading failed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.ready.wait(0.05):
+            if self.load_error is not None:
+                raise EngineNotReadyError(f"model failed to load: {self.load_error}") from self.load_error
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+        return True
+
+    # --- state ---------------------------------------------------------------------------------------
+    def set_attention_bias(self, value: float) -> None:
+        """Takes effect at the next eviction; raises ValueError for a bad value or a policy without bias."""
+        value = float(value)
+        if not value >= 0.0:
+            raise ValueError(f"attention_bias must be >= 0, got {value}")
+        self.config.attention_bias = value
+        if self._stream is not None:
+            self._stream.set_attention_bias(value)
+
+    def stats(self) -> StreamStats | None:
+        """The stream's figures after the last finished job (None until the model is loaded)."""
+        with self._lock:
+            return self._stats
+
+    @property
+    def pending(self) -> dict:
+        with self._lock:
+            return {"texts": self._pending_texts, "queries": self._pending_queries, "frame": self._frame is not None}
+
+    @property
+    def adapter(self) -> ModelAdapter | None:
+        return None if self._stream is None else self._stream.adapter
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Stop taking work, fail what is waiting, and let the worker finish its current job."""
+        with self._lock:
+            self._closed = True
+            waiting = list(self._control) + list(self._messages) + ([self._frame] if self._frame else [])
+            self._control.clear()
+            self._messages.clear()
+            self._frame = None
+            self._lock.notify_all()
+        for _, _, future in waiting:
+            future.set_exception(EngineNotReadyError("engine closed"))
+        self._worker.join(timeout)
+
+    # --- worker --------------------------------------------------------------------------------------
+    def _run(self, loader) -> None:
+        try:
+            self._stream = KVStream(loader(), self.config)
+            with self._lock:
+                self._stats = self._stream.stats()
+            self.ready.set()
+        except Exception as exc:  # reported through load_error and every later query
+            self.load_error = exc
+            self.close(timeout=0)
+            return
+        while True:
+            with self._lock:
+                while not (self._closed or self._control or self._messages or self._frame):
+                    self._lock.wait()
+                if self._closed:
+                    return
+                kind, fn, future = self._next_job()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(self._stream)
+            except Exception as exc:  # the stream left its memory as it was; the caller gets the reason
+                future.set_exception(exc)
+                self._count(kind, ok=False)
+            else:
+                future.set_result(result)
+                self._count(kind, ok=True)
+            with self._lock:
+                self._stats = self._stream.stats()
+            if self._on_ingested is not None and kind in ("text", "frame"):
+                self._on_ingested(kind)
+
+    def _next_job(self):
+        if self._control:
+            return self._control.popleft()
+        if self._messages:
+            job = self._messages.popleft()
+            if job[0] == "text":
+                self._pending_texts -= 1
+            else:
+                self._pending_queries -= 1
+            return job
+        job, self._frame = self._frame, None
+        return job
+
+    def _count(self, kind: str, ok: bool) -> None:
+        with self._lock:
+            if kind == "query":
+                if ok:
+                    self.counters.queries_answered += 1
+                else:
+                    self.counters.queries_failed += 1
+            elif not ok:
+                self.counters.jobs_failed += 1
+
+
+def _failed(exc: Exception) -> Future:
+    future: Future = Future()
+    future.set_exception(exc)
+    return future
