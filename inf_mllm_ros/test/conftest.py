@@ -9,11 +9,11 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# One ROS domain per test session, set before any test starts rclpy, so nodes made in this
+# One ROS domain per pytest run, set before any test starts rclpy, so nodes made in this
 # process and in its child processes meet each other and nothing else on the machine.
-# Derived from the pid so that two sessions running at once differ (1..100 are safe ports).
-SESSION_DOMAIN_ID = str(os.getpid() % 100 + 1)
-os.environ["ROS_DOMAIN_ID"] = SESSION_DOMAIN_ID
+# Derived from the pid so that two runs at the same time differ (1..100 are safe ports).
+RUN_DOMAIN_ID = str(os.getpid() % 100 + 1)
+os.environ["ROS_DOMAIN_ID"] = RUN_DOMAIN_ID
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 
 
@@ -29,8 +29,8 @@ def repo_root() -> Path:
 
 @pytest.fixture
 def ros_env() -> dict:
-    """Environment for child processes: this one, on localhost, in this session's domain."""
+    """Environment for child processes: this one, on localhost, in this run's domain."""
     env = dict(os.environ)
     env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
-    env["ROS_DOMAIN_ID"] = SESSION_DOMAIN_ID
+    env["ROS_DOMAIN_ID"] = RUN_DOMAIN_ID
     return env
