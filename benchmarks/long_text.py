@@ -1,0 +1,224 @@
+"""Perplexity over a long text, per 4K-token bin, for every eviction policy and cache size.
+
+    python benchmarks/long_text.py                 # all policies, caches 256/512/1024, 64K tokens
+    python benchmarks/long_text.py --bias-sweep    # inf_mllm at several attention biases
+    python benchmarks/long_text.py --plot-only
+
+The text (a Project Gutenberg novel by default, header and footer removed) is pushed in chunks of 64
+tokens with eviction after each, exactly as a robot's stream would be; each token's loss comes from the
+logits the model gave before seeing it. Each run is its own process so its peak memory is its own.
+Results: benchmarks/results/long_text_ppl.json (and bias_sweep.json), flat records, one per bin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from common import load_records, machine, peak_rss_bytes, read_text, write_records
+
+POLICIES = ["full", "window", "streaming_llm", "h2o", "inf_mllm"]
+
+
+def cached_age_stats(stream) -> tuple[float, float]:
+    """Mean age (tokens) of the cached tokens outside the recent window, and their mean share of the stream's
+    first half: how far the cache has moved forward."""
+    import torch
+
+    recent = getattr(stream.policy, "recent_size", 0)
+    ages, early = [], []
+    seen = stream.tokens_seen
+    for layer_idx in range(len(stream.cache.layers)):
+        seq = stream.cache.cached_seq(layer_idx)
+        old = seq[:, : max(seq.shape[1] - recent, 0)].float()
+        if old.numel():
+            ages.append((seen - old).mean())
+            early.append((old < seen / 2).float().mean())
+    if not ages:
+        return 0.0, 0.0
+    return float(torch.stack(ages).mean()), float(torch.stack(early).mean())
+
+
+def run_one(args) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    from inf_mllm_ros.engine.loading import load_model
+    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+
+    torch.manual_seed(0)
+    adapter = load_model(args.model, device=args.device, dtype=args.dtype)
+    ids = adapter.tokenize(read_text(args.text))
+    n_tokens = args.tokens
+    capacity = args.cache
+    if args.policy == "full":
+        # The full cache is bounded by the model's context: measure inside it only.
+        n_tokens = min(n_tokens, adapter.max_context - args.chunk)
+        capacity = n_tokens
+    ids = ids[:n_tokens]
+    config = StreamConfig(
+        capacity=capacity, policy=args.policy, chunk_size=args.chunk, headroom=args.chunk, system_prompt="",
+        position_mode=args.position_mode, attention_bias=args.bias, recent_size=args.recent,
+    )
+    stream = KVStream(adapter, config)
+    bin_nll, records = [], []
+    prev_logit = None
+    start = time.perf_counter()
+    compute_s = 0.0
+    kv_first = None
+    for pos in range(0, len(ids), args.chunk):
+        chunk = ids[pos : pos + args.chunk]
+        t0 = time.perf_counter()
+        logits = stream.push_tokens(chunk, return_logits=True)
+        compute_s += time.perf_counter() - t0
+        kv_first = kv_first or stream.cache.kv_nbytes()
+        preds = logits[:-1] if prev_logit is None else torch.cat([prev_logit, logits[:-1]])
+        targets = chunk[1:] if prev_logit is None else chunk
+        bin_nll.append(F.cross_entropy(preds, targets, reduction="none"))
+        prev_logit = logits[-1:]
+        done = pos + len(chunk)
+        if done % args.bin == 0 or done == len(ids):
+            nll = torch.cat(bin_nll)
+            age, early = cached_age_stats(stream)
+            records.append({
+                "policy": args.policy,
+                "cache_size": capacity if args.policy != "full" else "all",
+                "position_mode": args.position_mode,
+                "attention_bias": args.bias if args.policy == "inf_mllm" else None,
+                "bin": len(records),
+                "bin_first_token": done - len(nll),
+                "bin_last_token": done,
+                "ppl": round(float(nll.mean().exp()), 3),
+                "cache_fill": stream.cache.fill,
+                "mean_age_of_cached_non_recent": round(age, 1),
+                "share_of_cached_non_recent_from_first_half": round(early, 4),
+                "kv_bytes": stream.cache.kv_nbytes(),
+            })
+            bin_nll = []
+    total = time.perf_counter() - start
+    for r in records:
+        r.update({
+            "chunk_size": args.chunk,
+            "tokens": len(ids),
+            "ms_per_token": round(1000 * compute_s / len(ids), 3),
+            "ms_per_chunk": round(1000 * compute_s * args.chunk / len(ids), 2),
+            "kv_bytes_constant": stream.cache.kv_nbytes() == kv_first,
+            "peak_rss_bytes": peak_rss_bytes(),
+            "wall_seconds": round(total, 1),
+            "dtype": args.dtype,
+            "device": machine(),
+        })
+    return records
+
+
+def spawn(args, policy: str, cache: int, bias: float, position_mode: str) -> list[dict]:
+    cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache), "--bias", str(bias),
+           "--position-mode", position_mode, "--tokens", str(args.tokens), "--chunk", str(args.chunk),
+           "--bin", str(args.bin), "--model", args.model, "--dtype", args.dtype, "--device", args.device]
+    if args.text:
+        cmd += ["--text", args.text]
+    if args.recent is not None:
+        cmd += ["--recent", str(args.recent)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def sweep(args, out_name: str, runs: list[tuple[str, int, float, str]]) -> None:
+    records = load_records(out_name) if args.resume else []
+    done = {(r["policy"], str(r["cache_size"]), r.get("attention_bias"), r["position_mode"]) for r in records}
+    for policy, cache, bias, mode in runs:
+        key = (policy, "all" if policy == "full" else str(cache), bias if policy == "inf_mllm" else None, mode)
+        if key in done:
+            continue
+        t = time.time()
+        new = spawn(args, policy, cache, bias, mode)
+        records += new
+        write_records(out_name, records)  # after every run, so an interrupted sweep keeps what it measured
+        ppl = [r["ppl"] for r in new]
+        print(f"{policy:14s} cache={cache:5d} bias={bias:g} {mode:8s} ppl per bin {ppl} "
+              f"({new[0]['ms_per_token']} ms/token, {time.time() - t:.0f} s)", flush=True)
+
+
+def plot(out_name: str, png: str, group_key: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from common import RESULTS
+
+    records = load_records(out_name)
+    if not records:
+        return
+    panels = sorted({str(r[group_key]) for r in records if r["cache_size"] != "all"}, key=lambda x: float(x))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), sharey=True, squeeze=False)
+    full = [r for r in records if r["policy"] == "full"]
+    for ax, panel in zip(axes[0], panels):
+        runs = {}
+        for r in records:
+            if r["policy"] != "full" and str(r[group_key]) == panel:
+                label = r["policy"] if group_key == "cache_size" else f"bias {r['attention_bias']:g}"
+                if r["position_mode"] != "cache":
+                    label += f" ({r['position_mode']} positions)"
+                runs.setdefault(label, []).append(r)
+        if full:
+            runs["full cache (in context)"] = full
+        for label, rs in runs.items():
+            ax.plot([r["bin_last_token"] / 1000 for r in rs], [r["ppl"] for r in rs], marker="o", ms=3, label=label)
+        ax.set_title(f"{group_key} = {panel}")
+        ax.set_xlabel("tokens streamed (thousands)")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("perplexity per 4K-token bin")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(RESULTS / png, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--text", default=None, help="text file (default: the shared Gutenberg novel)")
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--tokens", type=int, default=65536)
+    p.add_argument("--chunk", type=int, default=64)
+    p.add_argument("--bin", type=int, default=4096)
+    p.add_argument("--caches", type=int, nargs="+", default=[256, 512, 1024])
+    p.add_argument("--policies", nargs="+", default=POLICIES)
+    p.add_argument("--bias", type=float, default=1e-3, help="attention bias of inf_mllm")
+    p.add_argument("--recent", type=int, default=None)
+    p.add_argument("--bias-sweep", action="store_true")
+    p.add_argument("--resume", action="store_true", help="skip runs already in the results file")
+    p.add_argument("--plot-only", action="store_true")
+    # internal: one run in this process, records printed as JSON
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--policy", default="inf_mllm", help=argparse.SUPPRESS)
+    p.add_argument("--cache", type=int, default=512, help=argparse.SUPPRESS)
+    p.add_argument("--position-mode", default="cache", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args)))
+        return
+    os.chdir(os.path.dirname(os.path.abspath(__file__)))
+    if args.bias_sweep:
+        if not args.plot_only:
+            runs = [("inf_mllm", c, b, "cache") for c in args.caches for b in (0.0, 1e-4, 1e-3, 1e-2)]
+            sweep(args, "bias_sweep.json", runs)
+        plot("bias_sweep.json", "bias_sweep.png", "cache_size")
+        return
+    if not args.plot_only:
+        runs = [("full", args.tokens, args.bias, "cache")] if "full" in args.policies else []
+        runs += [(pol, c, args.bias, "cache") for c in args.caches for pol in args.policies if pol != "full"]
+        if "streaming_llm" in args.policies and 512 in args.caches:
+            runs.append(("streaming_llm", 512, args.bias, "original"))
+        sweep(args, "long_text_ppl.json", runs)
+    plot("long_text_ppl.json", "long_text_ppl.png", "cache_size")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""The bounded cache: fixed storage, exact fill, position re-packing, chunked pushes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from inf_mllm_ros.engine.adapters import CausalLMAdapter
+from inf_mllm_ros.engine.cache import BoundedLayer, CacheOverflowError, packed_positions, shift_rotary
+from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+
+BOUNDED = ["inf_mllm", "streaming_llm", "h2o", "window"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    return CausalLMAdapter(LlamaForCausalLM(config), tokenizer=None)
+
+
+def make_stream(adapter, **kw) -> KVStream:
+    kw.setdefault("system_prompt", "")
+    return KVStream(adapter, StreamConfig(**kw))
+
+
+def test_shift_rotary_equals_rotation_at_the_shifted_position():
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16)
+    rope = LlamaRotaryEmbedding(config)
+    keys = torch.randn(1, 2, 5, 16)
+    pos = torch.tensor([[3, 9, 10, 40, 41]])
+    delta = torch.tensor([-3, -8, -8, -37, -37])
+    cos, sin = rope(keys, pos)
+    rotated, _ = apply_rotary_pos_emb(keys, keys, cos, sin)
+    cos2, sin2 = rope(keys, pos + delta)
+    expected, _ = apply_rotary_pos_emb(keys, keys, cos2, sin2)
+    shifted = shift_rotary(rotated[0], delta.expand(2, 5), rope.inv_freq)
+    torch.testing.assert_close(shifted, expected[0], atol=1e-5, rtol=1e-5)
+
+
+def test_packed_positions_close_gaps_and_keep_runs_intact():
+    # Tokens 0..2 of text, then (after evicted tokens) a 2x2 image run sharing base 20 (extent 2),
+    # then text again after another gap.
+    start = torch.tensor([[0, 1, 2, 20, 20, 20, 20, 30]])
+    end = torch.tensor([[1, 2, 3, 22, 22, 22, 22, 31]])
+    seq = torch.tensor([[0, 1, 2, 10, 11, 12, 13, 25]])
+    new_start, new_end = packed_positions(start, end, seq)
+    assert new_start.tolist() == [[0, 1, 2, 3, 3, 3, 3, 5]]
+    assert new_end.tolist() == [[1, 2, 3, 5, 5, 5, 5, 6]]
+
+
+@pytest.mark.parametrize("policy", BOUNDED)
+def test_fill_is_min_of_capacity_and_tokens_seen_and_storage_is_never_reallocated(tiny, policy):
+    stream = make_stream(tiny, capacity=48, policy=policy, chunk_size=16, headroom=16)
+    generator = torch.Generator().manual_seed(1)
+    pointers, kv_bytes, seen = None, None, 0
+    for size in [5, 16, 40, 1, 33, 64, 7, 100]:
+        ids = torch.randint(0, 300, (size,), generator=generator)
+        stream.push_tokens(ids)
+        seen += size
+        assert stream.cache.fill == min(48, seen)
+        assert all(layer.fill == stream.cache.fill for layer in stream.cache.layers)
+        pointers = pointers or stream.cache.storage_pointers()
+        kv_bytes = kv_bytes or stream.cache.kv_nbytes()
+        assert stream.cache.storage_pointers() == pointers
+        assert stream.cache.kv_nbytes() == kv_bytes
+        # In-cache positions: the next position never runs past the storage.
+        assert stream.cache.next_position <= 48 + 16
+    assert stream.stats().tokens_evicted == seen - 48
+
+
+def test_peak_fill_is_capacity_plus_one_chunk(tiny, monkeypatch):
+    peak = {"fill": 0}
+    original = BoundedLayer.update
+
+    def recording(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        peak["fill"] = max(peak["fill"], self.fill)
+        return out
+
+    monkeypatch.setattr(BoundedLayer, "update", recording)
+    stream = make_stream(tiny, capacity=32, policy="inf_mllm", chunk_size=8, headroom=8)
+    stream.push_tokens(torch.randint(0, 300, (200,)))  # one long input, fed in blocks
+    assert peak["fill"] == 32 + 8
+
+
+def test_original_positions_keep_growing_cache_positions_stay_bounded(tiny):
+    ids = torch.randint(0, 300, (300,))
+    original = make_stream(tiny, capacity=32, policy="streaming_llm", chunk_size=16, position_mode="original")
+    packed = make_stream(tiny, capacity=32, policy="streaming_llm", chunk_size=16)
+    original.push_tokens(ids)
+    packed.push_tokens(ids)
+    assert original.cache.next_position == 300
+    assert packed.cache.next_position == 32
+
+
+def test_full_cache_refuses_overflow_and_keeps_its_memory(tiny):
+    stream = make_stream(tiny, capacity=32, policy="full", chunk_size=8, headroom=8)
+    stream.push_tokens(torch.randint(0, 300, (40,)))
+    before = (stream.cache.fill, stream.tokens_seen, stream.cache.next_position)
+    with pytest.raises(CacheOverflowError, match="do not fit"):
+        stream.push_tokens(torch.randint(0, 300, (8,)))
+    assert (stream.cache.fill, stream.tokens_seen, stream.cache.next_position) == before
+
+
+def test_cache_mode_needs_rope_and_rejects_bad_sizes(tiny):
+    with pytest.raises(ValueError, match="capacity"):
+        make_stream(tiny, capacity=4)
+    with pytest.raises(ValueError, match="context"):
+        make_stream(tiny, capacity=4096)
