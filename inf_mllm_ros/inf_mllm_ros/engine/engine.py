@@ -140,7 +140,10 @@ class StreamingEngine:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise EngineNotReadyError("engine is closed")
+            raise EngineNotReadyError(self._closed_reason())
+
+    def _closed_reason(self) -> str:
+        return f"model failed to load: {self.load_error}" if self.load_error else "engine is closed"
 
     # --- blocking conveniences -----------------------------------------------------------------------
     def push_text(self, text: str, stamp: float | None = None, timeout: float | None = None) -> int:
@@ -204,8 +207,9 @@ class StreamingEngine:
             self._frame = None
             self._lock.notify_all()
         for _, _, future in waiting:
-            future.set_exception(EngineNotReadyError("engine closed"))
-        self._worker.join(timeout)
+            future.set_exception(EngineNotReadyError(self._closed_reason()))
+        if threading.current_thread() is not self._worker:
+            self._worker.join(timeout)
 
     # --- worker --------------------------------------------------------------------------------------
     def _run(self, loader) -> None:

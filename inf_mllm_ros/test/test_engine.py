@@ -1,0 +1,133 @@
+"""The streaming engine on the real SmolLM2-135M-Instruct (the embedded default)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from inf_mllm_ros.engine.engine import EngineBusyError, EngineNotReadyError, StreamingEngine
+from inf_mllm_ros.engine.loading import ModelLoadError, load_model
+from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+
+POLICIES = ["inf_mllm", "streaming_llm", "h2o", "window", "full"]
+TEXT = (
+    "The lighthouse keeper climbed the stairs every evening at dusk. He trimmed the wick, polished the lens "
+    "and wrote the weather in his log. Ships passed far out at sea, and their lights answered his. "
+) * 6
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_model("smollm2", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2):
+    """The plain transformers model with its own full cache, loaded from the same folder."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2.folder, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_while_the_stream_fits_every_policy_matches_the_full_model(smollm2, reference, policy):
+    ids = smollm2.tokenize(TEXT)
+    stream = KVStream(smollm2, StreamConfig(capacity=1024, policy=policy, chunk_size=64, system_prompt=""))
+    logits = stream.push_tokens(ids, return_logits=True)
+    with torch.inference_mode():
+        expected = reference(ids[None]).logits[0].float()
+    assert logits.shape == expected.shape
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("policy", ["inf_mllm", "window"])
+def test_greedy_answer_matches_the_full_model(smollm2, reference, policy):
+    config = StreamConfig(capacity=1024, policy=policy, chunk_size=32)
+    stream = KVStream(smollm2, config)
+    stream.push_text("Forklift F2 parked at dock 3.", 5.0)
+    answer = stream.ask("Where did forklift F2 park?", max_new_tokens=24)
+    chat = smollm2.chat
+    prompt = chat.system(config.system_prompt) + chat.user("[0:00:05.0] Forklift F2 parked at dock 3.")
+    ids = torch.cat([smollm2.tokenize(prompt), smollm2.tokenize(chat.question("Where did forklift F2 park?"))])
+    with torch.inference_mode():
+        out = reference.generate(ids[None], max_new_tokens=24, do_sample=False)[0, ids.numel():]
+    expected = smollm2.decode([t for t in out.tolist() if t not in smollm2.stop_token_ids]).strip()
+    assert answer.text == expected
+    assert "dock 3" in answer.text.lower()
+
+
+def test_a_question_not_kept_leaves_memory_exactly_as_it_was(smollm2):
+    stream = KVStream(smollm2, StreamConfig(capacity=128, policy="inf_mllm", chunk_size=32))
+    stream.push_text(TEXT)
+    layer = stream.cache.layers[3]
+    before = (stream.cache.fill, stream.cache.next_position, stream.tokens_seen, layer.keys[:, :, : layer.fill].clone())
+    stream.ask("What does the keeper do at dusk?", max_new_tokens=8)
+    assert (stream.cache.fill, stream.cache.next_position, stream.tokens_seen) == before[:3]
+    assert torch.equal(layer.keys[:, :, : layer.fill], before[3])
+
+
+def test_a_kept_exchange_stays_in_memory_for_the_next_round(smollm2):
+    stream = KVStream(smollm2, StreamConfig(capacity=256, policy="inf_mllm", chunk_size=32))
+    stream.push_text("The visitor's name is Margaret.")
+    seen = stream.tokens_seen
+    first = stream.ask("Remember this: the password is tulip. Reply OK.", max_new_tokens=6, keep_in_memory=True)
+    assert first.kept_in_memory and stream.tokens_seen > seen
+    assert "tulip" in stream.ask("What is the password?", max_new_tokens=12).text.lower()
+
+
+def test_stream_far_past_the_context_stays_bounded_and_answers(smollm2):
+    stream = KVStream(smollm2, StreamConfig(capacity=128, policy="inf_mllm", chunk_size=64))
+    ids = smollm2.tokenize(TEXT * 4)
+    for _ in range(3):
+        stream.push_tokens(ids)
+    assert stream.cache.fill == 128 and stream.cache.next_position <= 128 + 64
+    assert stream.ask("Who climbs the stairs?", max_new_tokens=10).text
+
+
+def test_missing_and_broken_model_folders_name_the_path_and_problem(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_model(tmp_path / "nowhere")
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match=f"{tmp_path}.*not valid JSON"):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(ModelLoadError, match="no weights"):
+        load_model(tmp_path)
+
+
+def test_engine_answers_from_several_threads_and_refuses_when_busy(smollm2):
+    engine = StreamingEngine(adapter=smollm2, config=StreamConfig(capacity=256, chunk_size=64),
+                             max_pending_queries=2)
+    assert engine.wait_ready(60)
+    engine.push_text("Door D1 light turned red.", 31.0)
+    answers, errors = [], []
+
+    def ask():
+        try:
+            answers.append(engine.ask("What colour is the light of door D1?", max_new_tokens=8, timeout=120))
+        except EngineBusyError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) + len(errors) == 6 and answers
+    assert all("full" in str(e) for e in errors)
+    assert engine.stats().texts_ingested == 1
+    engine.close()
+    with pytest.raises(EngineNotReadyError):
+        engine.submit_text("after close")
+
+
+def test_engine_reports_a_failed_load(tmp_path):
+    engine = StreamingEngine(str(tmp_path / "missing"))
+    with pytest.raises(EngineNotReadyError, match="does not exist"):
+        engine.wait_ready(30)
+    with pytest.raises(EngineNotReadyError, match="failed to load"):
+        engine.ask("anyone?")
