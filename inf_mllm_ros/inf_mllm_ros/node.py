@@ -1,0 +1,504 @@
+"""The ROS 2 node: camera frames and text in, answers, descriptions and cache figures out.
+
+A thin adapter over `StreamingEngine`, which runs the model on its own worker thread:
+
+- subscription and timer callbacks only convert messages and hand them to the engine (never block);
+- `~/query` and `~/reset` run in a reentrant callback group and wait for the engine there, so a
+  multi-threaded executor keeps serving topics, timers and parameters while the model works;
+- whatever the engine reports from its worker (an input done, a description, the model loaded) goes
+  through a queue and a guard condition, so that publishing and logging happen on the executor.
+
+Runnable as `ros2 run inf_mllm_ros inf_mllm_node`.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass
+from typing import Callable
+
+import rclpy
+from builtin_interfaces.msg import Time
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
+from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.exceptions import ParameterException
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.logging import get_logger
+from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import CompressedImage, Image
+from std_msgs.msg import String
+from std_srvs.srv import Trigger
+
+from inf_mllm_interfaces.msg import CacheStats, Description
+from inf_mllm_interfaces.srv import Query
+
+from .engine.adapters import FramesNotSupportedError
+from .engine.engine import EngineBusyError, EngineNotReadyError, FrameDroppedError, StreamingEngine
+from .engine.policies import POLICIES
+from .engine.stream import DEFAULT_DESCRIPTION_PROMPT, DEFAULT_SYSTEM_PROMPT, StreamConfig
+from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
+
+NODE_NAME = "inf_mllm"
+MAX_NEW_TOKENS_LIMIT = 4096
+
+# Camera: newest frame only. Text: reliable, never dropped by the middleware.
+IMAGE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.BEST_EFFORT,
+                       durability=DurabilityPolicy.VOLATILE)
+TEXT_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=50, reliability=ReliabilityPolicy.RELIABLE)
+LATCHED_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                         durability=DurabilityPolicy.TRANSIENT_LOCAL)
+STATS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE)
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    default: object
+    description: str
+    read_only: bool = True
+    low: float | None = None
+    high: float | None = None
+    constraints: str = ""
+
+    def descriptor(self) -> ParameterDescriptor:
+        d = ParameterDescriptor(name=self.name, description=self.description, read_only=self.read_only,
+                                additional_constraints=self.constraints)
+        if isinstance(self.default, bool) or self.low is None:
+            return d
+        if isinstance(self.default, int):
+            d.integer_range = [IntegerRange(from_value=int(self.low), to_value=int(self.high), step=1)]
+        else:
+            d.floating_point_range = [FloatingPointRange(from_value=float(self.low), to_value=float(self.high),
+                                                         step=0.0)]
+        return d
+
+
+PARAMETERS = (
+    # Fixed at start: they shape the model and the memory.
+    Param("model", "smollm2", "A transformers model folder, or 'smollm2' (the embedded default, text only)."),
+    Param("device", "auto", "Where the model runs.", constraints="auto, cpu, cuda or cuda:N"),
+    Param("dtype", "auto", "Weights and cache precision; auto: bfloat16/float16 on GPU, float32 on CPU.",
+          constraints="auto, float32, bfloat16 or float16"),
+    Param("trust_remote_code", False, "Allow code shipped in the model folder to run."),
+    Param("cache_size", 1024, "Tokens the KV cache keeps (fixed memory).", low=16, high=1 << 20),
+    Param("eviction_policy", "inf_mllm", "How the cache chooses tokens to forget.",
+          constraints="one of: " + ", ".join(sorted(POLICIES))),
+    Param("recent_size", 0, "Newest tokens always kept; 0: a quarter of cache_size.", low=0, high=1 << 20),
+    Param("chunk_size", 128, "Longest block of a prompt pushed before an eviction (bounds the peak).",
+          low=1, high=65536),
+    Param("max_frame_pixels", 0, "Bound on a frame's pixels before the vision encoder; 0: the model's own.",
+          low=0, high=1 << 28),
+    Param("max_pending_texts", 64, "Texts waiting for the model at most; more are refused with a log.",
+          low=1, high=100000),
+    Param("max_pending_queries", 8, "Queries waiting for the model at most; more answer success=false.",
+          low=1, high=64),
+    # Changeable at run time.
+    Param("attention_bias", 1e-3, "Eviction bias toward newer tokens (inf_mllm policy); keeps the memory moving.",
+          read_only=False, low=0.0, high=1.0),
+    Param("frame_rate", 1.0, "Frames ingested per second at most (the newest is kept); 0: as fast as the model takes them.",
+          read_only=False, low=0.0, high=120.0),
+    Param("description_period", 10.0, "Seconds between descriptions on ~/description; 0: off.",
+          read_only=False, low=0.0, high=86400.0),
+    Param("description_prompt", DEFAULT_DESCRIPTION_PROMPT, "The question asked for each description.",
+          read_only=False),
+    Param("system_prompt", DEFAULT_SYSTEM_PROMPT, "Opens the memory; a change applies from the next ~/reset.",
+          read_only=False),
+    Param("max_new_tokens", 64, "Longest answer or description, in tokens (a query may ask for its own).",
+          read_only=False, low=1, high=MAX_NEW_TOKENS_LIMIT),
+    Param("max_text_chars", 4000, "Longest text message accepted, in characters; longer ones are refused.",
+          read_only=False, low=1, high=1_000_000),
+    Param("query_timeout", 120.0, "Seconds a query or reset waits for the model before answering success=false.",
+          read_only=False, low=1.0, high=3600.0),
+    Param("stats_period", 1.0, "Seconds between ~/cache_stats messages; 0: only after each input.",
+          read_only=False, low=0.0, high=3600.0),
+)
+
+
+class InfMLLMNode(Node):
+    """Camera and text into one bounded memory; questions answered from it.
+
+    engine_factory builds the engine from the parameters (StreamingEngine's signature); tests may
+    pass their own.
+    """
+
+    def __init__(self, node_name: str = NODE_NAME, *, engine_factory: Callable[..., StreamingEngine] = StreamingEngine,
+                 **kwargs):
+        super().__init__(node_name, **kwargs)
+        for p in PARAMETERS:
+            self.declare_parameter(p.name, p.default, p.descriptor())
+        self._lock = threading.Lock()  # the counters below, written from several threads
+        self._inputs_rejected = 0
+        self._frames_dropped = 0  # replaced while waiting for the rate limit
+        self._queries_failed = 0  # failed before or after the engine (empty, timed out)
+        self._kinds_logged: set[str] = set()
+        self._origin: float | None = None  # ROS time of the first input; the model sees times since then
+        self._pending_frame: tuple | None = None
+        self._frame_id = ""
+        self._inputs_done = 0  # bumped per ingested input and reset, so descriptions skip an unchanged memory
+        self._described_at = -1
+        self._describing = False
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+
+        self._stats_pub = self.create_publisher(CacheStats, "~/cache_stats", STATS_QOS)
+        self._description_pub = self.create_publisher(Description, "~/description", LATCHED_QOS)
+        self._wake = self.create_guard_condition(self._drain_outbox)
+        # Services exist before the model has loaded, so a caller hears "still loading" instead of nothing.
+        waiting = ReentrantCallbackGroup()
+        self.create_service(Query, "~/query", self._on_query, callback_group=waiting)
+        self.create_service(Trigger, "~/reset", self._on_reset, callback_group=waiting)
+        self.create_subscription(Image, "image", lambda m: self._offer_frame(m, image_msg_to_rgb, "image"), IMAGE_QOS)
+        self.create_subscription(CompressedImage, "image/compressed",
+                                 lambda m: self._offer_frame(m, compressed_msg_to_rgb, "compressed"), IMAGE_QOS)
+        self.create_subscription(String, "text", self._on_text, TEXT_QOS)
+        self._periodic: dict[str, object] = {}
+        self._set_timer("frame", self._param("frame_rate"), rate=True)
+        self._set_timer("description", self._param("description_period"))
+        self._set_timer("stats", self._param("stats_period"))
+
+        config = StreamConfig(
+            capacity=self._param("cache_size"),
+            policy=self._param("eviction_policy"),
+            attention_bias=self._param("attention_bias"),
+            recent_size=self._param("recent_size") or None,
+            chunk_size=self._param("chunk_size"),
+            system_prompt=self._param("system_prompt"),
+            max_new_tokens=self._param("max_new_tokens"),
+            max_frame_pixels=self._param("max_frame_pixels") or None,
+        )
+        self.get_logger().info(
+            f"loading model {self._param('model')!r} (cache {config.capacity} tokens, policy {config.policy}, "
+            f"attention_bias {config.attention_bias:g})")
+        self._load_started = time.monotonic()
+        self.engine = engine_factory(
+            self._param("model"), config, device=self._param("device"), dtype=self._param("dtype"),
+            trust_remote_code=self._param("trust_remote_code"),
+            max_pending_texts=self._param("max_pending_texts"),
+            max_pending_queries=self._param("max_pending_queries"),
+            on_ingested=lambda kind: self._post("ingested", kind),
+        )
+        threading.Thread(target=self._watch_loading, name="inf_mllm_loading", daemon=True).start()
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+
+    @property
+    def executor_threads(self) -> int:
+        # Every waiting query or reset holds a thread; two more keep topics and timers going.
+        return self._param("max_pending_queries") + 3
+
+    def close(self) -> None:
+        self.engine.close(timeout=2.0)
+
+    # --- parameters ------------------------------------------------------------------------------------
+    def _param(self, name: str):
+        return self.get_parameter(name).value
+
+    def _on_set_parameters(self, params) -> SetParametersResult:
+        # Ranges and read-only flags were checked by rclpy against the descriptors already.
+        for p in params:
+            if p.name == "attention_bias" and self._param("eviction_policy") != "inf_mllm":
+                return SetParametersResult(successful=False, reason=(
+                    f"attention_bias applies to the inf_mllm policy only; this node runs "
+                    f"{self._param('eviction_policy')!r}"))
+        for p in params:
+            if p.name == "attention_bias":
+                try:
+                    self.engine.set_attention_bias(p.value)
+                except ValueError as exc:
+                    return SetParametersResult(successful=False, reason=str(exc))
+            elif p.name == "frame_rate":
+                self._set_timer("frame", p.value, rate=True)
+                if p.value == 0.0:
+                    self._on_frame_timer()
+            elif p.name == "description_period":
+                self._set_timer("description", p.value)
+            elif p.name == "stats_period":
+                self._set_timer("stats", p.value)
+            elif p.name == "system_prompt":
+                self.engine.config.system_prompt = p.value
+            elif p.name == "max_new_tokens":
+                self.engine.config.max_new_tokens = p.value
+            if p.name in ("attention_bias", "frame_rate", "description_period", "system_prompt",
+                          "description_prompt", "max_new_tokens"):
+                self.get_logger().info(f"{p.name} set to {p.value!r}")
+        return SetParametersResult(successful=True)
+
+    def _set_timer(self, name: str, value: float, rate: bool = False) -> None:
+        """(Re)create a periodic timer; value is a period in seconds, or a rate in Hz when rate=True; 0: none."""
+        old = self._periodic.pop(name, None)
+        if old is not None:
+            self.destroy_timer(old)
+        if value > 0.0:
+            callback = {"frame": self._on_frame_timer, "description": self._on_description_timer,
+                        "stats": self._publish_stats}[name]
+            self._periodic[name] = self.create_timer(1.0 / value if rate else value, callback)
+
+    # --- input -------------------------------------------------------------------------------------------
+    def _offer_frame(self, msg, convert, source: str) -> None:
+        if self._param("frame_rate") == 0.0:
+            self._ingest_frame(msg, convert, source)
+            return
+        if self._pending_frame is not None:
+            with self._lock:
+                self._frames_dropped += 1
+        # Decoded only when its turn comes, so frames that get replaced cost nothing.
+        self._pending_frame = (msg, convert, source)
+
+    def _on_frame_timer(self) -> None:
+        pending, self._pending_frame = self._pending_frame, None
+        if pending is not None:
+            self._ingest_frame(*pending)
+
+    def _ingest_frame(self, msg, convert, source: str) -> None:
+        try:
+            rgb = convert(msg)
+        except ImageConversionError as exc:
+            self._reject(f"{source}_{exc.kind}", f"{source} message refused: {exc}")
+            return
+        self._frame_id = msg.header.frame_id
+        try:
+            future = self.engine.submit_frame(rgb, self._stream_time(msg.header.stamp))
+        except EngineNotReadyError as exc:
+            self._reject("engine_closed", f"frame refused: {exc}")
+            return
+        future.add_done_callback(lambda f: self._post("frame_done", f))
+
+    def _on_text(self, msg: String) -> None:
+        text = msg.data
+        limit = self._param("max_text_chars")
+        if not text.strip():
+            self._reject("text_empty", "empty text message refused")
+            return
+        if len(text) > limit:
+            self._reject("text_too_long", f"text of {len(text)} characters refused: longer than max_text_chars "
+                                          f"({limit}); split it into shorter messages")
+            return
+        try:
+            future = self.engine.submit_text(text, self._stream_time(None))
+        except EngineNotReadyError as exc:
+            self._reject("engine_closed", f"text refused: {exc}")
+            return
+        if future.done() and isinstance(future.exception(), EngineBusyError):
+            with self._lock:
+                self._inputs_rejected += 1
+            self.get_logger().warning(
+                f"{future.exception()} (refused so far: {self.engine.counters.texts_refused}); "
+                "the model cannot keep up with the text topic", throttle_duration_sec=2.0)
+            self._publish_stats()
+            return
+        future.add_done_callback(lambda f: self._post("text_done", f))
+
+    def _reject(self, kind: str, message: str) -> None:
+        """Count a refused input; log the first of each kind only, so a bad stream cannot flood the log."""
+        with self._lock:
+            self._inputs_rejected += 1
+            first = kind not in self._kinds_logged
+            self._kinds_logged.add(kind)
+        if first:
+            self.get_logger().warning(f"{message} [further '{kind}' inputs are counted in ~/cache_stats, not logged]")
+        # After every input the node is done with, so a lockstep player can move on.
+        self._publish_stats()
+
+    def _stream_time(self, stamp) -> float:
+        """Seconds since the first input; a zero stamp means now."""
+        seconds = stamp.sec + stamp.nanosec * 1e-9 if stamp is not None else 0.0
+        if seconds == 0.0:
+            seconds = self.get_clock().now().nanoseconds * 1e-9
+        if self._origin is None:
+            self._origin = seconds
+        return seconds - self._origin
+
+    def _ros_time(self, stream_time: float | None) -> Time:
+        if stream_time is None or self._origin is None:
+            return Time()
+        seconds = self._origin + stream_time
+        sec = math.floor(seconds)
+        return Time(sec=int(sec), nanosec=min(int(round((seconds - sec) * 1e9)), 999_999_999))
+
+    # --- reports from the engine's threads, handled on the executor ----------------------------------------
+    def _post(self, kind: str, payload) -> None:
+        self._outbox.put((kind, payload))
+        try:
+            self._wake.trigger()
+        except Exception:  # the node is shutting down
+            pass
+
+    def _drain_outbox(self) -> None:
+        while True:
+            try:
+                kind, payload = self._outbox.get_nowait()
+            except queue.Empty:
+                return
+            getattr(self, "_handle_" + kind)(payload)
+
+    def _handle_ingested(self, _kind: str) -> None:
+        self._inputs_done += 1
+        self._publish_stats()
+
+    def _handle_frame_done(self, future: Future) -> None:
+        exc = future.exception()
+        if exc is None:
+            return
+        if isinstance(exc, FrameDroppedError):
+            self._publish_stats()
+        elif isinstance(exc, FramesNotSupportedError):
+            self._reject("frames_not_supported", f"{exc}; frames are counted as rejected. Set 'model' to a "
+                                                 "vision-language model to use the camera")
+        else:
+            self._reject(f"frame_{type(exc).__name__}", f"frame failed in the model: {exc}")
+
+    def _handle_text_done(self, future: Future) -> None:
+        exc = future.exception()
+        if exc is not None:
+            self._reject(f"text_{type(exc).__name__}", f"text failed in the model: {exc}")
+
+    def _handle_ready(self, seconds: float) -> None:
+        self.get_logger().info(f"model ready in {seconds:.1f} s")
+        self._publish_stats()
+
+    def _handle_load_failed(self, exc: Exception) -> None:
+        self.get_logger().error(f"{exc}; queries will answer success=false with this reason")
+        self._publish_stats()
+
+    def _handle_described(self, future: Future) -> None:
+        self._describing = False
+        exc = future.exception()
+        if exc is not None:
+            if not isinstance(exc, (EngineBusyError, EngineNotReadyError)):
+                self.get_logger().warning(f"description failed: {exc}", throttle_duration_sec=60.0)
+            return
+        answer = future.result()
+        msg = Description(text=answer.text, cache_fill=answer.cache_fill, generation_time=answer.latency)
+        msg.header.stamp = self._ros_time(answer.newest_frame_stamp)
+        msg.header.frame_id = self._frame_id
+        stats = self.engine.stats()
+        msg.frames_seen = stats.frames_ingested if stats is not None else 0
+        self._description_pub.publish(msg)
+
+    def _watch_loading(self) -> None:
+        try:
+            self.engine.wait_ready()
+        except EngineNotReadyError as exc:
+            self._post("load_failed", exc)
+        else:
+            self._post("ready", time.monotonic() - self._load_started)
+
+    # --- periodic output ---------------------------------------------------------------------------------
+    def _on_description_timer(self) -> None:
+        # One description at a time, and none while nothing new has come in.
+        if self._describing or not self.engine.ready.is_set() or self._inputs_done == self._described_at:
+            return
+        stats = self.engine.stats()
+        if stats is None or stats.tokens_seen == 0:
+            return
+        self._described_at = self._inputs_done
+        future = self.engine.submit_describe(self._param("description_prompt") or None,
+                                             max_new_tokens=self._param("max_new_tokens"))
+        self._describing = True
+        future.add_done_callback(lambda f: self._post("described", f))
+
+    def _publish_stats(self) -> None:
+        msg = CacheStats(capacity=self._param("cache_size"), eviction_policy=self._param("eviction_policy"),
+                         attention_bias=float(self.engine.config.attention_bias),
+                         model_ready=self.engine.ready.is_set())
+        msg.header.stamp = self.get_clock().now().to_msg()
+        s = self.engine.stats()
+        if s is not None:
+            msg.capacity, msg.fill, msg.tokens_seen, msg.tokens_evicted = s.capacity, s.fill, s.tokens_seen, s.tokens_evicted
+            msg.frames_ingested, msg.texts_ingested, msg.kv_bytes = s.frames_ingested, s.texts_ingested, s.kv_bytes
+            msg.eviction_policy = s.policy  # the bias is the config's: the snapshot lags a change until the next input
+        counters = self.engine.counters
+        with self._lock:
+            msg.frames_dropped = self._frames_dropped + counters.frames_dropped
+            msg.inputs_rejected = self._inputs_rejected
+            msg.queries_failed = self._queries_failed + counters.queries_failed
+        msg.queries_answered = counters.queries_answered
+        self._stats_pub.publish(msg)
+
+    # --- services ----------------------------------------------------------------------------------------
+    def _on_query(self, request: Query.Request, response: Query.Response) -> Query.Response:
+        start = time.monotonic()
+        question = request.question.strip()
+        max_new = request.max_new_tokens or self._param("max_new_tokens")
+        if not question:
+            return self._query_failed(response, "empty question")
+        if max_new > MAX_NEW_TOKENS_LIMIT:
+            return self._query_failed(response, f"max_new_tokens {max_new} is above the limit {MAX_NEW_TOKENS_LIMIT}")
+        timeout = self._param("query_timeout")
+        try:
+            future = self.engine.submit_ask(question, max_new_tokens=max_new, keep_in_memory=request.keep_in_memory)
+        except EngineNotReadyError as exc:
+            return self._query_failed(response, str(exc))
+        try:
+            answer = future.result(timeout=timeout)
+        except FutureTimeoutError:
+            future.cancel()  # if it has not started, the worker skips it
+            return self._query_failed(response, f"no answer within query_timeout ({timeout:g} s): the model is busy")
+        except (EngineNotReadyError, EngineBusyError, ValueError) as exc:
+            # The engine counted these itself.
+            response.success, response.message = False, str(exc)
+            return response
+        except Exception as exc:
+            response.success, response.message = False, f"model error: {type(exc).__name__}: {exc}"
+            return response
+        response.success = True
+        response.answer = answer.text
+        response.newest_frame_stamp = self._ros_time(answer.newest_frame_stamp)
+        response.tokens_seen = answer.tokens_seen
+        response.cache_fill = answer.cache_fill
+        response.latency = time.monotonic() - start
+        return response
+
+    def _query_failed(self, response: Query.Response, reason: str) -> Query.Response:
+        with self._lock:
+            self._queries_failed += 1
+        response.success, response.message = False, reason
+        return response
+
+    def _on_reset(self, _request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        if not self.engine.ready.is_set():
+            error = self.engine.load_error
+            response.success = False
+            response.message = f"model failed to load: {error}" if error else "model is still loading; nothing to clear yet"
+            return response
+        timeout = self._param("query_timeout")
+        try:
+            self.engine.submit_reset().result(timeout=timeout)
+        except FutureTimeoutError:
+            response.success, response.message = False, f"not reset within query_timeout ({timeout:g} s)"
+            return response
+        except Exception as exc:
+            response.success, response.message = False, f"reset failed: {exc}"
+            return response
+        self._post("ingested", "reset")  # stats and descriptions follow the empty memory
+        response.success, response.message = True, "memory cleared"
+        return response
+
+
+def main(args=None) -> int:
+    rclpy.init(args=args)
+    node = None
+    try:
+        node = InfMLLMNode()
+        executor = MultiThreadedExecutor(num_threads=node.executor_threads)
+        executor.add_node(node)
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    except ParameterException as exc:
+        get_logger(NODE_NAME).fatal(f"bad parameter: {exc}")
+        return 1
+    finally:
+        if node is not None:
+            node.close()
+            node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

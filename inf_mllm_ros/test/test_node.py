@@ -1,0 +1,390 @@
+"""inf_mllm_node over real rclpy.
+
+Most tests share one installed node process with the embedded default model, driven from this
+process over topics and services. The loading and failure paths are tested on the node class in
+this process, with an engine whose model does not load (or a stand-in engine), so they are
+deterministic.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import CompressedImage, Image
+from std_msgs.msg import String
+from std_srvs.srv import Trigger
+
+from inf_mllm_interfaces.msg import CacheStats, Description
+from inf_mllm_interfaces.srv import Query
+from inf_mllm_ros.image_conversion import rgb_to_compressed_fields, rgb_to_image_fields
+from ros_helpers import Latest, RosProbe
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "/node_test"
+NODE = "memory"
+FQN = f"{NAMESPACE}/{NODE}"
+PARAMS = {
+    "cache_size": 512,
+    "max_new_tokens": 12,
+    "description_period": 0.0,  # turned on by the description test, so it does not delay queries
+    "frame_rate": 2.0,
+    "max_text_chars": 500,
+    "stats_period": 0.5,
+}
+FACT = "Forklift F2 parked at dock 3."
+PROBE = "Where is forklift F2?"
+LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+RELIABLE = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+
+
+class NodeProcess:
+    def __init__(self, repo_root: Path, env: dict, tmp: Path):
+        exe = repo_root / "install" / "inf_mllm_ros" / "lib" / "inf_mllm_ros" / "inf_mllm_node"
+        if not exe.exists():
+            pytest.fail(f"{exe} is missing: run scripts/setup.sh")
+        params = tmp / "params.yaml"
+        params.write_text(yaml.safe_dump({"/**": {"ros__parameters": PARAMS}}))
+        self.log_path = tmp / "node.log"
+        self._log = open(self.log_path, "w")
+        env = dict(env, PYTHONUNBUFFERED="1", RCUTILS_LOGGING_BUFFERED_STREAM="0", RCUTILS_COLORIZED_OUTPUT="0")
+        self.proc = subprocess.Popen(
+            [str(exe), "--ros-args", "--params-file", str(params), "-r", f"__node:={NODE}", "-r", f"__ns:={NAMESPACE}"],
+            stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"node exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    # conftest has put this session's ROS_DOMAIN_ID and LOCALHOST discovery into os.environ.
+    process = NodeProcess(REPO_ROOT, dict(os.environ), tmp_path_factory.mktemp("node"))
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def probe(node):
+    p = RosProbe("node_test_probe", alive=node.check_alive)
+    p.stats = Latest(p, CacheStats, f"{FQN}/cache_stats", RELIABLE)
+    p.text = p.node.create_publisher(String, f"{NAMESPACE}/text", RELIABLE)
+    p.image = p.node.create_publisher(Image, f"{NAMESPACE}/image", RELIABLE)
+    p.compressed = p.node.create_publisher(CompressedImage, f"{NAMESPACE}/image/compressed", RELIABLE)
+    p.query = p.node.create_client(Query, f"{FQN}/query")
+    p.reset = p.node.create_client(Trigger, f"{FQN}/reset")
+    yield p
+    p.close()
+
+
+def ask(probe, question: str, max_new_tokens: int = 0) -> Query.Response:
+    return probe.call(probe.query, Query.Request(question=question, max_new_tokens=max_new_tokens), timeout=180)
+
+
+def ready_stats(probe) -> CacheStats:
+    return probe.stats.wait(lambda m: m.model_ready, timeout=180, what="model_ready in cache_stats")
+
+
+def publish_until_matched(probe, publisher, msg) -> None:
+    probe.wait_for(lambda: publisher.get_subscription_count() > 0, 30, f"a subscriber on {publisher.topic_name}")
+    publisher.publish(msg)
+
+
+def wait_rejected(probe, base: int) -> CacheStats:
+    return probe.stats.wait(lambda m: m.inputs_rejected >= base + 1, timeout=30, what=f"inputs_rejected > {base}")
+
+
+def rgb(value: int = 90) -> np.ndarray:
+    frame = np.full((24, 32, 3), value, np.uint8)
+    frame[:, :16, 0] = 250
+    return frame
+
+
+def image_msg(fields: dict) -> Image:
+    msg = Image(height=fields["height"], width=fields["width"], encoding=fields["encoding"],
+                is_bigendian=fields["is_bigendian"], step=fields["step"])
+    msg.data = fields["data"]
+    msg.header.frame_id = "camera"
+    return msg
+
+
+# --- the installed node, one process for the module --------------------------------------------------------------
+
+
+def test_query_as_soon_as_the_service_appears(probe):
+    # The service exists before the model has loaded: the answer is either real or says why not.
+    response = ask(probe, "Say hello.", max_new_tokens=4)
+    assert response.success or "still loading" in response.message, response.message
+    stats = ready_stats(probe)
+    assert stats.capacity == PARAMS["cache_size"]
+
+
+def test_query_answers_from_published_text(probe):
+    ready_stats(probe)
+    base = probe.stats.last.texts_ingested
+    publish_until_matched(probe, probe.text, String(data=FACT))
+    probe.stats.wait(lambda m: m.texts_ingested >= base + 1, timeout=60, what="the text ingested")
+    response = ask(probe, PROBE, max_new_tokens=16)
+    assert response.success, response.message
+    assert response.message == ""
+    assert "dock 3" in response.answer.lower(), response.answer
+    assert response.tokens_seen > 0 and 0 < response.cache_fill <= PARAMS["cache_size"]
+    assert response.latency > 0
+
+
+def test_cache_stats(probe):
+    stats = ready_stats(probe)
+    assert stats.eviction_policy == "inf_mllm"
+    assert stats.attention_bias == pytest.approx(1e-3)
+    assert stats.kv_bytes > 0 and stats.fill > 0 and stats.tokens_seen >= stats.fill
+    probe.stats.wait(lambda m: m.queries_answered >= 1, timeout=10, what="the answered query counted")
+    # Published periodically too, not only after inputs.
+    count = len(probe.stats.messages)
+    probe.wait_for(lambda: len(probe.stats.messages) >= count + 2, 10, "periodic cache_stats")
+
+
+def test_parameters_at_run_time(probe):
+    ready_stats(probe)
+    [ok] = probe.set_parameters(FQN, attention_bias=0.005)
+    assert ok.successful, ok.reason
+    probe.stats.wait(lambda m: m.attention_bias == pytest.approx(0.005), timeout=10, what="the new bias in stats")
+
+    [out_of_range] = probe.set_parameters(FQN, attention_bias=2.0)
+    assert not out_of_range.successful and "range" in out_of_range.reason.lower(), out_of_range.reason
+    [read_only] = probe.set_parameters(FQN, cache_size=2048)
+    assert not read_only.successful and "read-only" in read_only.reason.lower(), read_only.reason
+    [wrong_type] = probe.set_parameters(FQN, frame_rate="fast")
+    assert not wrong_type.successful and wrong_type.reason
+    for name, value in (("frame_rate", 4.0), ("max_new_tokens", 16), ("description_prompt", "What is there?")):
+        [result] = probe.set_parameters(FQN, **{name: value})
+        assert result.successful, (name, result.reason)
+    time.sleep(1.0)
+    assert probe.stats.last.attention_bias == pytest.approx(0.005)
+    assert probe.stats.last.capacity == PARAMS["cache_size"]
+
+
+def test_bad_input_is_counted_logged_once_and_the_node_carries_on(probe, node):
+    ready_stats(probe)
+    good = rgb_to_image_fields(rgb())
+    bad_inputs = [
+        ("image_encoding", probe.image, image_msg(dict(good, encoding="yuv_unknown"))),
+        ("image_size", probe.image, image_msg(dict(good, step=good["step"] - 5))),
+        ("image_size", probe.image, image_msg(dict(good, data=good["data"][:-40]))),
+        ("compressed_decode", probe.compressed, CompressedImage(format="jpeg", data=b"\xff\xd8\xff\xe0 not a jpeg")),
+        ("text_empty", probe.text, String(data="   ")),
+        ("text_too_long", probe.text, String(data="x" * (PARAMS["max_text_chars"] + 1))),
+    ]
+    for kind, publisher, msg in bad_inputs + bad_inputs:  # twice: logged once, counted twice
+        base = probe.stats.last.inputs_rejected
+        publish_until_matched(probe, publisher, msg)
+        wait_rejected(probe, base)
+    log = node.log()
+    for kind in {kind for kind, _, _ in bad_inputs}:
+        assert log.count(f"further '{kind}' inputs") == 1, (kind, log[-3000:])
+    assert "max_text_chars" in log and "yuv_unknown" in log
+    response = ask(probe, PROBE, max_new_tokens=8)
+    assert response.success, response.message
+
+
+def test_frames_are_rate_limited_and_handled(probe, node):
+    start = ready_stats(probe)
+    frame = image_msg(rgb_to_image_fields(rgb(), "bgr8"))
+    publish_until_matched(probe, probe.image, frame)
+    # A text-only model refuses frames (counted as rejected); a vision-language model ingests them.
+    probe.stats.wait(lambda m: m.frames_ingested + m.inputs_rejected > start.frames_ingested + start.inputs_rejected,
+                     timeout=60, what="the frame handled")
+    jpeg = CompressedImage(**rgb_to_compressed_fields(rgb(40), "jpeg"))
+    before = probe.stats.last
+    publish_until_matched(probe, probe.compressed, jpeg)
+    probe.stats.wait(lambda m: m.frames_ingested + m.inputs_rejected > before.frames_ingested + before.inputs_rejected,
+                     timeout=60, what="the compressed frame handled")
+    # A burst faster than frame_rate: the newest frame is kept, the others are counted as dropped.
+    dropped = probe.stats.last.frames_dropped
+    for value in range(10):
+        probe.image.publish(image_msg(rgb_to_image_fields(rgb(value * 20))))
+        time.sleep(0.02)
+    probe.stats.wait(lambda m: m.frames_dropped >= dropped + 3, timeout=30, what="dropped frames counted")
+    assert node.log().count("further 'frames_not_supported' inputs") <= 1
+
+
+def test_query_errors_say_why(probe):
+    ready_stats(probe)
+    empty = ask(probe, "  ")
+    assert not empty.success and "empty question" in empty.message
+    too_long = ask(probe, PROBE, max_new_tokens=1_000_000)
+    assert not too_long.success and "limit" in too_long.message
+
+
+def test_description_is_latched_for_late_joiners(probe):
+    ready_stats(probe)
+    live = Latest(probe, Description, f"{FQN}/description", LATCHED)
+    [result] = probe.set_parameters(FQN, description_period=1.0)
+    assert result.successful, result.reason
+    first = live.wait(timeout=120, what="a description")
+    [result] = probe.set_parameters(FQN, description_period=0.0)
+    assert result.successful, result.reason
+    assert first.text and first.cache_fill > 0 and first.generation_time > 0
+    late = Latest(probe, Description, f"{FQN}/description", LATCHED)
+    received = late.wait(timeout=20, what="the latched description as a late joiner")
+    assert received.text
+
+
+def test_reset_clears_the_memory(probe):
+    ready_stats(probe)
+    response = probe.call(probe.reset, Trigger.Request(), timeout=120)
+    assert response.success, response.message
+    stats = probe.stats.wait(lambda m: m.fill == 0 and m.texts_ingested == 0, timeout=20, what="an empty memory")
+    assert stats.tokens_seen == 0
+
+
+def test_stops_cleanly_on_sigint(probe, node):
+    probe.close()
+    assert node.stop() == 0, node.log()[-3000:]
+
+
+# --- the node class in this process: loading and failure paths ---------------------------------------------------
+
+
+class StandInEngine:
+    """The engine's interface, answering every query with what `answer` returns (a Future)."""
+
+    def __init__(self, model, config, *, on_ingested=None, **_kwargs):
+        from inf_mllm_ros.engine.engine import EngineCounters
+
+        self.config = config
+        self.counters = EngineCounters()
+        self.ready = threading.Event()
+        self.ready.set()
+        self.load_error = None
+        self.answer = lambda: Future()
+
+    def wait_ready(self, timeout=None):
+        return True
+
+    def stats(self):
+        return None
+
+    def submit_ask(self, question, *, max_new_tokens=None, keep_in_memory=False):
+        return self.answer()
+
+    def submit_text(self, text, stamp=None):
+        return Future()
+
+    def set_attention_bias(self, value):
+        self.config.attention_bias = value
+
+    def close(self, timeout=None):
+        pass
+
+
+@pytest.fixture
+def local_node(request):
+    """An InfMLLMNode in this process, made with the given engine factory, and a probe to call it."""
+    from inf_mllm_ros.node import InfMLLMNode
+    from rclpy.parameter import Parameter
+
+    made = []
+
+    def make(engine_factory, **params):
+        probe = RosProbe("local_probe")
+        namespace = f"/local_{len(made)}_{os.getpid()}"
+        overrides = [Parameter(k, value=v) for k, v in params.items()]
+        node = InfMLLMNode(engine_factory=engine_factory, namespace=namespace, context=probe.context,
+                           parameter_overrides=overrides)
+        probe.executor.add_node(node)
+        made.append((probe, node))
+        probe.query = probe.node.create_client(Query, f"{namespace}/inf_mllm/query")
+        probe.reset = probe.node.create_client(Trigger, f"{namespace}/inf_mllm/reset")
+        probe.stats = Latest(probe, CacheStats, f"{namespace}/inf_mllm/cache_stats", RELIABLE)
+        return probe, node
+
+    yield make
+    for probe, node in made:
+        node.close()
+        probe.executor.remove_node(node)
+        node.destroy_node()
+        probe.close()
+
+
+def test_query_while_the_model_loads_then_fails_to_load(local_node, monkeypatch):
+    from inf_mllm_ros.engine import engine as engine_module
+    from inf_mllm_ros.engine.engine import StreamingEngine
+    from inf_mllm_ros.engine.loading import ModelLoadError
+
+    release = threading.Event()
+
+    def slow_failing_load(model, **_kwargs):
+        release.wait(60)
+        raise ModelLoadError(f"model folder {model} does not exist")
+
+    monkeypatch.setattr(engine_module, "load_model", slow_failing_load)
+    probe, node = local_node(StreamingEngine, model="/nonexistent/model", stats_period=0.2)
+    try:
+        loading = ask(probe, "What happened?")
+        assert not loading.success and "still loading" in loading.message
+        reset = probe.call(probe.reset, Trigger.Request())
+        assert not reset.success and "still loading" in reset.message
+        stats = probe.stats.wait(timeout=10, what="cache_stats while loading")
+        assert not stats.model_ready and stats.queries_failed >= 1
+    finally:
+        release.set()
+    probe.wait_for(lambda: node.engine.load_error is not None, 10, "the load error")
+    failed = ask(probe, "What happened?")
+    assert not failed.success
+    assert "failed to load" in failed.message and "/nonexistent/model" in failed.message
+    # Still up and publishing.
+    count = len(probe.stats.messages)
+    probe.wait_for(lambda: len(probe.stats.messages) > count, 10, "cache_stats after the failure")
+
+
+def test_busy_failing_and_slow_engine_answers_say_why(local_node):
+    from inf_mllm_ros.engine.engine import EngineBusyError
+
+    engines = []
+
+    def factory(*args, **kwargs):
+        engines.append(StandInEngine(*args, **kwargs))
+        return engines[-1]
+
+    probe, _node = local_node(factory, query_timeout=1.0)
+    engine = engines[0]
+
+    def failing(exc):
+        future = Future()
+        future.set_exception(exc)
+        return lambda: future
+
+    engine.answer = failing(EngineBusyError("query queue full (8 waiting); try again later"))
+    busy = ask(probe, "What happened?")
+    assert not busy.success and "queue full" in busy.message
+    engine.answer = failing(RuntimeError("CUDA out of memory"))
+    broken = ask(probe, "What happened?")
+    assert not broken.success and broken.message == "model error: RuntimeError: CUDA out of memory"
+    engine.answer = Future  # never answers
+    slow = ask(probe, "What happened?")
+    assert not slow.success and "query_timeout" in slow.message
