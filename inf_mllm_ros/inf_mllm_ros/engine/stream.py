@@ -7,7 +7,6 @@ threaded `StreamingEngine` wraps it for concurrent callers.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -18,6 +17,7 @@ from torch import Tensor
 from .adapters import ModelAdapter, Prompt
 from .attention import cache_observing
 from .cache import BoundedKVCache, CacheOverflowError, PromptPositions
+from .chat import clock as _clock
 from .policies import make_policy
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -305,15 +305,6 @@ class KVStream:
             logits = self.adapter.forward(prompt.embeds, position_ids, self.cache, all_logits=all_logits)
         self.tokens_seen += q
         return logits
-
-
-def _clock(stamp: float) -> str:
-    """Stream time as h:mm:ss.s, short enough to cost few tokens."""
-    if not math.isfinite(stamp):
-        return "?"
-    minutes, seconds = divmod(max(stamp, 0.0), 60.0)
-    hours, minutes = divmod(int(minutes), 60)
-    return f"{hours}:{minutes:02d}:{seconds:04.1f}"
 
 
 __all__ = ["Answer", "CacheOverflowError", "KVStream", "StreamConfig", "StreamStats"]

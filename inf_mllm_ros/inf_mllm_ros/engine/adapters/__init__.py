@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import CausalLMAdapter, FramesNotSupportedError, ModelAdapter, Prompt
+from .base import CausalLMAdapter, FramesNotSupportedError, ModelAdapter, Prompt, VisionLanguageAdapter
 
 ADAPTERS: list[type[ModelAdapter]] = [CausalLMAdapter]
 
@@ -11,6 +11,10 @@ def register_adapter(cls: type[ModelAdapter]) -> type[ModelAdapter]:
     """Class decorator: make a family adapter selectable by its config.model_type values."""
     ADAPTERS.insert(0, cls)
     return cls
+
+
+# The vision-language families register themselves on import.
+from . import idefics3, llava, qwen2_vl  # noqa: E402,F401
 
 
 def adapter_for(config) -> type[ModelAdapter]:
@@ -26,4 +30,7 @@ def adapter_for(config) -> type[ModelAdapter]:
     raise ValueError(f"model type {model_type!r} is not supported; supported: {', '.join(known)} and other *ForCausalLM")
 
 
-__all__ = ["ADAPTERS", "CausalLMAdapter", "FramesNotSupportedError", "ModelAdapter", "Prompt", "adapter_for", "register_adapter"]
+__all__ = [
+    "ADAPTERS", "CausalLMAdapter", "FramesNotSupportedError", "ModelAdapter", "Prompt", "VisionLanguageAdapter",
+    "adapter_for", "register_adapter",
+]

@@ -8,8 +8,14 @@ eviction and generation, is the engine's and is the same for every family.
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
+import json
+import math
+import numbers
 from abc import ABC
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -18,7 +24,7 @@ from torch import Tensor, nn
 
 from ..attention import ATTENTION_NAME
 from ..cache import PromptPositions
-from ..chat import ChatFormat
+from ..chat import ChatFormat, clock
 
 
 class FramesNotSupportedError(ValueError):
@@ -60,6 +66,7 @@ class ModelAdapter(ABC):
         self.tokenizer = tokenizer
         self.processor = processor
         self.folder = folder
+        self.notice = ""  # a caveat to show users with this model (set for the embedded default)
         self.chat = ChatFormat.from_tokenizer(tokenizer)
         self.model.set_attn_implementation(ATTENTION_NAME)
         self.attention_modules = frozenset(
@@ -164,7 +171,11 @@ class ModelAdapter(ABC):
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def describe(self) -> dict:
-        return {"family": self.family, "folder": self.folder, "layers": self.num_layers, "dtype": str(self.dtype)}
+        info = {"family": self.family, "folder": self.folder, "layers": self.num_layers, "dtype": str(self.dtype),
+                "frames": self.supports_frames}
+        if self.notice:
+            info["notice"] = self.notice
+        return info
 
 
 class CausalLMAdapter(ModelAdapter):
@@ -172,3 +183,155 @@ class CausalLMAdapter(ModelAdapter):
 
     family = "causal_lm"
     model_types = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi3", "olmo", "granite")
+
+
+# --- frames ------------------------------------------------------------------------------------------
+
+def validate_frame(rgb, stamp: float | None = None) -> np.ndarray:
+    """Check a camera frame before anything else sees it: an H x W x 3 uint8 RGB array, H, W >= 1."""
+    if not isinstance(rgb, np.ndarray):
+        raise ValueError(f"frame must be a numpy array (H x W x 3, uint8 RGB), got {type(rgb).__name__}")
+    if rgb.dtype != np.uint8:
+        raise ValueError(f"frame must have dtype uint8 (RGB 0..255), got {rgb.dtype}")
+    if rgb.ndim != 3 or rgb.shape[2] != 3:
+        raise ValueError(f"frame must have shape H x W x 3 (RGB), got {rgb.shape}")
+    if rgb.shape[0] < 1 or rgb.shape[1] < 1:
+        raise ValueError(f"frame is empty: shape {rgb.shape}")
+    if stamp is not None and not (isinstance(stamp, numbers.Real) and math.isfinite(stamp)):
+        raise ValueError(f"frame stamp must be a finite number of seconds or None, got {stamp!r}")
+    return np.ascontiguousarray(rgb)
+
+
+def fit_pixels(rgb: np.ndarray, max_pixels: int | None) -> np.ndarray:
+    """Scale a frame down (aspect kept) so that it has at most max_pixels pixels; never scales up."""
+    if max_pixels is None:
+        return rgb
+    if not isinstance(max_pixels, numbers.Integral) or max_pixels < 1:
+        raise ValueError(f"max_frame_pixels must be a positive integer or None, got {max_pixels!r}")
+    height, width = rgb.shape[:2]
+    if height * width <= max_pixels:
+        return rgb
+    from PIL import Image
+
+    scale = math.sqrt(int(max_pixels) / (height * width))
+    size = (max(1, int(width * scale)), max(1, int(height * scale)))
+    return np.asarray(Image.fromarray(rgb).resize(size, Image.BILINEAR))
+
+
+def image_only_processor_class(cls):
+    """A processor class without its video part, for installs without torchvision (which video
+    processors need). Saved and loaded under the family's own class name."""
+
+    class ImageOnly(cls):
+        # transformers builds, saves and loads a processor's parts from this list; the family's own
+        # __init__ takes video_processor=None and hands its parts to ProcessorMixin positionally.
+        @classmethod
+        def get_attributes(cls_):
+            return [name for name in super().get_attributes() if name != "video_processor"]
+
+    ImageOnly.__name__ = ImageOnly.__qualname__ = cls.__name__
+    return ImageOnly
+
+
+def load_processor(folder: str, *, trust_remote_code: bool = False):
+    """The model folder's own processor; without torchvision, its image part only."""
+    import transformers
+    from transformers import AutoProcessor
+
+    name = None
+    config = Path(folder) / "processor_config.json"
+    if config.exists():
+        name = json.loads(config.read_text()).get("processor_class")
+    cls = getattr(transformers, name, None) if name else None
+    takes_video = cls is not None and "video_processor" in inspect.signature(cls.__init__).parameters
+    if not takes_video or importlib.util.find_spec("torchvision") is not None:
+        try:
+            return AutoProcessor.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError):
+            if not takes_video:  # a folder without a video processor config, loaded below
+                raise
+    return image_only_processor_class(cls).from_pretrained(folder)
+
+
+class VisionLanguageAdapter(ModelAdapter):
+    """What the vision-language families share: a frame becomes one user turn with a time marker,
+    its pixels are prepared by the model's own processor, encoded by its own vision tower and projector,
+    and the image features replace the image placeholder tokens. Families set the placeholder and
+    override the parts that differ (positions, resolution bound)."""
+
+    supports_frames = True
+    image_placeholder: ClassVar[str] = "<image>"  # what the processor expands into the image's tokens
+    _text_inputs = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
+
+    def __init__(self, model: nn.Module, tokenizer, *, folder: str = "", processor=None):
+        template = getattr(processor, "chat_template", None)
+        if template and not getattr(tokenizer, "chat_template", None):
+            tokenizer.chat_template = template  # vision-language folders often keep it on the processor only
+        super().__init__(model, tokenizer, folder=folder, processor=processor)
+
+    @classmethod
+    def load(cls, folder: str, config, *, device: torch.device, dtype: torch.dtype, trust_remote_code: bool):
+        from transformers import AutoModelForImageTextToText
+
+        model = AutoModelForImageTextToText.from_pretrained(
+            folder, dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation="sdpa"
+        ).to(device)
+        processor = load_processor(folder, trust_remote_code=trust_remote_code)
+        return cls(model, processor.tokenizer, folder=folder, processor=processor)
+
+    @property
+    def decoder(self) -> nn.Module:
+        inner = self.model.model
+        return inner.language_model if hasattr(inner, "language_model") else inner.text_model
+
+    @property
+    def image_token_id(self) -> int:
+        return int(self.model.config.image_token_id)
+
+    # --- frames --------------------------------------------------------------------------------------
+    def frame_text(self, stamp: float | None) -> str:
+        marker = "" if stamp is None else f"[{clock(float(stamp))}] "
+        return self.chat.user(f"{marker}{self.image_placeholder}")
+
+    def processor_kwargs(self, height: int, width: int, max_pixels: int | None) -> dict:
+        """Extra processor arguments that keep the frame within max_pixels (the image is already scaled)."""
+        return {}
+
+    def frame_inputs(self, rgb: np.ndarray, stamp: float | None, *, max_pixels: int | None = None):
+        """The processor's output for one frame turn: input_ids with the image tokens, pixel values..."""
+        rgb = fit_pixels(validate_frame(rgb, stamp), max_pixels)
+        kwargs = self.processor_kwargs(rgb.shape[0], rgb.shape[1], max_pixels)
+        return self.processor(text=[self.frame_text(stamp)], images=[rgb], return_tensors="pt",
+                              add_special_tokens=False, **kwargs)
+
+    def frame_prompt(self, rgb: np.ndarray, stamp: float | None, *, max_pixels: int | None = None) -> Prompt:
+        inputs = self.frame_inputs(rgb, stamp, max_pixels=max_pixels)
+        ids = inputs["input_ids"][0].to(self.device)
+        with torch.inference_mode():
+            embeds = self.model.get_input_embeddings()(ids)
+            features = self.image_features(inputs)
+            mask = ids == self.image_token_id
+            if int(mask.sum()) != features.shape[0]:
+                raise RuntimeError(f"{int(mask.sum())} image tokens but {features.shape[0]} image features")
+            embeds = embeds.masked_scatter(mask[:, None], features.to(embeds.dtype))
+            position_ids, extent = self.frame_positions(ids, inputs)
+        return Prompt(embeds, position_ids, extent, None)
+
+    def image_features(self, inputs) -> Tensor:
+        """[image tokens, hidden]: the vision tower and projector over the processor's image inputs."""
+        kwargs = {}
+        for name, value in inputs.items():
+            if name in self._text_inputs:
+                continue
+            if isinstance(value, Tensor):
+                value = value.to(self.device, self.dtype if value.is_floating_point() else value.dtype)
+            kwargs[name] = value
+        features = self.model.get_image_features(**kwargs, return_dict=True).pooler_output
+        if isinstance(features, (list, tuple)):
+            return torch.cat([f.reshape(-1, f.shape[-1]) for f in features])
+        return features.reshape(-1, features.shape[-1])
+
+    def frame_positions(self, ids: Tensor, inputs) -> tuple[Tensor, Tensor]:
+        """(position_ids, extent) of a frame turn counted from 0; 1-D positions unless overridden."""
+        positions = torch.arange(ids.shape[0], device=ids.device)
+        return self.text_position_ids(positions), positions + 1

@@ -1,0 +1,17 @@
+"""LLaVA (fixed-resolution CLIP tower) and LLaVA-OneVision (SigLIP tower, any-resolution tiles).
+
+Both take 1-D positions. LLaVA always gives a frame the same number of tokens (its fixed resolution),
+so the resolution bound only scales the input down; for OneVision a smaller frame needs fewer tiles.
+"""
+
+from __future__ import annotations
+
+from . import register_adapter
+from .base import VisionLanguageAdapter
+
+
+@register_adapter
+class LlavaAdapter(VisionLanguageAdapter):
+    family = "llava"
+    model_types = ("llava", "llava_onevision")
+    image_placeholder = "<image>"

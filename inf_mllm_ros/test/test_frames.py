@@ -1,0 +1,214 @@
+"""Camera frames into the bounded cache, for every vision-language family.
+
+Each family is a tiny model with random weights built from its config class, saved with a processor and
+loaded by path like a real one. Streaming frames, text and a question one prompt at a time must equal one
+multimodal forward of the same inputs through the model's own code; a small cache must hold its storage
+and its peak; broken frames must be refused before they touch memory.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from inf_mllm_ros.engine.adapters import FramesNotSupportedError
+from inf_mllm_ros.engine.chat import clock
+from inf_mllm_ros.engine.loading import load_model
+from inf_mllm_ros.engine.random_models import FAMILIES, build_model_folder
+from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+
+QUESTION = "What is on the table?"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny models: thread start-up costs more than it saves, and on a busy machine far more.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message=".*torchvision.*")
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {family: build_model_folder(family, root / family) for family in FAMILIES + ("llama",)}
+
+
+@pytest.fixture(scope="module")
+def adapters(folders):
+    return {family: load_model(folder, device="cpu", dtype="float32") for family, folder in folders.items()}
+
+
+def frames(count: int, height: int = 84, width: int = 112, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (height, width, 3), dtype=np.uint8) for _ in range(count)]
+
+
+def state(stream: KVStream) -> dict:
+    return {**stream.stats().as_dict(), "pointers": stream.cache.storage_pointers()}
+
+
+def reference_inputs(adapter, pieces) -> dict:
+    """One sequence from the pieces' own processor outputs: ids with image tokens, pixels, grids."""
+    parts = []
+    for kind, value in pieces:
+        if kind == "frame":
+            parts.append(dict(adapter.frame_inputs(*value)))
+        else:
+            parts.append({"input_ids": adapter.tokenize(value)[None]})
+    ids = torch.cat([p["input_ids"] for p in parts], dim=1)
+    inputs = {"input_ids": ids}
+    images = [p for p in parts if "pixel_values" in p]
+    for name in images[0]:
+        if name in ("input_ids", "attention_mask", "mm_token_type_ids", "batch_num_images"):
+            continue
+        # Idefics3 stacks a frame's tiles on dim 1 of a one-sample batch; the others list images on dim 0.
+        dim = 1 if adapter.family == "idefics3" else 0
+        inputs[name] = torch.cat([torch.as_tensor(p[name]) for p in images], dim=dim)
+    if "mm_token_type_ids" in images[0]:
+        inputs["mm_token_type_ids"] = (ids == adapter.image_token_id).int()
+    return inputs
+
+
+def stream_pieces(adapter, stream: KVStream, shots: list[np.ndarray]) -> list:
+    pieces = [("text", adapter.chat.system(stream.config.system_prompt))]
+    for i, rgb in enumerate(shots):
+        pieces.append(("frame", (rgb, 2.0 * i)))
+        pieces.append(("text", adapter.chat.user(f"[{clock(2.0 * i + 0.5)}] The forklift moved {i} boxes.")))
+    return pieces
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_streamed_frames_match_one_multimodal_forward(family, adapters, folders):
+    from transformers import AutoModelForImageTextToText
+
+    adapter = adapters[family]
+    stream = KVStream(adapter, StreamConfig(capacity=2048, chunk_size=16, policy="inf_mllm"))
+    pieces = stream_pieces(adapter, stream, frames(3)) + [("text", adapter.chat.question(QUESTION))]
+    # Push every piece as the engine does (frames in blocks of 16), keeping each token's logits.
+    stream._started = True
+    logits = []
+    for kind, value in pieces:
+        prompt = adapter.frame_prompt(*value) if kind == "frame" else adapter.text_prompt(adapter.tokenize(value))
+        logits.append(stream._push(prompt, return_logits=True))
+    streamed = torch.cat(logits)
+
+    model = AutoModelForImageTextToText.from_pretrained(folders[family], attn_implementation="sdpa").eval()
+    inputs = reference_inputs(adapter, pieces)
+    with torch.no_grad():
+        expected = model(**inputs).logits[0].float()
+    assert streamed.shape == expected.shape
+    torch.testing.assert_close(streamed, expected, atol=2e-5, rtol=1e-4)
+
+    # The same greedy answer, from the public API and from the model's own generate().
+    answer_stream = KVStream(adapter, StreamConfig(capacity=2048, chunk_size=16, policy="inf_mllm"))
+    for i, rgb in enumerate(frames(3)):
+        answer_stream.push_frame(rgb, 2.0 * i)
+        answer_stream.push_text(f"The forklift moved {i} boxes.", stamp=2.0 * i + 0.5)
+    answer = answer_stream.ask(QUESTION, max_new_tokens=6)
+    stops = sorted(adapter.stop_token_ids)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=6, do_sample=False, eos_token_id=stops, pad_token_id=stops[0])
+    new = out[0, inputs["input_ids"].shape[1]:].tolist()
+    new = new[: next((i for i, t in enumerate(new) if t in stops), len(new))]
+    assert answer.text == adapter.decode(new).strip()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_small_cache_keeps_its_storage_and_feeds_big_frames_in_blocks(family, adapters):
+    adapter = adapters[family]
+    capacity, chunk = 48, 8
+    stream = KVStream(adapter, StreamConfig(capacity=capacity, chunk_size=chunk, headroom=32, policy="inf_mllm"))
+    cache = stream.cache
+    seen = {"peak": 0, "blocks": [], "after": []}
+    after_attention = cache.after_attention
+
+    def measured(layer_idx, query, key, scaling):
+        layer = cache.layers[layer_idx]
+        seen["peak"] = max(seen["peak"], layer.fill)
+        after_attention(layer_idx, query, key, scaling)
+        if layer_idx == len(cache.layers) - 1:
+            seen["blocks"].append(query.shape[-2])
+            seen["after"].append(layer.fill)
+
+    cache.after_attention = measured
+    stream.push_text("Shift starts.", stamp=0.0)
+    pointers, kv_bytes = cache.storage_pointers(), cache.kv_nbytes()
+    for i, rgb in enumerate(frames(6, seed=1)):
+        seen["blocks"].clear()
+        tokens = stream.push_frame(rgb, float(i))
+        assert tokens > chunk
+        assert seen["blocks"] == [min(chunk, tokens - s) for s in range(0, tokens, chunk)]
+        stream.push_text(f"Frame {i} seen.")
+        assert cache.storage_pointers() == pointers and cache.kv_nbytes() == kv_bytes
+    assert stream.tokens_seen > 3 * capacity
+    assert cache.fill == capacity
+    # Eviction after every block: back to capacity each time, never above capacity + one block.
+    assert max(seen["after"]) == capacity
+    assert seen["peak"] == capacity + chunk
+    assert stream.ask(QUESTION, max_new_tokens=4).tokens_generated >= 1  # from the headroom, then dropped
+    assert cache.storage_pointers() == pointers and cache.fill == capacity
+    # Positions stay packed inside the cache however long the stream.
+    assert cache.next_position <= 2 * cache.slots
+
+
+def test_frame_resolution_bound_limits_tokens(adapters):
+    big = frames(1, 336, 448, seed=2)[0]
+    for family in FAMILIES:
+        adapter = adapters[family]
+        full = len(adapter.frame_prompt(big, 1.0))
+        bounded = len(adapter.frame_prompt(big, 1.0, max_pixels=32 * 32))
+        if family == "llava":  # fixed resolution: the same tokens whatever the frame size
+            assert bounded == full
+        else:
+            assert bounded < full, family
+
+
+BROKEN = [
+    (np.zeros((32, 32, 3), dtype=np.float32), "uint8"),
+    (np.zeros((32, 32), dtype=np.uint8), "H x W x 3"),
+    (np.zeros((32, 32, 4), dtype=np.uint8), "H x W x 3"),
+    (np.zeros((0, 32, 3), dtype=np.uint8), "empty"),
+    (np.zeros((32, 0, 3), dtype=np.uint8), "empty"),
+    ([[0, 0, 0]], "numpy array"),
+]
+
+
+@pytest.mark.parametrize("family", ["idefics3", "qwen2_vl"])
+def test_broken_frames_are_refused_and_leave_memory_as_it_was(family, adapters):
+    stream = KVStream(adapters[family], StreamConfig(capacity=48, chunk_size=8, policy="inf_mllm"))
+    stream.push_frame(frames(1)[0], 0.0)
+    stream.push_text("A box fell.", stamp=1.0)
+    before = state(stream)
+    for rgb, reason in BROKEN:
+        with pytest.raises(ValueError, match=reason):
+            stream.push_frame(rgb, 2.0)
+        assert state(stream) == before
+    for stamp in (float("nan"), "noon"):
+        with pytest.raises(ValueError, match="stamp"):
+            stream.push_frame(frames(1)[0], stamp)
+    stream.config.max_frame_pixels = 0
+    with pytest.raises(ValueError, match="max_frame_pixels"):
+        stream.push_frame(frames(1)[0], 3.0)
+    assert state(stream) == before
+    # A fresh stream refuses before even its system prompt goes in.
+    fresh = KVStream(adapters[family], StreamConfig(capacity=48, chunk_size=8))
+    with pytest.raises(ValueError):
+        fresh.push_frame(np.zeros((8, 8, 3), dtype=np.int64), 0.0)
+    assert fresh.cache.fill == 0 and fresh.tokens_seen == 0
+
+
+def test_a_frame_to_a_text_only_model_is_refused(adapters):
+    adapter = adapters["llama"]
+    assert not adapter.supports_frames
+    stream = KVStream(adapter, StreamConfig(capacity=48, chunk_size=8))
+    stream.push_text("Shift starts.", stamp=0.0)
+    before = state(stream)
+    with pytest.raises(FramesNotSupportedError, match="text only"):
+        stream.push_frame(frames(1)[0], 1.0)
+    assert state(stream) == before
