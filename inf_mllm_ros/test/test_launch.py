@@ -1,0 +1,61 @@
+"""The launch file under launch_pytest, which comes with a ROS 2 install (skipped where it is missing)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+launch_pytest = pytest.importorskip("launch_pytest")
+launch = pytest.importorskip("launch")
+pytest.importorskip("launch_ros")
+
+from ament_index_python.packages import get_package_share_directory  # noqa: E402
+from launch.actions import IncludeLaunchDescription  # noqa: E402
+from launch.launch_description_sources import PythonLaunchDescriptionSource  # noqa: E402
+from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
+from std_msgs.msg import String  # noqa: E402
+
+from inf_mllm_interfaces.msg import CacheStats  # noqa: E402
+from ros_helpers import Latest, RosProbe  # noqa: E402
+
+NAMESPACE = "launch_test"
+TEXT_TOPIC = "/launch_test/events"
+
+
+@launch_pytest.fixture
+def launch_description():
+    share = get_package_share_directory("inf_mllm_ros")
+    arguments = {
+        "params_file": os.path.join(share, "config", "cpu.yaml"),
+        "cache_size": "256",
+        "attention_bias": "0.002",
+        "namespace": NAMESPACE,
+        "text_topic": TEXT_TOPIC,
+    }
+    return launch.LaunchDescription([
+        IncludeLaunchDescription(
+            PythonLaunchDescriptionSource(os.path.join(share, "launch", "inf_mllm.launch.py")),
+            launch_arguments=arguments.items(),
+        ),
+        launch_pytest.actions.ReadyToTest(),
+    ])
+
+
+@pytest.mark.launch(fixture=launch_description)
+def test_launch_arguments_reach_the_node():
+    probe = RosProbe("launch_test_probe")
+    try:
+        stats = Latest(probe, CacheStats, f"/{NAMESPACE}/inf_mllm/cache_stats",
+                       QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+        ready = stats.wait(lambda m: m.model_ready, timeout=300, what="the model loaded")
+        # The arguments override the params file.
+        assert ready.capacity == 256
+        assert ready.attention_bias == pytest.approx(0.002)
+        # text_topic is remapped.
+        publisher = probe.node.create_publisher(String, TEXT_TOPIC, 10)
+        probe.wait_for(lambda: publisher.get_subscription_count() > 0, 30, "the node on the text topic")
+        publisher.publish(String(data="Launch test message."))
+        stats.wait(lambda m: m.texts_ingested >= 1, timeout=120, what="the text ingested")
+    finally:
+        probe.close()
