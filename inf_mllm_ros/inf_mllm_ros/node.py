@@ -40,6 +40,7 @@ from inf_mllm_interfaces.srv import Query
 
 from .engine.adapters import FramesNotSupportedError
 from .engine.engine import EngineBusyError, EngineNotReadyError, FrameDroppedError, StreamingEngine
+from .engine.loading import DEFAULT_MODEL
 from .engine.policies import POLICIES
 from .engine.stream import DEFAULT_DESCRIPTION_PROMPT, DEFAULT_SYSTEM_PROMPT, StreamConfig
 from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
@@ -81,7 +82,8 @@ class Param:
 
 PARAMETERS = (
     # Fixed at start: they shape the model and the memory.
-    Param("model", "smollm2", "A transformers model folder, or 'smollm2' (the embedded default, text only)."),
+    Param("model", DEFAULT_MODEL, "A transformers model folder; 'smolvlm-smollm2' (the embedded default: real "
+          "SmolLM2 text answers, UNTRAINED vision, frame descriptions not meaningful); 'smollm2' (text only)."),
     Param("device", "auto", "Where the model runs.", constraints="auto, cpu, cuda or cuda:N"),
     Param("dtype", "auto", "Weights and cache precision; auto: bfloat16/float16 on GPU, float32 on CPU.",
           constraints="auto, float32, bfloat16 or float16"),
@@ -358,6 +360,9 @@ class InfMLLMNode(Node):
 
     def _handle_ready(self, seconds: float) -> None:
         self.get_logger().info(f"model ready in {seconds:.1f} s")
+        notice = getattr(getattr(self.engine, "adapter", None), "notice", "")
+        if notice:  # the embedded default: say plainly that its frame descriptions mean nothing
+            self.get_logger().warning(notice)
         self._publish_stats()
 
     def _handle_load_failed(self, exc: Exception) -> None:

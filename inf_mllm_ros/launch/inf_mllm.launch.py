@@ -13,7 +13,8 @@ from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
 ARGUMENTS = {
-    "model": "Model folder, or 'smollm2' (the embedded default); empty: from the params file",
+    "model": "Model folder, 'smolvlm-smollm2' (embedded default, untrained vision) or 'smollm2' (text only); "
+             "empty: from the params file",
     "cache_size": "KV cache size in tokens; empty: from the params file",
     "attention_bias": "Eviction bias toward newer tokens; empty: from the params file",
     "image_topic": "Camera topic (sensor_msgs/Image); its '/compressed' sibling is used for CompressedImage",

