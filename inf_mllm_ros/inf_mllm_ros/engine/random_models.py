@@ -86,9 +86,9 @@ def _text_sizes(size: str) -> dict:
     if size == "tiny":
         return dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, max_position_embeddings=4096)
-    if size == "small":
-        return dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-                    num_key_value_heads=2, max_position_embeddings=32768)
+    if size == "small":  # SmolLM2-135M's layers (SmolVLM's decoder), 4 of its 30
+        return dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=9,
+                    num_key_value_heads=3, max_position_embeddings=8192)
     if size == "qwen2-vl-2b":
         return dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                     num_key_value_heads=2, max_position_embeddings=32768)

@@ -67,17 +67,20 @@ def window_scores_torch(
     num_kv, n_keys, _ = key.shape
     group = num_heads // num_kv
     # Upcast once: logits in bf16/fp16 would lose the small probabilities that decide eviction.
-    k = key.to(torch.float32).transpose(1, 2).unsqueeze(1)  # [kv, 1, d, keys]
-    q_all = query.to(torch.float32).reshape(num_kv, group, q, head_dim)
-    key_pos = torch.arange(n_keys, device=key.device)
+    k = key.to(torch.float32).transpose(1, 2)  # [kv, d, keys]
+    # Scaling the queries once is cheaper than scaling every logit.
+    q_all = (query.to(torch.float32) * scaling).reshape(num_kv, group, q, head_dim)
+    # Window query t sees keys 0..n_past+t: cached keys are visible to all, only the window's own keys
+    # need the causal mask.
+    causal = torch.ones(q, q, dtype=torch.bool, device=key.device).triu_(1)
     scores = torch.zeros(num_kv, n_keys, dtype=torch.float32, device=key.device)
     for start in range(0, q, block_size):
         stop = min(start + block_size, q)
-        logits = torch.matmul(q_all[:, :, start:stop], k) * scaling  # [kv, g, b, keys]
-        # Window query t sees keys 0..n_past+t.
-        last_visible = n_past + torch.arange(start, stop, device=key.device)
-        hidden = key_pos.unsqueeze(0) > last_visible.unsqueeze(1)  # [b, keys]
-        logits.masked_fill_(hidden, float("-inf"))
+        rows = group * (stop - start)
+        # One batched matmul per kv head (a broadcast matmul would copy the keys for every group).
+        logits = torch.bmm(q_all[:, :, start:stop].reshape(num_kv, rows, head_dim), k)
+        logits = logits.view(num_kv, group, stop - start, n_keys)
+        logits[..., n_past:].masked_fill_(causal[start:stop], float("-inf"))
         scores += torch.softmax(logits, dim=-1).sum(dim=(1, 2))
     return scores
 
