@@ -13,6 +13,7 @@ import inspect
 import json
 import math
 import numbers
+import types
 from abc import ABC
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,6 +230,13 @@ def image_only_processor_class(cls):
         def get_attributes(cls_):
             return [name for name in super().get_attributes() if name != "video_processor"]
 
+    init = cls.__init__
+    positional = [p for p in inspect.signature(init).parameters.values() if p.default is p.empty
+                  and p.kind is p.POSITIONAL_OR_KEYWORD]
+    if positional[-1].name == "video_processor":  # required (SmolVLM): the same __init__, defaulting it to None
+        ImageOnly.__init__ = types.FunctionType(init.__code__, init.__globals__, init.__name__,
+                                                (None,) + (init.__defaults__ or ()), init.__closure__)
+        ImageOnly.__init__.__kwdefaults__ = init.__kwdefaults__
     ImageOnly.__name__ = ImageOnly.__qualname__ = cls.__name__
     return ImageOnly
 
