@@ -167,6 +167,8 @@ def test_frame_resolution_bound_limits_tokens(adapters):
             assert bounded == full
         else:
             assert bounded < full, family
+        # A frame 3 pixels high is still read as H x W x 3, not as a 3-channel-first image.
+        assert len(adapter.frame_prompt(frames(1, 3, 40)[0], 1.0)) > 0
 
 
 BROKEN = [

@@ -309,6 +309,8 @@ class VisionLanguageAdapter(ModelAdapter):
         """The processor's output for one frame turn: input_ids with the image tokens, pixel values..."""
         rgb = fit_pixels(validate_frame(rgb, stamp), max_pixels)
         kwargs = self.processor_kwargs(rgb.shape[0], rgb.shape[1], max_pixels)
+        # Say H x W x C: a frame 1 or 3 pixels high would otherwise pass for channels-first.
+        kwargs.setdefault("images_kwargs", {})["input_data_format"] = "channels_last"
         return self.processor(text=[self.frame_text(stamp)], images=[rgb], return_tensors="pt",
                               add_special_tokens=False, **kwargs)
 
