@@ -83,7 +83,7 @@ class NodeProcess:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    # conftest has put this session's ROS_DOMAIN_ID and LOCALHOST discovery into os.environ.
+    # conftest has put this test run's ROS_DOMAIN_ID and LOCALHOST discovery into os.environ.
     process = NodeProcess(REPO_ROOT, dict(os.environ), tmp_path_factory.mktemp("node"))
     yield process
     process.stop()
