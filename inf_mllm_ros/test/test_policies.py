@@ -20,6 +20,7 @@ def view(window_attention=None, accumulated=None, queries=8.0) -> SlotView:
         window_attention=zeros.clone() if window_attention is None else window_attention,
         window_queries=torch.full((FILL,), queries),
         accumulated_attention=zeros.clone() if accumulated is None else accumulated,
+        history=zeros.clone(),
     )
 
 

@@ -120,6 +120,7 @@ class BoundedLayer(CacheLayerMixin):
         self.window_attention = torch.zeros(heads, slots, **f32)
         self.window_queries = torch.zeros(slots, **f32)
         self.accumulated_attention = torch.zeros(heads, slots, **f32)
+        self.history = torch.zeros(heads, slots, **f32)
         self.is_initialized = True
 
     @property
@@ -130,7 +131,7 @@ class BoundedLayer(CacheLayerMixin):
         if not self.is_initialized:
             return 0
         tensors = (self.keys, self.values, self.pos_start, self.pos_end, self.seq)
-        stats = (self.window_attention, self.window_queries, self.accumulated_attention)
+        stats = (self.window_attention, self.window_queries, self.accumulated_attention, self.history)
         return sum(t.numel() * t.element_size() for t in tensors + stats)
 
     def kv_nbytes(self) -> int:
@@ -162,6 +163,7 @@ class BoundedLayer(CacheLayerMixin):
         self.window_attention[:, self.fill : end] = 0
         self.window_queries[self.fill : end] = 0
         self.accumulated_attention[:, self.fill : end] = 0
+        self.history[:, self.fill : end] = 0
         self.frontier = max(self.frontier, int(staged.end.max()))
         self.fill = end
         return self.keys[:, :, :end], self.values[:, :, :end]
@@ -202,6 +204,7 @@ class BoundedLayer(CacheLayerMixin):
             window_attention=self.window_attention[:, :n],
             window_queries=self.window_queries[:n],
             accumulated_attention=self.accumulated_attention[:, :n],
+            history=self.history[:, :n],
         )
         idx = policy.select(view, keep)
         self._gather(idx)
@@ -216,7 +219,8 @@ class BoundedLayer(CacheLayerMixin):
         for store in (self.keys, self.values):
             full = idx[None, :, :, None].expand(1, -1, -1, store.shape[-1])
             store[:, :, :keep] = torch.gather(store, 2, full)
-        for meta in (self.pos_start, self.pos_end, self.seq, self.window_attention, self.accumulated_attention):
+        for meta in (self.pos_start, self.pos_end, self.seq, self.window_attention, self.accumulated_attention,
+                     self.history):
             meta[:, :keep] = torch.gather(meta, 1, idx)
 
     def pack_positions(self, inv_freq: Tensor) -> None:

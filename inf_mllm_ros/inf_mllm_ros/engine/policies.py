@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -24,6 +25,7 @@ class SlotView:
     window_attention: Tensor  # [heads, fill] f32: attention received from the queries since the last eviction
     window_queries: Tensor  # [fill] f32: how many of those queries could see each slot
     accumulated_attention: Tensor  # [heads, fill] f32: attention received since the token arrived
+    history: Tensor  # [heads, fill] f32: a per-slot score a policy may keep across evictions (in place)
 
 
 class EvictionPolicy(ABC):
@@ -133,11 +135,17 @@ class InfMLLMPolicy(EvictionPolicy):
     name = "inf_mllm"
     needs_attention = True
 
-    def __init__(self, recent_size: int, attention_bias: float = 1e-3):
+    def __init__(self, recent_size: int, attention_bias: float = 1e-3, *, decay: float = 0.0, pool_size: int = 1):
         if recent_size < 0:
             raise ValueError(f"recent_size must be >= 0, got {recent_size}")
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {decay}")
+        if pool_size < 1 or pool_size % 2 == 0:
+            raise ValueError(f"pool_size must be a positive odd number, got {pool_size}")
         self.recent_size = recent_size
         self.attention_bias = float(attention_bias)
+        self.decay = decay
+        self.pool_size = pool_size
 
     @property
     def attention_bias(self) -> float:
@@ -151,6 +159,13 @@ class InfMLLMPolicy(EvictionPolicy):
 
     def scores(self, view: SlotView) -> Tensor:
         mean = view.window_attention / view.window_queries.clamp(min=1.0)
+        if self.decay > 0.0:
+            # Saddles keep drawing attention over many prompts: remember recent prompts' attention too.
+            view.history.mul_(self.decay).add_(mean, alpha=1.0 - self.decay)
+            mean = view.history.clone()
+        if self.pool_size > 1:
+            # A token that draws attention is usually part of a phrase: keep its neighbours with it.
+            mean = F.max_pool1d(mean[None], self.pool_size, stride=1, padding=self.pool_size // 2)[0]
         if self._attention_bias == 0.0 or view.fill < 2:
             return mean
         rank = torch.arange(view.fill, device=mean.device, dtype=mean.dtype) / (view.fill - 1)
@@ -175,6 +190,8 @@ def make_policy(
     recent_size: int | None = None,
     sink_size: int = 4,
     attention_bias: float = 1e-3,
+    score_decay: float = 0.0,
+    score_pool: int = 1,
 ) -> EvictionPolicy:
     """Build a policy by name. `recent_size` defaults to a quarter of the capacity."""
     if name not in POLICIES:
@@ -183,7 +200,7 @@ def make_policy(
     if recent > capacity:
         raise ValueError(f"recent_size {recent} is larger than the cache capacity {capacity}")
     if name == "inf_mllm":
-        return InfMLLMPolicy(recent, attention_bias)
+        return InfMLLMPolicy(recent, attention_bias, decay=score_decay, pool_size=score_pool)
     if name == "h2o":
         return H2OPolicy(recent)
     if name == "streaming_llm":

@@ -36,6 +36,8 @@ class StreamConfig:
     attention_bias: float = 1e-3
     recent_size: int | None = None  # default: a quarter of the capacity
     sink_size: int = 4
+    score_decay: float = 0.0  # inf_mllm: weight of earlier prompts' attention in the score
+    score_pool: int = 1  # inf_mllm: a kept token keeps this many neighbours (odd window)
     chunk_size: int = 128  # longest block pushed before an eviction
     headroom: int | None = None  # slots beyond capacity; default max(chunk_size, 256)
     position_mode: str = "cache"  # "cache": positions re-packed inside the cache; "original"
@@ -104,6 +106,8 @@ class KVStream:
             recent_size=cfg.recent_size,
             sink_size=cfg.sink_size,
             attention_bias=cfg.attention_bias,
+            score_decay=cfg.score_decay,
+            score_pool=cfg.score_pool,
         )
         max_context = adapter.max_context
         if cfg.position_mode == "cache" and max_context and cfg.capacity + cfg.slots_headroom > max_context:
