@@ -1,0 +1,473 @@
+"""Run the engine over a rosbag2 bag without ROS, answer questions at bag times, and report.
+
+    inf_mllm_offline BAG [--params node.yaml] [--questions questions.yaml | --ask "T:question" ...]
+                     [--model M] [--cache-size N] [--policy P] [--attention-bias B] [--out DIR]
+
+Messages are taken in bag-time order and mapped to the model exactly as the node maps them when
+the bag is replayed into it in lockstep (see :mod:`inf_mllm_ros.stream_inputs`), so with the same
+settings (``--params`` reads the node's own parameters file) the greedy answers are the node's.
+Writes ``log.jsonl`` (one record per input and per answer, with cache figures), ``report.md``
+(answers against the expected words, memory, settings) and ``plot.png`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from .bag_io import BagError
+from .stream_inputs import (
+    MAX_TEXT_CHARS,
+    Question,
+    StreamClock,
+    load_questions,
+    open_selected,
+    parse_ask,
+    parse_remaps,
+    questions_due,
+    stream_inputs,
+)
+
+PROG = "inf_mllm_offline"
+# The node's defaults, for settings neither the command line nor a params file gives.
+NODE_DEFAULTS = {
+    "model": "smolvlm-smollm2",
+    "device": "auto",
+    "dtype": "auto",
+    "cache_size": 1024,
+    "eviction_policy": "inf_mllm",
+    "attention_bias": 1e-3,
+    "recent_size": 0,
+    "chunk_size": 128,
+    "max_frame_pixels": 0,
+    "max_new_tokens": 64,
+    "max_text_chars": MAX_TEXT_CHARS,
+    "system_prompt": None,  # None: the engine's default
+    "frame_rate": 0.0,  # offline default: every frame (lockstep replay needs the node at 0.0 too)
+}
+STATS_FIELDS = ("capacity", "fill", "tokens_seen", "tokens_evicted", "evictions", "frames_ingested",
+                "texts_ingested", "kv_bytes", "cache_bytes")
+
+
+class UsageError(Exception):
+    """Bad arguments or files; exit status 2."""
+
+
+# --- settings ------------------------------------------------------------------------------------
+
+def read_params_file(path: str | Path) -> dict:
+    """The ``ros__parameters`` of a node parameters YAML (the first node entry, e.g. ``/**``)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError(f"{path}: cannot read parameters: {exc}") from None
+    if isinstance(doc, dict):
+        for entry in doc.values():
+            if isinstance(entry, dict) and isinstance(entry.get("ros__parameters"), dict):
+                return dict(entry["ros__parameters"])
+    raise UsageError(f"{path}: no '<node>: ros__parameters:' mapping in it")
+
+
+def resolve_settings(args: argparse.Namespace) -> dict:
+    """Command line over params file over the node's defaults."""
+    settings = dict(NODE_DEFAULTS)
+    if args.params:
+        from_file = read_params_file(args.params)
+        settings.update({k: v for k, v in from_file.items() if k in settings})
+    cli = {"model": args.model, "device": args.device, "dtype": args.dtype, "cache_size": args.cache_size,
+           "eviction_policy": args.policy, "attention_bias": args.attention_bias, "recent_size": args.recent_size,
+           "chunk_size": args.chunk_size, "max_frame_pixels": args.max_frame_pixels,
+           "max_new_tokens": args.max_new_tokens, "frame_rate": args.frame_rate}
+    settings.update({k: v for k, v in cli.items() if v is not None})
+    return settings
+
+
+def stream_config(settings: dict):
+    from .engine.stream import StreamConfig
+
+    kwargs = dict(
+        capacity=int(settings["cache_size"]),
+        policy=str(settings["eviction_policy"]),
+        attention_bias=float(settings["attention_bias"]),
+        recent_size=int(settings["recent_size"]) or None,
+        chunk_size=int(settings["chunk_size"]),
+        max_new_tokens=int(settings["max_new_tokens"]),
+        max_frame_pixels=int(settings["max_frame_pixels"]) or None,
+    )
+    if settings["system_prompt"] is not None:
+        kwargs["system_prompt"] = str(settings["system_prompt"])
+    try:
+        return StreamConfig(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"bad settings: {exc}") from None
+
+
+# --- the run --------------------------------------------------------------------------------------
+
+def memory_now() -> dict:
+    """Resident memory of this process now and at its peak, in bytes."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        rss = peak
+    return {"rss_bytes": rss, "peak_rss_bytes": peak}
+
+
+@dataclass
+class RunResult:
+    """What :func:`run_offline` did; ``records`` are the JSONL log lines."""
+
+    records: list[dict] = field(default_factory=list)
+    answers: list[dict] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    notices: list[str] = field(default_factory=list)
+    settings: dict = field(default_factory=dict)
+    bag: dict = field(default_factory=dict)
+    model: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: dict, *,
+                remaps: dict[str, str] | None = None, topics: Sequence[str] | None = None,
+                adapter=None, progress: bool = False, log_path: str | Path | None = None,
+                echo=None) -> RunResult:
+    """Feed the bag's node inputs to a fresh KVStream in bag order, answering questions when due.
+
+    ``adapter``: a model already loaded (otherwise ``settings['model']`` is loaded). ``echo`` is
+    called with a line for each answer and notice. Raises BagError, ModelLoadError, UsageError.
+    """
+    from .engine.adapters import FramesNotSupportedError
+    from .engine.stream import KVStream
+
+    echo = echo or (lambda line: None)
+    started = time.monotonic()
+    bag, topic_types, kinds = open_selected(bag_path, remaps or parse_remaps([]), topics)
+    result = RunResult(settings=dict(settings))
+    counts = result.counts = {"frames": 0, "texts": 0, "rejected": 0, "frames_skipped": 0, "frames_dropped": 0,
+                              "answers": 0}
+    log = open(log_path, "w", encoding="utf-8") if log_path else None
+
+    def emit(record: dict) -> None:
+        result.records.append(record)
+        if log:
+            log.write(json.dumps(record, ensure_ascii=False) + "\n")
+            log.flush()
+
+    try:
+        config = stream_config(settings)
+        if adapter is None:
+            from .engine.loading import load_model
+
+            adapter = load_model(settings["model"], device=str(settings["device"]), dtype=str(settings["dtype"]))
+        stream = KVStream(adapter, config)
+        result.model = {k: str(v) for k, v in adapter.describe().items()}
+        if adapter.notice:
+            result.notices.append(adapter.notice)
+        duration = (bag.end_ns - 1 - bag.start_ns) / 1e9 if bag.message_count else 0.0
+        result.bag = {"path": str(bag.path), "duration_s": duration, "messages": bag.message_count,
+                      "topics": {t: {"type": topic_types[t], "count": bag.topics[t].count,
+                                     "input": kinds.get(t, "")} for t in topic_types}}
+        emit({"type": "settings", "bag": result.bag, "settings": settings, "model": result.model,
+              "config": asdict(config), "questions": [asdict(q) for q in questions]})
+
+        def stats() -> dict:
+            s = stream.stats().as_dict()
+            return {k: s[k] for k in STATS_FIELDS} | memory_now()
+
+        def answer(q: Question, bag_time: float) -> None:
+            ans = stream.ask(q.question, max_new_tokens=config.max_new_tokens)
+            record = {"type": "answer", "bag_time": bag_time, "time_s": q.time_s, "question": q.question,
+                      "expected": q.expected, "answer": ans.text, "correct": q.matches(ans.text),
+                      "tokens_generated": ans.tokens_generated, "seconds": ans.latency, **stats()}
+            emit(record)
+            result.answers.append(record)
+            counts["answers"] += 1
+            mark = {True: "  [ok]", False: "  [expected: " + q.expected + "]", None: ""}[record["correct"]]
+            echo(f"[{q.time_s:6.1f} s] Q: {q.question}\n           A: {ans.text}{mark}")
+
+        total = sum(bag.topics[t].count for t in kinds)
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, unit="msg", desc=Path(bag_path).name, file=sys.stderr, dynamic_ncols=True)
+            echo_plain, echo = echo, (lambda line: bar.write(line, file=sys.stdout))
+        asked, bag_time = 0, 0.0
+        frame_period = 1.0 / float(settings["frame_rate"]) if float(settings["frame_rate"]) > 0 else 0.0
+        last_frame: float | None = None
+        frames_ok = True
+        clock = StreamClock()
+        emit({"type": "start", "bag_time": 0.0, **stats()})
+        for item in stream_inputs(bag.messages(list(kinds)), kinds, bag.start_ns,
+                                  max_text_chars=int(settings["max_text_chars"]), clock=clock):
+            for q in questions_due(questions, asked, item.bag_time):
+                answer(q, bag_time)
+                asked += 1
+            bag_time = item.bag_time
+            record: dict[str, Any] = {"type": item.kind, "topic": item.topic, "bag_time": item.bag_time,
+                                      "stamp": item.stamp}
+            t0 = time.monotonic()
+            if item.kind == "rejected":
+                counts["rejected"] += 1
+                record["reason"] = item.data
+            elif item.kind == "frame" and frame_period and last_frame is not None \
+                    and item.bag_time < last_frame + frame_period - 1e-6:
+                counts["frames_dropped"] += 1
+                record["type"] = "frame_dropped"
+            elif item.kind == "frame" and not frames_ok:
+                counts["frames_skipped"] += 1
+                record["type"] = "frame_skipped"
+            elif item.kind == "frame":
+                last_frame = item.bag_time
+                try:
+                    record["tokens"] = stream.push_frame(item.data, item.stamp)
+                    counts["frames"] += 1
+                except FramesNotSupportedError as exc:
+                    frames_ok = False
+                    counts["frames_skipped"] += 1
+                    record["type"] = "frame_skipped"
+                    notice = f"{exc}; frames are skipped (counted), texts and questions go on"
+                    result.notices.append(notice)
+                    echo(f"note: {notice}")
+            else:
+                try:
+                    record["tokens"] = stream.push_text(item.data, item.stamp)
+                    counts["texts"] += 1
+                except ValueError as exc:
+                    counts["rejected"] += 1
+                    record.update(type="rejected", reason=str(exc))
+            record["seconds"] = time.monotonic() - t0
+            emit(record | stats())
+            if bar is not None:
+                bar.update(1)
+        for q in questions_due(questions, asked, None):
+            answer(q, bag_time)
+        if bar is not None:
+            bar.close()
+            echo = echo_plain
+    finally:
+        bag.close()
+        if log:
+            log.close()
+    result.seconds = time.monotonic() - started
+    return result
+
+
+# --- report and plot ------------------------------------------------------------------------------
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def write_plot(result: RunResult, path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result.records if "fill" in r]
+    t = [r["bag_time"] for r in rows]
+    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    ax = axes[0]
+    ax.step(t, [r["fill"] for r in rows], where="post", label="cache fill")
+    ax.step(t, [r["capacity"] for r in rows], where="post", linestyle="--", color="grey", label="capacity")
+    ax.step(t, [r["tokens_seen"] for r in rows], where="post", alpha=0.6, label="tokens seen")
+    ax.set_ylabel("tokens")
+    ax.legend(loc="upper left")
+    ax.set_title("KV cache over the bag")
+    ax = axes[1]
+    ax.step(t, [r["tokens_evicted"] for r in rows], where="post", color="tab:red", label="tokens evicted")
+    ax.set_ylabel("tokens evicted")
+    twin = ax.twinx()
+    twin.step(t, [r["evictions"] for r in rows], where="post", color="tab:purple", alpha=0.6, label="evictions")
+    twin.set_ylabel("evictions")
+    ax.legend(loc="upper left")
+    twin.legend(loc="lower right")
+    ax = axes[2]
+    ax.step(t, [r["kv_bytes"] / 2**20 for r in rows], where="post", label="KV in use")
+    ax.step(t, [r["cache_bytes"] / 2**20 for r in rows], where="post", label="cache allocated")
+    ax.set_ylabel("MiB")
+    twin = ax.twinx()
+    twin.plot(t, [r["rss_bytes"] / 2**20 for r in rows], color="tab:green", alpha=0.7, label="process RSS")
+    twin.set_ylabel("process RSS (MiB)")
+    ax.legend(loc="center left")
+    twin.legend(loc="lower right")
+    ax.set_xlabel("bag time (s)")
+    for a in axes:
+        for q in result.answers:
+            a.axvline(q["time_s"], color="black", alpha=0.15, linestyle=":")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_report(result: RunResult, path: str | Path, plot_name: str | None = "plot.png") -> None:
+    s, c = result.settings, result.counts
+    rows = [r for r in result.records if "fill" in r]
+    last = rows[-1] if rows else {}
+    lines = [f"# Offline run: `{Path(result.bag.get('path', '')).name}`", ""]
+    for notice in result.notices:
+        lines += [f"> **Note:** {notice}", ""]
+    lines += ["## Answers", ""]
+    if result.answers:
+        right = [a for a in result.answers if a["correct"] is not None]
+        if right:
+            lines += [f"{sum(a['correct'] for a in right)} of {len(right)} answers hold the expected words.", ""]
+        lines += ["| Bag time (s) | Question | Expected | Answer | |", "|---:|---|---|---|---|"]
+        for a in result.answers:
+            mark = {True: "yes", False: "no", None: ""}[a["correct"]]
+            lines.append(f"| {a['time_s']:.1f} | {_cell(a['question'])} | {_cell(a['expected'])} | "
+                         f"{_cell(a['answer'])} | {mark} |")
+    else:
+        lines.append("No questions were asked.")
+    peak_fill = max((r["fill"] for r in rows), default=0)
+    lines += [
+        "", "## Memory", "",
+        "| Figure | Value |", "|---|---:|",
+        f"| Cache capacity | {last.get('capacity', 0)} tokens |",
+        f"| Fill at the end (peak between inputs) | {last.get('fill', 0)} ({peak_fill}) tokens |",
+        f"| Tokens seen | {last.get('tokens_seen', 0)} |",
+        f"| Tokens evicted | {last.get('tokens_evicted', 0)} in {last.get('evictions', 0)} evictions |",
+        f"| KV in use at the end | {_mb(last.get('kv_bytes', 0))} |",
+        f"| Cache storage allocated | {_mb(last.get('cache_bytes', 0))} |",
+        f"| Process RSS at the start / end / peak | {_mb(rows[0]['rss_bytes']) if rows else '-'} / "
+        f"{_mb(last.get('rss_bytes', 0))} / {_mb(last.get('peak_rss_bytes', 0))} |",
+        "", "## Stream", "",
+        f"Bag `{result.bag.get('path', '')}`: {result.bag.get('messages', 0)} messages over "
+        f"{result.bag.get('duration_s', 0):.1f} s.", "",
+        "| Topic | Type | Messages | Node input |", "|---|---|---:|---|",
+    ]
+    for topic, info in result.bag.get("topics", {}).items():
+        lines.append(f"| `{topic}` | {info['type']} | {info['count']} | {info['input'] or '-'} |")
+    frame_times = [r["seconds"] for r in result.records if r["type"] == "frame"]
+    text_times = [r["seconds"] for r in result.records if r["type"] == "text"]
+    answer_times = [a["seconds"] for a in result.answers]
+
+    def mean(v):
+        return f"{sum(v) / len(v):.2f} s" if v else "-"
+
+    lines += [
+        "",
+        f"Frames ingested {c['frames']} (mean {mean(frame_times)}), skipped {c['frames_skipped']}, "
+        f"dropped by frame_rate {c['frames_dropped']}; texts ingested {c['texts']} (mean {mean(text_times)}); "
+        f"refused {c['rejected']}; answers {c['answers']} (mean {mean(answer_times)}). "
+        f"Whole run {result.seconds:.1f} s.",
+        "", "## Settings", "", "| Setting | Value |", "|---|---|",
+    ]
+    for key, value in s.items():
+        lines.append(f"| {key} | {_cell(value if value is not None else '(default)')} |")
+    for key, value in result.model.items():
+        lines.append(f"| model {key} | {_cell(value)} |")
+    if plot_name:
+        lines += ["", "## Cache fill, evictions and memory over the run", "", f"![cache over the run]({plot_name})"]
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# --- command line ---------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=(
+        "Run the Inf-MLLM engine over a rosbag2 bag without ROS: ingest its camera and text messages in "
+        "bag order, answer questions at bag times (greedy), and write log.jsonl, report.md and plot.png."))
+    p.add_argument("bag", help="rosbag2 bag folder (mcap or sqlite3) or a single .mcap/.db3 file")
+    q = p.add_mutually_exclusive_group()
+    q.add_argument("--questions", metavar="YAML",
+                   help="questions file: a list of {time_s, question, expected} (default: questions.yaml "
+                        "next to the bag, when there is one)")
+    q.add_argument("--ask", action="append", default=[], metavar="T:QUESTION",
+                   help="ask QUESTION once the stream has passed T seconds from the bag start (repeatable)")
+    p.add_argument("--no-questions", action="store_true", help="ask nothing, even with a questions.yaml")
+    p.add_argument("--params", metavar="YAML", help="the node's parameters file: use its settings")
+    p.add_argument("--model", help="model folder, 'smolvlm-smollm2' (embedded default) or 'smollm2' (text only)")
+    p.add_argument("--device", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--dtype", help="auto, float32, bfloat16 or float16")
+    p.add_argument("--cache-size", type=int, help="tokens the KV cache keeps")
+    p.add_argument("--policy", help="eviction policy: inf_mllm, streaming_llm, h2o, window or full")
+    p.add_argument("--attention-bias", type=float, help="eviction bias toward newer tokens (inf_mllm)")
+    p.add_argument("--recent-size", type=int, help="newest tokens always kept; 0: a quarter of the cache")
+    p.add_argument("--chunk-size", type=int, help="longest block pushed before an eviction")
+    p.add_argument("--max-frame-pixels", type=int, help="bound on a frame's pixels; 0: the model's own")
+    p.add_argument("--max-new-tokens", type=int, help="longest answer in tokens")
+    p.add_argument("--frame-rate", type=float,
+                   help="frames per bag second at most (0: every frame, the default)")
+    p.add_argument("--remap", action="append", default=[], metavar="FROM:=TO",
+                   help="map a bag topic to a node input (image, image/compressed, text), as for the replay")
+    p.add_argument("--topics", nargs="+", metavar="TOPIC", help="use only these bag topics")
+    p.add_argument("--out", metavar="DIR", help="where to write (default: out/offline/<bag name>)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    bag_path = Path(args.bag)
+    out = Path(args.out) if args.out else Path("out") / "offline" / (bag_path.name or "bag")
+
+    def fail(message: str, status: int = 2) -> int:
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return status
+
+    try:
+        settings = resolve_settings(args)
+        remaps = parse_remaps(args.remap)
+        if args.no_questions:
+            questions = []
+        elif args.ask:
+            questions = sorted((parse_ask(a) for a in args.ask), key=lambda q: q.time_s)
+        elif args.questions:
+            questions = load_questions(args.questions)
+        else:
+            beside = bag_path / "questions.yaml" if bag_path.is_dir() else bag_path.parent / "questions.yaml"
+            questions = load_questions(beside) if beside.is_file() else []
+        # Check the bag before the minutes a model may take to load.
+        open_selected(bag_path, remaps, args.topics)[0].close()
+        out.mkdir(parents=True, exist_ok=True)
+    except (UsageError, ValueError, BagError) as exc:
+        return fail(str(exc))
+    except OSError as exc:
+        return fail(f"cannot write {out}: {exc}")
+
+    from .engine.loading import ModelLoadError
+
+    print(f"{PROG}: {bag_path} -> {out}/ (model {settings['model']}, cache {settings['cache_size']} tokens, "
+          f"policy {settings['eviction_policy']}, attention_bias {settings['attention_bias']:g}, "
+          f"{len(questions)} questions)", flush=True)
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    try:
+        result = run_offline(bag_path, questions, settings, remaps=remaps, topics=args.topics,
+                             progress=progress, log_path=out / "log.jsonl",
+                             echo=lambda line: print(line, flush=True))
+    except (UsageError, BagError, ModelLoadError) as exc:
+        return fail(str(exc))
+    write_report(result, out / "report.md")
+    write_plot(result, out / "plot.png")
+    c = result.counts
+    last = next((r for r in reversed(result.records) if "fill" in r), {})
+    print(f"{PROG}: {c['frames']} frames, {c['texts']} texts, {c['answers']} answers in {result.seconds:.1f} s; "
+          f"cache {last.get('fill', 0)}/{last.get('capacity', 0)} tokens, {last.get('tokens_evicted', 0)} evicted, "
+          f"KV {_mb(last.get('kv_bytes', 0))}, RSS {_mb(last.get('rss_bytes', 0))}")
+    print(f"{PROG}: log    {out / 'log.jsonl'}")
+    print(f"{PROG}: report {out / 'report.md'}")
+    print(f"{PROG}: plot   {out / 'plot.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

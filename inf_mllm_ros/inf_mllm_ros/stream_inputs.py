@@ -1,0 +1,259 @@
+"""Bag messages as the node's inputs: one mapping for the replay tool and the offline runner.
+
+The node (`inf_mllm_node`) takes frames on `image` and `image/compressed` and texts on `text`,
+and stamps every input for the model with its time since the node's first input: a frame's
+``header.stamp``, a text's arrival on the node clock (a zero stamp also means "now"). When the
+node runs with ``use_sim_time`` and a player publishes ``/clock`` with each message's bag time,
+"now" is that bag time. :class:`StreamClock` applies the same rule to bag messages, so the
+offline runner builds the prompts the node builds from the same bag, and a greedy answer from
+either is the same.
+
+Which bag topic feeds which input follows the remappings of the replay tool (:data:`DEFAULT_REMAPS`
+makes the sample bag feed the node out of the box). Questions are asked at bag times, in seconds
+from the bag's first message, once every message up to that time has been taken in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+from .bag_io import Bag, BagError, BagMessage
+from .image_conversion import ImageConversionError, msg_to_rgb
+
+__all__ = [
+    "DEFAULT_REMAPS",
+    "MAX_TEXT_CHARS",
+    "Question",
+    "StreamClock",
+    "StreamInput",
+    "input_kind",
+    "load_questions",
+    "open_selected",
+    "parse_ask",
+    "parse_remaps",
+    "questions_due",
+    "select_inputs",
+    "stream_inputs",
+]
+
+# Bag topics of the sample bags (and common camera drivers) -> the node's input names.
+DEFAULT_REMAPS = {
+    "/camera/image_raw": "image",
+    "/camera/image_raw/compressed": "image/compressed",
+    "/narration": "text",
+}
+# The node's input names, the message type each takes, and what they carry.
+NODE_INPUTS = {
+    "image": ("sensor_msgs/msg/Image", "frame"),
+    "image/compressed": ("sensor_msgs/msg/CompressedImage", "frame"),
+    "text": ("std_msgs/msg/String", "text"),
+}
+MAX_TEXT_CHARS = 4000  # the node's default max_text_chars
+
+
+def parse_remaps(items: Iterable[str], *, defaults: bool = True) -> dict[str, str]:
+    """``FROM:=TO`` strings (as ``ros2 bag play --remap``) on top of the defaults."""
+    remaps = dict(DEFAULT_REMAPS) if defaults else {}
+    for item in items:
+        source, sep, target = item.partition(":=")
+        if not sep or not source or not target:
+            raise ValueError(f"remap must look like /bag/topic:=node_input, got {item!r}")
+        remaps[source] = target
+    return remaps
+
+
+def input_kind(target: str) -> str | None:
+    """The node input a published topic name reaches: 'image', 'image/compressed', 'text' or None.
+
+    The node's inputs are relative names, so ``/robot1/text`` reaches a node in ``/robot1``.
+    """
+    name = target.strip("/")
+    for node_input in sorted(NODE_INPUTS, key=len, reverse=True):  # "image/compressed" before "image"
+        if name == node_input or name.endswith("/" + node_input):
+            return node_input
+    return None
+
+
+def select_inputs(topics: dict[str, str], remaps: dict[str, str]) -> dict[str, str]:
+    """Bag topic -> 'frame' or 'text', for the topics that reach a node input after remapping.
+
+    ``topics`` maps each bag topic to its message type. A topic remapped to an input of another
+    type is an error: the node would never receive it.
+    """
+    out: dict[str, str] = {}
+    for topic, msgtype in topics.items():
+        node_input = input_kind(remaps.get(topic, topic))
+        if node_input is None:
+            continue
+        want, kind = NODE_INPUTS[node_input]
+        if msgtype != want:
+            raise BagError(f"topic {topic!r} ({msgtype}) is remapped to the node input {node_input!r}, "
+                           f"which takes {want}; remap it elsewhere")
+        out[topic] = kind
+    return out
+
+
+class StreamClock:
+    """The node's stream time: seconds since the first input it took in."""
+
+    def __init__(self) -> None:
+        self.origin: float | None = None
+
+    def __call__(self, header_stamp: Any | None, now_ns: int) -> float:
+        """Stream time of an input; ``header_stamp`` None or zero means ``now_ns`` (node clock)."""
+        # The same arithmetic as the node, so stamps print the same to the last digit.
+        seconds = header_stamp.sec + header_stamp.nanosec * 1e-9 if header_stamp is not None else 0.0
+        if seconds == 0.0:
+            seconds = now_ns * 1e-9
+        if self.origin is None:
+            self.origin = seconds
+        return seconds - self.origin
+
+
+@dataclass
+class StreamInput:
+    """One bag message as the node takes it: 'frame' (RGB array), 'text', or 'rejected' (reason)."""
+
+    kind: str
+    topic: str
+    bag_time: float  # seconds since the bag's first message
+    stamp: float | None  # stream time the node gives it; None when rejected
+    data: Any  # RGB array, text, or the reason it was refused
+
+
+def stream_inputs(messages: Iterable[BagMessage], kinds: dict[str, str], start_ns: int, *,
+                  max_text_chars: int = MAX_TEXT_CHARS,
+                  clock: StreamClock | None = None) -> Iterator[StreamInput]:
+    """The node's inputs from bag messages in bag order; messages on other topics are skipped.
+
+    Refusals follow the node: an image that does not decode, an empty text, a text longer than
+    ``max_text_chars``; a refused input does not start the stream clock.
+    """
+    clock = clock or StreamClock()
+    for item in messages:
+        kind = kinds.get(item.topic)
+        if kind is None:
+            continue
+        bag_time = (item.timestamp_ns - start_ns) / 1e9
+        msg = item.msg
+        if kind == "frame":
+            try:
+                data = msg_to_rgb(msg)
+            except ImageConversionError as exc:
+                yield StreamInput("rejected", item.topic, bag_time, None, f"{exc.kind}: {exc}")
+                continue
+            yield StreamInput("frame", item.topic, bag_time, clock(msg.header.stamp, item.timestamp_ns), data)
+        else:
+            text = msg.data
+            if not text.strip():
+                yield StreamInput("rejected", item.topic, bag_time, None, "empty text")
+            elif len(text) > max_text_chars:
+                yield StreamInput("rejected", item.topic, bag_time, None,
+                                  f"text of {len(text)} characters is longer than max_text_chars ({max_text_chars})")
+            else:
+                yield StreamInput("text", item.topic, bag_time, clock(None, item.timestamp_ns), text)
+
+
+# --- questions at bag times -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Question:
+    """Ask ``question`` once the stream has passed ``time_s`` seconds from the bag's start."""
+
+    time_s: float
+    question: str
+    expected: str = ""
+
+    def matches(self, answer: str) -> bool | None:
+        """Whether the answer holds the expected words (None when nothing is expected)."""
+        if not self.expected:
+            return None
+        return self.expected.lower() in answer.lower()
+
+
+def parse_ask(text: str) -> Question:
+    """``"T:question"`` -> Question(T, question); T in seconds from the bag's start."""
+    head, sep, question = text.partition(":")
+    try:
+        time_s = float(head)
+    except ValueError:
+        time_s = math.nan
+    if not sep or not question.strip() or not math.isfinite(time_s) or time_s < 0:
+        raise ValueError(f"--ask must look like 'SECONDS:question', e.g. '8:Where did F2 park?', got {text!r}")
+    return Question(time_s, question.strip())
+
+
+def load_questions(path: str | Path) -> list[Question]:
+    """A questions YAML (a list of {time_s, question, expected}), as the sample bags carry."""
+    import yaml
+
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: cannot read questions: {exc}") from None
+    if doc is None:
+        return []
+    if not isinstance(doc, list):
+        raise ValueError(f"{path}: expected a list of {{time_s, question, expected}}")
+    out = []
+    for i, entry in enumerate(doc):
+        try:
+            time_s, question = float(entry["time_s"]), str(entry["question"]).strip()
+        except (TypeError, KeyError, ValueError):
+            raise ValueError(f"{path}: entry {i} needs a number time_s and a question") from None
+        if not question or not math.isfinite(time_s) or time_s < 0:
+            raise ValueError(f"{path}: entry {i} needs a time_s >= 0 and a non-empty question")
+        out.append(Question(time_s, question, str(entry.get("expected") or "")))
+    return sorted(out, key=lambda q: q.time_s)
+
+
+def questions_due(questions: Sequence[Question], asked: int, bag_time: float | None) -> list[Question]:
+    """Questions to ask before a message at ``bag_time`` (None: the end of the bag).
+
+    A question at time T is asked after every message up to T, before the first one after it.
+    ``questions`` is sorted by time; ``asked`` is how many were asked already.
+    """
+    due = []
+    for q in questions[asked:]:
+        if bag_time is not None and q.time_s >= bag_time:
+            break
+        due.append(q)
+    return due
+
+
+def open_selected(path: str | Path, remaps: dict[str, str],
+                  only: Sequence[str] | None = None) -> tuple[Bag, dict[str, str], dict[str, str]]:
+    """Open a bag; returns it, its topics (name -> type, limited to ``only``) and their node inputs.
+
+    Raises BagError for a missing or malformed bag, a topic named in ``only`` that the bag lacks,
+    a topic whose type has no definition (leave it out with ``only``), or no topic reaching the node.
+    """
+    from .bag_io import open_bag
+
+    bag = open_bag(path)
+    try:
+        topics = {name: t.msgtype for name, t in bag.topics.items()}
+        if only:
+            missing = [t for t in only if t not in topics]
+            if missing:
+                raise BagError(f"{bag.path}: no topic {', '.join(map(repr, missing))} in the bag; "
+                               f"it has {', '.join(topics) or 'no topics'}")
+            topics = {t: topics[t] for t in topics if t in only}
+        for msgtype, names in bag.unknown_types.items():
+            for name in names:
+                if name in topics:
+                    raise BagError(f"{bag.path}: topic {name!r} has message type {msgtype!r}, which has no "
+                                   "definition in the bag nor in the rosbags type store; leave it out with --topics")
+        kinds = select_inputs(topics, remaps)
+        if not kinds:
+            raise BagError(f"{bag.path}: no topic reaches a node input (image, image/compressed, text); "
+                           f"the bag has {', '.join(f'{n} ({t})' for n, t in topics.items()) or 'no topics'}; "
+                           "map one with --remap /bag/topic:=text")
+    except BaseException:
+        bag.close()
+        raise
+    return bag, topics, kinds
