@@ -15,7 +15,7 @@ costs, not answer quality:
   qwen2-vl-tiny     the same code path at a tiny size, runnable anywhere.
 The full cache runs for as long as the stream fits in the model's context. Each policy runs in its own
 process, so its peak memory is its own. Results: benchmarks/results/frame_stream.json (flat records,
-one every --record-every frames) and frame_stream.png.
+one every --record-every frames), frame_stream.png and a summary table, frame_stream.md.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def run_one(args) -> list[dict]:
         if cuda:
             torch.cuda.synchronize()
 
-    records, window, frame_tokens = [], [], 0
+    records, window, cpu_window, frame_tokens = [], [], [], 0
     stopped = ""
     start = time.perf_counter()
     for index in range(args.frames):
@@ -118,22 +118,23 @@ def run_one(args) -> list[dict]:
             stopped = "context full"
             break
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         frame_tokens = stream.push_frame(rgb, float(index) / args.fps)
         sync()
         window.append(time.perf_counter() - t0)
+        cpu_window.append(time.process_time() - c0)
         if kv_per_token is None:
             kv_per_token = stream.cache.kv_nbytes() // stream.cache.slots
         done = index + 1
         # The full cache fills its context within minutes: sample it more often.
         every = args.record_every if args.policy != "full" else max(args.record_every // 6, 1)
         if done % every == 0 or done == args.frames:
-            records.append(record(args, stream, adapter, window, done, frame_tokens, kv_per_token, capacity,
-                                  process, cuda, start))
-            window = []
+            records.append(record(args, stream, adapter, window, cpu_window, done, frame_tokens, kv_per_token,
+                                  capacity, process, cuda, start))
+            window, cpu_window = [], []
     if stopped and window:
-        records.append(record(args, stream, adapter, window, stream.frames_ingested, frame_tokens, kv_per_token,
-                              capacity, process, cuda, start))
+        records.append(record(args, stream, adapter, window, cpu_window, stream.frames_ingested, frame_tokens,
+                              kv_per_token, capacity, process, cuda, start))
     sync()
     t0 = time.perf_counter()
     answer = stream.ask("What moved across the scene?", max_new_tokens=8)
@@ -144,7 +145,8 @@ def run_one(args) -> list[dict]:
     return records
 
 
-def record(args, stream, adapter, window, frames, frame_tokens, kv_per_token, capacity, process, cuda, start):
+def record(args, stream, adapter, window, cpu_window, frames, frame_tokens, kv_per_token, capacity, process, cuda,
+           start):
     import torch
 
     stats = stream.stats()
@@ -152,8 +154,10 @@ def record(args, stream, adapter, window, frames, frame_tokens, kv_per_token, ca
         "policy": args.policy,
         "frames": frames,
         "seconds": round(frames / args.fps, 1),  # stream time
-        "ms_per_frame": round(1000 * sum(window) / len(window), 2),
+        "ms_per_frame": round(1000 * sum(window) / len(window), 2),  # wall clock
         "ms_per_frame_max": round(1000 * max(window), 2),
+        # CPU time of this process: on a shared machine, what the frame cost whatever else was running.
+        "cpu_ms_per_frame": round(1000 * sum(cpu_window) / len(cpu_window), 2),
         "frames_per_second": round(len(window) / sum(window), 2),
         "kv_bytes": stats.kv_bytes,  # allocated once, never grows
         "kv_used_bytes": stats.fill * kv_per_token,  # what the cache holds (what a growing cache would)
@@ -175,6 +179,7 @@ def record(args, stream, adapter, window, frames, frame_tokens, kv_per_token, ca
         "max_frame_pixels": args.max_frame_pixels,
         "scoring_backend": args.scoring,
         "wall_seconds": round(time.perf_counter() - start, 1),
+        "cpu_seconds": round(time.process_time(), 1),
         "load_average_1min": round(os.getloadavg()[0], 2),
     }
     if cuda:
@@ -183,7 +188,7 @@ def record(args, stream, adapter, window, frames, frame_tokens, kv_per_token, ca
     return r
 
 
-def spawn(args, policy: str) -> list[dict]:
+def command(args, policy: str) -> list[str]:
     cmd = [sys.executable, os.path.abspath(__file__), "--one", "--policy", policy, "--frames", str(args.frames),
            "--fps", str(args.fps), "--cache", str(args.cache), "--chunk", str(args.chunk),
            "--record-every", str(args.record_every), "--model-config", args.model_config,
@@ -193,50 +198,80 @@ def spawn(args, policy: str) -> list[dict]:
         cmd += ["--model", args.model]
     if args.max_frame_pixels:
         cmd += ["--max-frame-pixels", str(args.max_frame_pixels)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return cmd
+
+
+def run_policies(args):
+    """Each policy in its own process (its peak memory is its own), --parallel of them at a time."""
+    waiting, running = list(args.policies), []
+    while waiting or running:
+        while waiting and len(running) < args.parallel:
+            policy = waiting.pop(0)
+            proc = subprocess.Popen(command(args, policy), stdout=subprocess.PIPE, text=True)
+            running.append((policy, proc, time.time()))
+        policy, proc, started = running.pop(0)
+        out, _ = proc.communicate()
+        if proc.returncode:
+            raise SystemExit(f"the {policy} run failed (exit {proc.returncode})")
+        yield policy, json.loads(out.strip().splitlines()[-1]), time.time() - started
+
+
+def timing(device: str) -> str:
+    """The per-frame time compared: CPU time on a CPU (robust to other load on the machine), else wall clock."""
+    return "cpu_ms_per_frame" if device.startswith("cpu") else "ms_per_frame"
 
 
 def summary(records: list[dict]) -> list[dict]:
-    """Per run: early and late ingest time, memory at fill and at the end (flatness), inf_mllm vs streaming_llm."""
+    """Per run: early and late ingest time, memory at fill and at the end (flatness), time vs streaming_llm."""
+    runs = {}
+    for r in records:
+        runs.setdefault((r["model"], r["device"], r["policy"]), []).append(r)
     rows = []
-    for key in sorted({(r["model"], r["device"], r["policy"]) for r in records}):
-        rs = [r for r in records if (r["model"], r["device"], r["policy"]) == key]
+    for key in sorted(runs):
+        rs = runs[key]
+        metric = timing(key[1])
         filled = [r for r in rs if r["cache_fill"] >= r["cache_size"]] or rs[-1:]
         tenth = max(len(rs) // 10, 1)
-        rows.append({
+        row = {
             "model": key[0], "device": key[1], "policy": key[2], "frames": rs[-1]["frames"],
             "stream_minutes": round(rs[-1]["seconds"] / 60, 1), "frame_tokens": rs[-1]["frame_tokens"],
-            "cache_size": rs[-1]["cache_size"],
-            "ms_per_frame_early": round(sum(r["ms_per_frame"] for r in rs[:tenth]) / tenth, 1),
-            "ms_per_frame_late": round(sum(r["ms_per_frame"] for r in rs[-tenth:]) / tenth, 1),
+            "cache_size": rs[-1]["cache_size"], "timing": metric.replace("_per_frame", ""),
+            "ms_per_frame_early": round(sum(r[metric] for r in rs[:tenth]) / tenth, 1),
+            "ms_per_frame_late": round(sum(r[metric] for r in rs[-tenth:]) / tenth, 1),
+            "ms_per_frame_mean": round(sum(r[metric] for r in rs) / len(rs), 1),
             "kv_used_mb_at_fill": round(filled[0]["kv_used_bytes"] / 2**20, 2),
             "kv_used_mb_end": round(rs[-1]["kv_used_bytes"] / 2**20, 2),
             "peak_mb_at_fill": round(filled[0]["process_peak_bytes"] / 2**20, 1),
             "peak_mb_end": round(rs[-1]["process_peak_bytes"] / 2**20, 1),
             "stopped": rs[-1].get("stopped", ""),
-        })
+        }
+        rows.append(row)
     by = {(row["model"], row["device"], row["policy"]): row for row in rows}
     for row in rows:
         base = by.get((row["model"], row["device"], "streaming_llm"))
         if base and row["policy"] != "full":
-            mean = lambda key: sum(r["ms_per_frame"] for r in records if (r["model"], r["device"], r["policy"]) == key)  # noqa: E731
-            count = lambda key: sum(1 for r in records if (r["model"], r["device"], r["policy"]) == key)  # noqa: E731
-            own = (row["model"], row["device"], row["policy"])
-            ref = (row["model"], row["device"], "streaming_llm")
-            row["time_vs_streaming_llm"] = round((mean(own) / count(own)) / (mean(ref) / count(ref)), 3)
+            row["time_vs_streaming_llm"] = round(row["ms_per_frame_mean"] / base["ms_per_frame_mean"], 3)
     return rows
 
 
-def print_summary(rows: list[dict]) -> None:
-    cols = ["policy", "frames", "frame_tokens", "ms_per_frame_early", "ms_per_frame_late", "time_vs_streaming_llm",
-            "kv_used_mb_at_fill", "kv_used_mb_end", "peak_mb_at_fill", "peak_mb_end", "stopped"]
+def summary_markdown(rows: list[dict]) -> str:
+    """The summary as Markdown tables, one per model and device (also printed)."""
+    cols = ["policy", "frames", "stream_minutes", "frame_tokens", "cache_size", "timing", "ms_per_frame_early",
+            "ms_per_frame_late", "ms_per_frame_mean", "time_vs_streaming_llm", "kv_used_mb_at_fill", "kv_used_mb_end",
+            "peak_mb_at_fill", "peak_mb_end", "stopped"]
+    lines = ["# Frame-stream benchmark", "",
+             "Early/late/mean: ingest time per frame over the first tenth, the last tenth and all of the run; on a",
+             "CPU it is the process's CPU time (the machine may be shared), on a GPU wall-clock time. time vs",
+             "streaming_llm: ratio of the means. KV MiB: what the cache holds (its storage is allocated once). Peak:",
+             "the process's peak resident memory. Random weights: costs only. Produced by benchmarks/frame_stream.py",
+             "from frame_stream.json."]
     for model in sorted({(r["model"], r["device"]) for r in rows}):
-        print(f"\n{model[0]} on {model[1]}")
-        print(" | ".join(cols))
+        lines += ["", f"## {model[0]} on {model[1]}", "", "| " + " | ".join(cols) + " |",
+                  "|" + "---|" * len(cols)]
         for row in rows:
             if (row["model"], row["device"]) == model:
-                print(" | ".join(str(row.get(c, "")) for c in cols))
+                lines.append("| " + " | ".join(str(row.get(c, "")) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def plot(records: list[dict], png: str) -> None:
@@ -253,10 +288,11 @@ def plot(records: list[dict], png: str) -> None:
             if not rs:
                 continue
             minutes = [r["seconds"] / 60 for r in rs]
-            row[0].plot(minutes, [r["ms_per_frame"] for r in rs], label=policy)
+            row[0].plot(minutes, [r[timing(run[1])] for r in rs], label=policy)
             row[1].plot(minutes, [r["kv_used_bytes"] / 2**20 for r in rs], label=policy)
             row[2].plot(minutes, [r["process_peak_bytes"] / 2**20 for r in rs], label=policy)
-        titles = ("ingest time per frame (ms)", "KV bytes held (MiB)", "process peak memory (MiB)")
+        kind = "CPU" if timing(run[1]).startswith("cpu") else "wall-clock"
+        titles = (f"ingest time per frame, {kind} (ms)", "KV bytes held (MiB)", "process peak memory (MiB)")
         for ax, title in zip(row, titles):
             ax.set_title(f"{title}\n{run[0]}, {run[1]}", fontsize=9)
             ax.set_xlabel("stream time (minutes at 1 frame/s)")
@@ -288,6 +324,7 @@ def main() -> None:
     p.add_argument("--record-every", type=int, default=60)
     p.add_argument("--policies", nargs="+", default=POLICIES, choices=POLICIES)
     p.add_argument("--scoring", default="auto", choices=["auto", "torch", "triton"], help="inf_mllm/h2o scoring")
+    p.add_argument("--parallel", type=int, default=1, help="policies run at the same time (one process each)")
     p.add_argument("--keep", action="store_true", help="keep other runs' records in the results file")
     p.add_argument("--plot-only", action="store_true")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
@@ -301,17 +338,17 @@ def main() -> None:
         if args.model is None:
             model_folder(args.model_config, args.dtype)  # build once, before the runs
         name = args.model or args.model_config
-        for policy in args.policies:
-            t = time.time()
-            new = spawn(args, policy)
+        for policy, new, seconds in run_policies(args):
             records = [r for r in records if not (r["model"] == name and r["policy"] == policy
                                                   and r["device"] == new[0]["device"])] + new
             write_records(OUT, records)  # after every run, so an interrupted sweep keeps what it measured
             last = new[-1]
             print(f"{policy:14s} {last['frames']:5d} frames of {last['frame_tokens']} tokens: "
-                  f"{last['ms_per_frame']} ms/frame at the end, peak {last['process_peak_bytes'] / 2**20:.0f} MiB "
-                  f"({time.time() - t:.0f} s){' [' + last['stopped'] + ']' if last['stopped'] else ''}", flush=True)
-    print_summary(summary(records))
+                  f"{last[timing(last['device'])]} ms/frame at the end, peak {last['process_peak_bytes'] / 2**20:.0f} "
+                  f"MiB ({seconds:.0f} s){' [' + last['stopped'] + ']' if last['stopped'] else ''}", flush=True)
+    text = summary_markdown(summary(records))
+    print(text)
+    (RESULTS / "frame_stream.md").write_text(text)
     plot(records, "frame_stream.png")
 
 
