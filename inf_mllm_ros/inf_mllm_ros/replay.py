@@ -153,11 +153,22 @@ class Player:
             tick()
             self.spin(0.05)
 
-    def wait_for_subscribers(self, timeout: float) -> None:
-        """Give discovery a moment, so the first messages are not lost; a topic nobody reads is fine."""
+    def wait_for_subscribers(self, timeout: float) -> list[str]:
+        """Wait for a subscriber on every node input, so the first messages are not lost.
+
+        Returns the topics still without one after ``timeout`` (timed play goes on without them).
+        """
+        def missing() -> list[str]:
+            return [self.publishers[t].topic_name for t in sorted(self.inputs)
+                    if self.publishers[t].get_subscription_count() == 0]
+
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(p.get_subscription_count() == 0 for p in self.publishers.values()):
+        while missing() and time.monotonic() < deadline:
             self.spin(0.05)
+        settle = time.monotonic() + 0.5  # discovery goes both ways: let the subscribers see us too
+        while time.monotonic() < settle:
+            self.spin(0.05)
+        return missing()
 
     def ask(self, q: Question, max_new_tokens: int, timeout: float) -> AnswerRecord:
         self.wait(self.query.service_is_ready, timeout, f"the service {self.node_name}/query")
@@ -195,9 +206,11 @@ def replay(args: argparse.Namespace, questions: Sequence[Question], out=print) -
                 f"{mode}, to {', '.join(f'{t} -> {p.topic_name}' for t, p in player.publishers.items())}")
             if args.lockstep or questions:
                 out(f"{PROG}: waiting for {player.node_name} ...")
-                player.wait_for_node(args.wait, first_ns)
+                player.wait_for_node(300.0 if args.wait is None else args.wait, first_ns)
             else:
-                player.wait_for_subscribers(2.0)
+                missing = player.wait_for_subscribers(5.0 if args.wait is None else args.wait)
+                if missing:
+                    out(f"{PROG}: warning: nobody subscribes to {', '.join(missing)} yet; playing anyway")
             answers: list[AnswerRecord] = []
             failed = 0
             asked = 0
@@ -336,8 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--answers-out", metavar="JSON", help="write the answers to this file")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds to wait for the node to take in one message or answer one question")
-    p.add_argument("--wait", type=float, default=300.0,
-                   help="seconds to wait for the node and its model at the start (lockstep, questions)")
+    p.add_argument("--wait", type=float, metavar="S",
+                   help="seconds to wait at the start: for the node and its model with --lockstep or questions "
+                        "(default 300, then an error), else for subscribers on the node's inputs (default 5)")
     return p
 
 

@@ -1,0 +1,204 @@
+"""inf_mllm_replay and inf_mllm_offline, as installed.
+
+A short generated bag is replayed in lockstep into a running node (bag time on /clock), then the
+node is asked a question; inf_mllm_offline over the same bag, with the node's parameters file,
+must give the same greedy answer from the same memory. Timed replay at a high rate feeds the
+node too, and broken bags make both tools fail with a clear message and a non-zero status.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from std_srvs.srv import Trigger
+
+from inf_mllm_interfaces.msg import CacheStats
+from inf_mllm_ros.bag_io import iter_messages
+from inf_mllm_ros.sample_bag import write_sample_bag
+from inf_mllm_ros.stream_inputs import Question, StreamClock, input_kind, parse_ask, questions_due
+from ros_helpers import Latest, RosProbe
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BIN = REPO_ROOT / "install" / "inf_mllm_ros" / "lib" / "inf_mllm_ros"
+NAMESPACE = "/replay_test"
+FQN = f"{NAMESPACE}/inf_mllm"
+REMAPS = ["--remap", f"/camera/image_raw/compressed:={NAMESPACE}/image/compressed",
+          "--remap", f"/narration:={NAMESPACE}/text"]
+# 3 frames (0, 2, 4 s) and 2 narration lines (0, 5 s); more tokens than the cache holds.
+SHORT = dict(duration_s=6.0, fps=0.5, size=(96, 72), seed=0)
+ASK = "6:Where did forklift F2 park?"
+PARAMS = {
+    "use_sim_time": True,
+    "device": "cpu",
+    "dtype": "float32",
+    "cache_size": 256,
+    "frame_rate": 0.0,
+    "description_period": 0.0,
+    "max_new_tokens": 12,
+}
+
+
+def exe(name: str) -> str:
+    path = BIN / name
+    if not path.exists():
+        pytest.fail(f"{path} is missing: run scripts/setup.sh")
+    return str(path)
+
+
+def run(args: list, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def short_bag(tmp_path_factory) -> Path:
+    return write_sample_bag(tmp_path_factory.mktemp("bag") / "short", **SHORT).path
+
+
+@pytest.fixture(scope="module")
+def params(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("params") / "params.yaml"
+    path.write_text(yaml.safe_dump({"/**": {"ros__parameters": PARAMS}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def node(params, tmp_path_factory):
+    """The installed node on sim time, in a namespace of its own."""
+    log_path = tmp_path_factory.mktemp("node") / "node.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RCUTILS_COLORIZED_OUTPUT="0")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([exe("inf_mllm_node"), "--ros-args", "--params-file", str(params),
+                                 "-r", f"__ns:={NAMESPACE}"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc.log = lambda: log_path.read_text(errors="replace")
+    yield proc
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_lockstep_replay_answers_as_the_offline_runner(node, short_bag, params, tmp_path, ros_env) -> None:
+    answers = tmp_path / "answers.json"
+    replay = run([exe("inf_mllm_replay"), short_bag, "--lockstep", "--node", FQN, *REMAPS, "--ask", ASK,
+                  "--answers-out", answers, "--timeout", "180"], ros_env)
+    assert replay.returncode == 0, f"{replay.stdout}\n{replay.stderr}\nnode log:\n{node.log()[-3000:]}"
+    assert "5 messages played" in replay.stdout
+    [from_node] = json.loads(answers.read_text())
+    assert from_node["success"] and from_node["answer"], from_node
+
+    out = tmp_path / "offline"
+    offline = run([exe("inf_mllm_offline"), short_bag, "--params", params, "--ask", ASK, "--out", out,
+                   "--no-progress"], ros_env)
+    assert offline.returncode == 0, offline.stderr
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    [offline_answer] = [r for r in records if r["type"] == "answer"]
+    # The same prompts into the same memory: the same greedy answer, memory figures included.
+    assert offline_answer["answer"] == from_node["answer"]
+    assert (offline_answer["tokens_seen"], offline_answer["fill"]) == (from_node["tokens_seen"],
+                                                                        from_node["cache_fill"])
+    assert [r["type"] for r in records if r["type"] in ("frame", "text")] == [
+        "frame", "text", "frame", "frame", "text"]
+    assert offline_answer["tokens_evicted"] > 0  # the bag is longer than the cache
+    assert (out / "plot.png").stat().st_size > 10_000
+    report = (out / "report.md").read_text()
+    assert "Where did forklift F2 park?" in report and "Cache capacity | 256 tokens" in report
+    assert str(out / "report.md") in offline.stdout
+
+
+def test_timed_replay_at_a_high_rate_feeds_the_node(node, short_bag, ros_env) -> None:
+    def alive() -> None:
+        if node.poll() is not None:
+            pytest.fail(f"node exited with {node.returncode}:\n{node.log()[-3000:]}")
+
+    probe = RosProbe("replay_test_probe", alive=alive)
+    try:
+        stats = Latest(probe, CacheStats, f"{FQN}/cache_stats", QoSProfile(depth=10,
+                                                                          reliability=ReliabilityPolicy.RELIABLE))
+        # A sim-time node sends periodic stats only while /clock runs: start from an empty memory instead.
+        reset = probe.node.create_client(Trigger, f"{FQN}/reset")
+        probe.wait_for(lambda: probe.call(reset, Trigger.Request(), timeout=180).success, 180, "a reset")
+        with stats._lock:
+            stats.messages.clear()
+        replay = run([exe("inf_mllm_replay"), short_bag, "--rate", "20", "--wait", "60", *REMAPS], ros_env,
+                     timeout=120)
+        assert replay.returncode == 0, replay.stderr
+        assert "warning" not in replay.stdout and "rate 20" in replay.stdout and "5 messages played" in replay.stdout
+        # Texts are reliable and queued; frames are best effort and the newest one wins.
+        stats.wait(lambda m: m.texts_ingested == 2 and m.frames_ingested >= 1, timeout=120,
+                   what="both texts and a frame ingested")
+    finally:
+        probe.close()
+
+
+def _custom_bag(path: Path, *, embed: bool) -> Path:
+    """A bag with a type nobody installs: its definition embedded or not, and a String topic."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore, get_types_from_msg
+
+    store = get_typestore(Stores.LATEST)
+    store.register(get_types_from_msg("string name\nfloat32 level", "acme_msgs/msg/Beacon"))
+    with Writer(path, version=8, storage_plugin=StoragePlugin.MCAP) as writer:
+        extra = {"typestore": store} if embed else {"msgdef": "", "rihs01": "RIHS01_" + "0" * 64}
+        beacon = writer.add_connection("/beacon", "acme_msgs/msg/Beacon", **extra)
+        text = writer.add_connection("/narration", "std_msgs/msg/String", typestore=store)
+        writer.write(beacon, 10, store.serialize_cdr(store.types["acme_msgs/msg/Beacon"](name="b", level=1.0),
+                                                     "acme_msgs/msg/Beacon"))
+        writer.write(text, 20, store.serialize_cdr(store.types["std_msgs/msg/String"](data="hi"),
+                                                   "std_msgs/msg/String"))
+    return path
+
+
+@pytest.mark.parametrize("tool", ["inf_mllm_replay", "inf_mllm_offline"])
+def test_broken_bags_fail_clearly(tool, short_bag, tmp_path, ros_env) -> None:
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "metadata.yaml").write_text("{{{ not: yaml ::")
+    cases = {
+        tmp_path / "no_such_bag": "no_such_bag: no such bag",
+        garbage: "garbage: malformed bag",
+        _custom_bag(tmp_path / "unknown", embed=False): "'/beacon' has message type 'acme_msgs/msg/Beacon', "
+                                                        "which has no definition",
+    }
+    extra = ["--out", tmp_path / "out"] if tool == "inf_mllm_offline" else []
+    for bag, message in cases.items():
+        result = run([exe(tool), bag, *extra], ros_env, timeout=60)
+        assert result.returncode == 2, (bag, result.stdout, result.stderr)
+        assert f"{tool}: error:" in result.stderr and message in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    # Played only when it is known to ROS; read offline, leaving the unknown topic out.
+    custom = _custom_bag(tmp_path / "custom", embed=True)
+    if tool == "inf_mllm_replay":
+        result = run([exe(tool), custom], ros_env, timeout=60)
+        assert result.returncode == 2 and "'acme_msgs/msg/Beacon' is not installed" in result.stderr
+    else:
+        result = run([exe(tool), custom, "--remap", "/beacon:=text", *extra], ros_env, timeout=60)
+        assert result.returncode == 2 and "takes std_msgs/msg/String" in result.stderr, result.stderr
+
+
+# --- the shared mapping, without ROS ------------------------------------------------------------
+
+def test_stream_clock_and_questions_follow_the_node(short_bag) -> None:
+    clock = StreamClock()
+    items = list(iter_messages(short_bag))
+    stamps = [clock(m.msg.header.stamp if m.msgtype.startswith("sensor_msgs") else None, m.timestamp_ns)
+              for m in items]
+    assert stamps == pytest.approx([0.0, 0.0, 2.0, 4.0, 5.0])  # from the first input, as the node stamps
+    assert [input_kind(t) for t in ("text", "/text", "/robot1/text", "image/compressed", "/a/image", "/tf")] == [
+        "text", "text", "text", "image/compressed", "image", None]
+    questions = [Question(2.0, "a"), Question(5.0, "b")]
+    assert questions_due(questions, 0, 2.0) == [] and questions_due(questions, 0, 2.5) == [questions[0]]
+    assert questions_due(questions, 1, None) == [questions[1]]
+    assert parse_ask("8.5: Where is F2?") == Question(8.5, "Where is F2?")
+    with pytest.raises(ValueError, match="SECONDS:question"):
+        parse_ask("soon: Where is F2?")
