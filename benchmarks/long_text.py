@@ -193,8 +193,12 @@ def main() -> None:
     p.add_argument("--bias", type=float, default=1e-3, help="attention bias of inf_mllm")
     p.add_argument("--recent", type=int, default=None)
     p.add_argument("--bias-sweep", action="store_true")
+    p.add_argument("--no-original-positions", dest="original_positions", action="store_false",
+                   help="skip the streaming_llm run with original positions")
     p.add_argument("--resume", action="store_true", help="skip runs already in the results file")
     p.add_argument("--plot-only", action="store_true")
+    p.add_argument("--out", default="long_text_ppl.json", help="results file name (merge several with --merge)")
+    p.add_argument("--merge", nargs="*", default=None, help="merge these results files into --out, then plot")
     # internal: one run in this process, records printed as JSON
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--policy", default="inf_mllm", help=argparse.SUPPRESS)
@@ -205,6 +209,10 @@ def main() -> None:
         print(json.dumps(run_one(args)))
         return
     os.chdir(os.path.dirname(os.path.abspath(__file__)))
+    if args.merge is not None:
+        write_records(args.out, [r for name in args.merge for r in load_records(name)])
+        plot(args.out, args.out.replace(".json", ".png"), "cache_size")
+        return
     if args.bias_sweep:
         if not args.plot_only:
             runs = [("inf_mllm", c, b, "cache") for c in args.caches for b in (0.0, 1e-4, 1e-3, 1e-2)]
@@ -213,11 +221,14 @@ def main() -> None:
         return
     if not args.plot_only:
         runs = [("full", args.tokens, args.bias, "cache")] if "full" in args.policies else []
-        runs += [(pol, c, args.bias, "cache") for c in args.caches for pol in args.policies if pol != "full"]
-        if "streaming_llm" in args.policies and 512 in args.caches:
+        runs += [(pol, c, args.bias, "cache") for pol in args.policies if pol != "full" for c in args.caches]
+        if "streaming_llm" in args.policies and 512 in args.caches and args.original_positions:
+            # Original positions run past the 8K training context: the reason positions are re-packed.
             runs.append(("streaming_llm", 512, args.bias, "original"))
-        sweep(args, "long_text_ppl.json", runs)
-    plot("long_text_ppl.json", "long_text_ppl.png", "cache_size")
+        if "inf_mllm" in args.policies and 512 in args.caches and args.original_positions:
+            runs.append(("inf_mllm", 512, 0.0, "cache"))  # no bias: old tokens keep the cache
+        sweep(args, args.out, runs)
+    plot(args.out, args.out.replace(".json", ".png"), "cache_size")
 
 
 if __name__ == "__main__":

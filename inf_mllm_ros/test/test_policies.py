@@ -126,3 +126,17 @@ def test_bias_is_validated_and_changeable():
 
 def test_registry_lists_all_policies():
     assert set(POLICIES) == {"inf_mllm", "streaming_llm", "h2o", "window", "full"}
+
+
+def test_score_pool_keeps_a_saddle_with_its_whole_group():
+    policy = make_policy("inf_mllm", capacity=KEEP, recent_size=4, attention_bias=0.0, score_pool=4)
+    attn = torch.full((HEADS, FILL), 1e-3)
+    attn[:, 9] = 0.5  # group 8..11 holds a saddle
+    assert set(range(8, 12)) <= kept(policy, view(window_attention=attn * 8))
+
+
+def test_score_decay_remembers_earlier_prompts():
+    policy = make_policy("inf_mllm", capacity=KEEP, recent_size=4, attention_bias=0.0, score_decay=0.9)
+    v = view()
+    v.history[:, 6] = 0.5  # drew attention in earlier prompts, none in this one
+    assert 6 in kept(policy, v)

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -56,6 +55,15 @@ def _recent_and_best(view: SlotView, keep: int, recent: int, score: Tensor) -> T
         return tail.contiguous()
     top = torch.topk(score[:, :old], best, dim=-1, sorted=False).indices
     return torch.cat([torch.sort(top, dim=-1).values, tail], dim=-1)
+
+
+def _group_max(score: Tensor, group: Tensor) -> Tensor:
+    """Each slot's score replaced by the maximum over the slots of its group ([heads, n], sorted groups)."""
+    new_group = torch.ones_like(group, dtype=torch.bool)
+    new_group[:, 1:] = group[:, 1:] != group[:, :-1]
+    run = new_group.long().cumsum(-1) - 1
+    best = torch.full_like(score, float("-inf")).scatter_reduce(1, run, score, reduce="amax", include_self=True)
+    return best.gather(1, run)
 
 
 class FullPolicy(EvictionPolicy):
@@ -140,8 +148,8 @@ class InfMLLMPolicy(EvictionPolicy):
             raise ValueError(f"recent_size must be >= 0, got {recent_size}")
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
-        if pool_size < 1 or pool_size % 2 == 0:
-            raise ValueError(f"pool_size must be a positive odd number, got {pool_size}")
+        if pool_size < 1:
+            raise ValueError(f"pool_size must be >= 1, got {pool_size}")
         self.recent_size = recent_size
         self.attention_bias = float(attention_bias)
         self.decay = decay
@@ -164,8 +172,9 @@ class InfMLLMPolicy(EvictionPolicy):
             view.history.mul_(self.decay).add_(mean, alpha=1.0 - self.decay)
             mean = view.history.clone()
         if self.pool_size > 1:
-            # A token that draws attention is usually part of a phrase: keep its neighbours with it.
-            mean = F.max_pool1d(mean[None], self.pool_size, stride=1, padding=self.pool_size // 2)[0]
+            # A token that draws attention is usually part of a phrase: the stream is cut into groups of
+            # pool_size tokens and each token scores as the best of its group, so phrases stay whole.
+            mean = _group_max(mean, view.seq // self.pool_size)
         if self._attention_bias == 0.0 or view.fill < 2:
             return mean
         rank = torch.arange(view.fill, device=mean.device, dtype=mean.dtype) / (view.fill - 1)

@@ -36,8 +36,8 @@ class StreamConfig:
     attention_bias: float = 1e-3
     recent_size: int | None = None  # default: a quarter of the capacity
     sink_size: int = 4
-    score_decay: float = 0.0  # inf_mllm: weight of earlier prompts' attention in the score
-    score_pool: int = 1  # inf_mllm: a kept token keeps this many neighbours (odd window)
+    score_decay: float = 0.9  # inf_mllm: weight of earlier prompts' attention in the score
+    score_pool: int = 32  # inf_mllm: tokens scored (and kept) together in stream-aligned groups
     chunk_size: int = 128  # longest block pushed before an eviction
     headroom: int | None = None  # slots beyond capacity; default max(chunk_size, 256)
     position_mode: str = "cache"  # "cache": positions re-packed inside the cache; "original"

@@ -1,0 +1,202 @@
+"""Recall of planted facts at distances from 1K to 16K tokens, per policy and cache size.
+
+    python benchmarks/recall.py                 # caches 512 and 1024, both settings
+    python benchmarks/recall.py --plot-only
+
+Twenty facts ("The code of the red locker is 4817.") are planted early in a stream of text messages
+(paragraphs of a novel, pushed as a robot's messages would be); each is asked about ("What is the code
+of the red locker?") once the stream has moved `distance` tokens past it. Two settings:
+- `forgotten`: the fact is never referred to again. No eviction by attention can be expected to keep
+  it; reported anyway.
+- `mentioned`: its subject comes up again now and then without its value ("Someone walked past the
+  red locker."), which is what attention saddles are for.
+The full cache, where the stream fits its context, is the ceiling. Questions are not kept in memory,
+so they do not disturb the stream. Results: benchmarks/results/recall.json, one record per fact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import time
+
+from common import RESULTS, load_records, machine, read_text, write_records
+
+DISTANCES = [1024, 2048, 4096, 8192, 16384]
+COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple", "grey", "brown"]
+OBJECTS = ["locker", "cabinet"]
+
+
+def make_facts(seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    subjects = [f"the {c} {o}" for o in OBJECTS for c in COLOURS]
+    rng.shuffle(subjects)
+    facts = []
+    for i, subject in enumerate(subjects):
+        code = str(rng.randint(1000, 9999))
+        facts.append({
+            "fact_id": i,
+            "subject": subject,
+            "value": code,
+            "distance": DISTANCES[i % len(DISTANCES)],
+            "statement": f"The code of {subject} is {code}.",
+            "mention": f"Someone walked past {subject}.",
+            "question": f"What is the code of {subject}?",
+        })
+    return facts
+
+
+def paragraphs(text: str, chars: int = 260) -> list[str]:
+    """The novel cut into messages of about 60 tokens, on sentence ends where possible."""
+    words, out, cur = text.split(), [], []
+    for w in words:
+        cur.append(w)
+        if sum(len(x) + 1 for x in cur) >= chars and w[-1:] in ".!?;" or sum(len(x) + 1 for x in cur) >= 2 * chars:
+            out.append(" ".join(cur))
+            cur = []
+    return out
+
+
+def run_one(args) -> list[dict]:
+    from inf_mllm_ros.engine.loading import load_model
+    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+
+    adapter = load_model(args.model, device=args.device, dtype=args.dtype)
+    facts = make_facts(args.seed)
+    filler = iter(paragraphs(read_text(args.text)))
+    rng = random.Random(args.seed + 1)
+    capacity = args.cache
+    limit = None
+    if args.policy == "full":
+        limit = adapter.max_context - 512
+        capacity = limit
+    stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=64,
+                                            attention_bias=args.bias))
+    planted: dict[int, int] = {}  # fact -> tokens seen when it was stated
+    pending = list(facts)
+    records = []
+    t0 = time.perf_counter()
+    message = 0
+    while pending or any(f["fact_id"] not in {r["fact_id"] for r in records} for f in facts):
+        # Plant one fact every few messages at the start, so all are stated within the first ~2K tokens.
+        if pending and message % 2 == 0:
+            fact = pending.pop(0)
+            stream.push_text(fact["statement"])
+            planted[fact["fact_id"]] = stream.tokens_seen
+        else:
+            active = [f for f in facts if f["fact_id"] in planted and f["fact_id"] not in {r["fact_id"] for r in records}]
+            if args.setting == "mentioned" and active and message % args.mention_every == 1:
+                stream.push_text(rng.choice(active)["mention"])
+            else:
+                stream.push_text(next(filler))
+        message += 1
+        for fact in facts:
+            fid = fact["fact_id"]
+            if fid in planted and not any(r["fact_id"] == fid for r in records):
+                if stream.tokens_seen - planted[fid] >= fact["distance"]:
+                    answer = stream.ask(fact["question"], max_new_tokens=12)
+                    records.append({
+                        "policy": args.policy,
+                        "cache_size": capacity if args.policy != "full" else "all",
+                        "setting": args.setting,
+                        "fact_id": fid,
+                        "distance": fact["distance"],
+                        "actual_distance": stream.tokens_seen - planted[fid],
+                        "value": fact["value"],
+                        "answer": answer.text,
+                        "recalled": fact["value"] in answer.text,
+                        "attention_bias": args.bias if args.policy == "inf_mllm" else None,
+                    })
+        if limit is not None and stream.cache.fill > limit - 600:
+            break  # the full cache is out of context: the remaining facts cannot be asked
+    seconds = time.perf_counter() - t0
+    for r in records:
+        r.update({"tokens_streamed": stream.tokens_seen, "seconds": round(seconds, 1), "device": machine(),
+                  "dtype": args.dtype})
+    return records
+
+
+def plot() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = load_records("recall.json")
+    if not records:
+        return
+    settings = ["forgotten", "mentioned"]
+    caches = sorted({r["cache_size"] for r in records if r["cache_size"] != "all"})
+    fig, axes = plt.subplots(len(settings), len(caches), figsize=(5 * len(caches), 7), sharey=True, squeeze=False)
+    for i, setting in enumerate(settings):
+        for j, cache in enumerate(caches):
+            ax = axes[i][j]
+            for policy in ["full", "window", "streaming_llm", "h2o", "inf_mllm"]:
+                rs = [r for r in records if r["setting"] == setting and r["policy"] == policy
+                      and (r["cache_size"] == cache or policy == "full")]
+                if not rs:
+                    continue
+                xs = sorted({r["distance"] for r in rs})
+                ys = [sum(r["recalled"] for r in rs if r["distance"] == x) / sum(1 for r in rs if r["distance"] == x)
+                      for x in xs]
+                ax.plot(xs, ys, marker="o", label=policy if policy != "full" else "full cache (ceiling)")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{setting}, cache {cache}")
+            ax.set_xlabel("distance (tokens)")
+            ax.grid(alpha=0.3)
+        axes[i][0].set_ylabel("recall")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "recall.png", dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--text", default=None)
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--caches", type=int, nargs="+", default=[512, 1024])
+    p.add_argument("--policies", nargs="+", default=["full", "window", "streaming_llm", "h2o", "inf_mllm"])
+    p.add_argument("--settings", nargs="+", default=["mentioned", "forgotten"])
+    p.add_argument("--bias", type=float, default=1e-3)
+    p.add_argument("--mention-every", type=int, default=3, help="one message in N mentions a subject")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--plot-only", action="store_true")
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--policy", default="inf_mllm", help=argparse.SUPPRESS)
+    p.add_argument("--cache", type=int, default=512, help=argparse.SUPPRESS)
+    p.add_argument("--setting", default="mentioned", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args)))
+        return
+    if not args.plot_only:
+        records = load_records("recall.json") if args.resume else []
+        done = {(r["policy"], str(r["cache_size"]), r["setting"]) for r in records}
+        for setting in args.settings:
+            for policy in args.policies:
+                for cache in (args.caches if policy != "full" else [0]):
+                    if (policy, "all" if policy == "full" else str(cache), setting) in done:
+                        continue
+                    cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache),
+                           "--setting", setting, "--bias", str(args.bias), "--model", args.model,
+                           "--device", args.device, "--dtype", args.dtype, "--seed", str(args.seed),
+                           "--mention-every", str(args.mention_every)] + (["--text", args.text] if args.text else [])
+                    t = time.time()
+                    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                    new = json.loads(out.strip().splitlines()[-1])
+                    records += new
+                    write_records("recall.json", records)
+                    hit = sum(r["recalled"] for r in new)
+                    print(f"{setting:9s} {policy:14s} cache={cache:5d} recalled {hit}/{len(new)} "
+                          f"({time.time() - t:.0f} s)", flush=True)
+    plot()
+
+
+if __name__ == "__main__":
+    main()
