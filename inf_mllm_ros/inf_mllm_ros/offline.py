@@ -300,8 +300,8 @@ def write_plot(result: RunResult, path: str | Path) -> None:
     ax.legend(loc="upper left")
     twin.legend(loc="lower right")
     ax = axes[2]
-    ax.step(t, [r["kv_bytes"] / 2**20 for r in rows], where="post", label="KV in use")
-    ax.step(t, [r["cache_bytes"] / 2**20 for r in rows], where="post", label="cache allocated")
+    ax.step(t, [r["kv_bytes"] / 2**20 for r in rows], where="post", label="keys and values (allocated)")
+    ax.step(t, [r["cache_bytes"] / 2**20 for r in rows], where="post", label="cache with scoring state")
     ax.set_ylabel("MiB")
     twin = ax.twinx()
     twin.plot(t, [r["rss_bytes"] / 2**20 for r in rows], color="tab:green", alpha=0.7, label="process RSS")
@@ -344,8 +344,8 @@ def write_report(result: RunResult, path: str | Path, plot_name: str | None = "p
         f"| Fill at the end (peak between inputs) | {last.get('fill', 0)} ({peak_fill}) tokens |",
         f"| Tokens seen | {last.get('tokens_seen', 0)} |",
         f"| Tokens evicted | {last.get('tokens_evicted', 0)} in {last.get('evictions', 0)} evictions |",
-        f"| KV in use at the end | {_mb(last.get('kv_bytes', 0))} |",
-        f"| Cache storage allocated | {_mb(last.get('cache_bytes', 0))} |",
+        f"| Keys and values, allocated once (capacity + headroom) | {_mb(last.get('kv_bytes', 0))} |",
+        f"| Cache with its scoring state | {_mb(last.get('cache_bytes', 0))} |",
         f"| Process RSS at the start / end / peak | {_mb(rows[0]['rss_bytes']) if rows else '-'} / "
         f"{_mb(last.get('rss_bytes', 0))} / {_mb(last.get('peak_rss_bytes', 0))} |",
         "", "## Stream", "",
@@ -462,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     last = next((r for r in reversed(result.records) if "fill" in r), {})
     print(f"{PROG}: {c['frames']} frames, {c['texts']} texts, {c['answers']} answers in {result.seconds:.1f} s; "
           f"cache {last.get('fill', 0)}/{last.get('capacity', 0)} tokens, {last.get('tokens_evicted', 0)} evicted, "
-          f"KV {_mb(last.get('kv_bytes', 0))}, RSS {_mb(last.get('rss_bytes', 0))}")
+          f"KV storage {_mb(last.get('kv_bytes', 0))}, RSS {_mb(last.get('rss_bytes', 0))}")
     print(f"{PROG}: log    {out / 'log.jsonl'}")
     print(f"{PROG}: report {out / 'report.md'}")
     print(f"{PROG}: plot   {out / 'plot.png'}")

@@ -186,8 +186,9 @@ class Player:
 
 
 def replay(args: argparse.Namespace, questions: Sequence[Question], out=print) -> int:
-    """Play the bag as asked; returns the exit status. Raises BagError, ReplayError."""
+    """Play the bag as asked; returns the exit status. Raises BagError, ReplayError, KeyboardInterrupt."""
     import rclpy
+    from rclpy.executors import ExternalShutdownException
 
     remaps = parse_remaps(args.remap, defaults=not args.no_default_remaps)
     bag, topics, _kinds = open_selected(args.bag, remaps, args.topics)
@@ -256,6 +257,8 @@ def replay(args: argparse.Namespace, questions: Sequence[Question], out=print) -
                 Path(args.answers_out).write_text(
                     json.dumps([asdict(a) for a in answers], indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
             return 1 if failed else 0
+        except ExternalShutdownException:  # rclpy's own SIGINT handler got there first
+            raise KeyboardInterrupt from None
         finally:
             if player is not None:
                 player.close()
@@ -317,7 +320,7 @@ def _summary(player: Player, answers: Sequence[AnswerRecord], out) -> None:
     s = player.stats
     if s is not None:
         out(f"{PROG}: memory: cache {s.fill}/{s.capacity} tokens, {s.tokens_seen} seen, {s.tokens_evicted} evicted, "
-            f"KV {s.kv_bytes / 2**20:.1f} MiB; frames {s.frames_ingested} ingested, {s.frames_dropped} dropped; "
+            f"KV storage {s.kv_bytes / 2**20:.1f} MiB; frames {s.frames_ingested} ingested, {s.frames_dropped} dropped; "
             f"texts {s.texts_ingested}; refused {s.inputs_rejected}; policy {s.eviction_policy}, "
             f"attention_bias {s.attention_bias:g}")
 
@@ -379,6 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReplayError as exc:
         return fail(str(exc), 1)
     except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
 
 
