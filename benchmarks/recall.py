@@ -67,7 +67,6 @@ def run_one(args) -> list[dict]:
     adapter = load_model(args.model, device=args.device, dtype=args.dtype)
     facts = make_facts(args.seed)
     filler = iter(paragraphs(read_text(args.text)))
-    rng = random.Random(args.seed + 1)
     capacity = args.cache
     limit = None
     if args.policy == "full":
@@ -76,6 +75,7 @@ def run_one(args) -> list[dict]:
     stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=64,
                                             attention_bias=args.bias))
     planted: dict[int, int] = {}  # fact -> tokens seen when it was stated
+    last_mention: dict[int, int] = {}
     pending = list(facts)
     records = []
     t0 = time.perf_counter()
@@ -89,7 +89,10 @@ def run_one(args) -> list[dict]:
         else:
             active = [f for f in facts if f["fact_id"] in planted and f["fact_id"] not in {r["fact_id"] for r in records}]
             if args.setting == "mentioned" and active and message % args.mention_every == 1:
-                stream.push_text(rng.choice(active)["mention"])
+                # Round robin: the subject mentioned longest ago comes up next.
+                fact = min(active, key=lambda f: last_mention.get(f["fact_id"], -1))
+                last_mention[fact["fact_id"]] = message
+                stream.push_text(fact["mention"])
             else:
                 stream.push_text(next(filler))
         message += 1
@@ -97,7 +100,7 @@ def run_one(args) -> list[dict]:
             fid = fact["fact_id"]
             if fid in planted and not any(r["fact_id"] == fid for r in records):
                 if stream.tokens_seen - planted[fid] >= fact["distance"]:
-                    answer = stream.ask(fact["question"], max_new_tokens=12)
+                    answer = stream.ask(fact["question"], max_new_tokens=24)
                     records.append({
                         "policy": args.policy,
                         "cache_size": capacity if args.policy != "full" else "all",
@@ -163,7 +166,7 @@ def main() -> None:
     p.add_argument("--policies", nargs="+", default=["full", "window", "streaming_llm", "h2o", "inf_mllm"])
     p.add_argument("--settings", nargs="+", default=["mentioned", "forgotten"])
     p.add_argument("--bias", type=float, default=1e-3)
-    p.add_argument("--mention-every", type=int, default=3, help="one message in N mentions a subject")
+    p.add_argument("--mention-every", type=int, default=2, help="one message in N mentions a subject")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--plot-only", action="store_true")
@@ -179,8 +182,10 @@ def main() -> None:
         records = load_records("recall.json") if args.resume else []
         done = {(r["policy"], str(r["cache_size"]), r["setting"]) for r in records}
         for setting in args.settings:
-            for policy in args.policies:
-                for cache in (args.caches if policy != "full" else [0]):
+            for cache in args.caches:
+                for policy in args.policies:
+                    if policy == "full" and cache != args.caches[0]:
+                        continue
                     if (policy, "all" if policy == "full" else str(cache), setting) in done:
                         continue
                     cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache),
