@@ -241,3 +241,17 @@ if __name__ == "__main__" and sys.argv[1:] == ["--triton-cases"]:
     assert triton_scoring._interpreting(), "run with TRITON_INTERPRET=1"
     results = {case[0]: triton_case(*case) for case in TRITON_CASES}
     print(json.dumps(results))
+
+
+@pytest.mark.parametrize("n_past,q,block", [(0, 5, 128), (37, 9, 4), (100, 1, 128)])
+def test_fused_attention_matches_sdpa_and_window_scores(n_past, q, block):
+    from inf_mllm_ros.engine.scoring import attention_with_window_scores
+
+    torch.manual_seed(3)
+    query, key, value = torch.randn(6, q, 16), torch.randn(2, n_past + q, 16), torch.randn(2, n_past + q, 16)
+    output, scores = attention_with_window_scores(query, key, value, n_past, 0.25, block_size=block)
+    mask = torch.ones(q, n_past + q, dtype=torch.bool).tril(n_past)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query, key.repeat_interleave(3, 0), value.repeat_interleave(3, 0), attn_mask=mask, scale=0.25)
+    torch.testing.assert_close(output, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(scores, window_scores(query, key, n_past, 0.25, backend="torch"), atol=1e-5, rtol=1e-5)

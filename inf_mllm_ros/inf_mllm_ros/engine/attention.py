@@ -17,18 +17,28 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from .scoring import attention_with_window_scores
+
 ATTENTION_NAME = "inf_mllm"
 
 _active = threading.local()
 
 
 def bounded_cache_attention(module, query, key, value, attention_mask, **kwargs):
-    output = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     cache = getattr(_active, "cache", None)
     layer_idx = getattr(module, "layer_idx", None)
-    if cache is not None and layer_idx is not None and module in _active.modules:
-        scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
-        cache.after_attention(layer_idx, query, key, scaling)
+    if cache is None or layer_idx is None or module not in _active.modules:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
+    if cache.wants_scores and not query.is_cuda and query.shape[0] == 1:
+        # On CPU one softmax serves both the output and the eviction scores. The cache's layout is
+        # [kept slots | new tokens], so the mask is the plain causal one for the new tokens.
+        n_past = key.shape[-2] - query.shape[-2]
+        output, scores = attention_with_window_scores(query[0], key[0], value[0], n_past, scaling)
+        cache.after_attention(layer_idx, query, key, scaling, scores=scores)
+        return output.transpose(0, 1).unsqueeze(0).contiguous(), None
+    output = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    cache.after_attention(layer_idx, query, key, scaling)
     return output
 
 

@@ -183,11 +183,12 @@ class BoundedLayer(CacheLayerMixin):
         self.frontier = 0
 
     # --- Inf-MLLM bookkeeping --------------------------------------------------------------------------
-    def observe(self, query: Tensor, key: Tensor, scaling: float) -> None:
-        """Add the attention the new queries pay to every visible slot."""
+    def observe(self, query: Tensor, key: Tensor, scaling: float, scores: Tensor | None = None) -> None:
+        """Add the attention the new queries pay to every visible slot (computed here unless given)."""
         q = query.shape[-2]
         n_past = self.fill - q
-        scores = window_scores(query[0], key[0], n_past, scaling, backend=self.owner.scoring_backend)
+        if scores is None:
+            scores = window_scores(query[0], key[0], n_past, scaling, backend=self.owner.scoring_backend)
         self.window_attention[:, : self.fill] += scores
         self.window_queries[: self.fill] += visible_counts(n_past, q, scores.device)
         self.accumulated_attention[:, : self.fill] += scores
@@ -297,11 +298,17 @@ class BoundedKVCache(Cache):
         self.pack_after_prompt = pack and self.position_mode == "cache"
         self.observing = observe
 
-    def after_attention(self, layer_idx: int, query: Tensor, key: Tensor, scaling: float) -> None:
+    @property
+    def wants_scores(self) -> bool:
+        """Whether the next attention must produce retrieval-window scores."""
+        return self.observing and self.policy.needs_attention
+
+    def after_attention(self, layer_idx: int, query: Tensor, key: Tensor, scaling: float,
+                        scores: Tensor | None = None) -> None:
         """Called by the attention function once a layer has attended: score, then maybe evict."""
         layer = self.layers[layer_idx]
-        if self.observing and self.policy.needs_attention:
-            layer.observe(query, key, scaling)
+        if self.wants_scores:
+            layer.observe(query, key, scaling, scores)
         if self.evict_after_prompt and layer.fill > self.capacity:
             evicted = layer.evict(self.policy, self.capacity)
             if layer_idx == 0:

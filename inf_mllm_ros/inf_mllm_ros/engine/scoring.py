@@ -85,6 +85,36 @@ def window_scores_torch(
     return scores
 
 
+def attention_with_window_scores(
+    query: Tensor, key: Tensor, value: Tensor, n_past: int, scaling: float, *, block_size: int = 128
+) -> tuple[Tensor, Tensor]:
+    """Causal attention output [num_heads, q, head_dim] and the window scores, from one softmax.
+
+    Where no fused kernel exists (CPU), computing the probabilities once for both the output and the
+    eviction scores saves the second QK^T pass that `window_scores` would add to every prompt.
+    """
+    _check_shapes(query, key, n_past)
+    num_heads, q, head_dim = query.shape
+    num_kv, n_keys, _ = key.shape
+    group = num_heads // num_kv
+    k = key.transpose(1, 2)
+    q_all = (query * scaling).reshape(num_kv, group, q, head_dim)
+    causal = torch.ones(q, q, dtype=torch.bool, device=key.device).triu_(1)
+    scores = torch.zeros(num_kv, n_keys, dtype=torch.float32, device=key.device)
+    output = torch.empty(num_kv, group, q, value.shape[-1], dtype=value.dtype, device=value.device)
+    for start in range(0, q, block_size):
+        stop = min(start + block_size, q)
+        rows = group * (stop - start)
+        logits = torch.bmm(q_all[:, :, start:stop].reshape(num_kv, rows, head_dim), k).float()
+        logits = logits.view(num_kv, group, stop - start, n_keys)
+        logits[..., n_past:].masked_fill_(causal[start:stop], float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        scores += probs.sum(dim=(1, 2))
+        out = torch.bmm(probs.to(value.dtype).view(num_kv, rows, n_keys), value)
+        output[:, :, start:stop] = out.view(num_kv, group, stop - start, -1)
+    return output.view(num_heads, q, -1), scores
+
+
 def _check_shapes(query: Tensor, key: Tensor, n_past: int) -> None:
     if query.dim() != 3 or key.dim() != 3:
         raise ValueError(f"query and key must be 3-D, got {tuple(query.shape)}, {tuple(key.shape)}")
