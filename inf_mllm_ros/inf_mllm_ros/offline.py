@@ -82,32 +82,42 @@ def resolve_settings(args: argparse.Namespace) -> dict:
     """Command line over params file over the node's defaults."""
     settings = dict(NODE_DEFAULTS)
     if args.params:
-        from_file = read_params_file(args.params)
-        settings.update({k: v for k, v in from_file.items() if k in settings})
+        settings.update(read_params_file(args.params))
     cli = {"model": args.model, "device": args.device, "dtype": args.dtype, "cache_size": args.cache_size,
            "eviction_policy": args.policy, "attention_bias": args.attention_bias, "recent_size": args.recent_size,
-           "chunk_size": args.chunk_size, "max_frame_pixels": args.max_frame_pixels,
-           "max_new_tokens": args.max_new_tokens, "frame_rate": args.frame_rate}
+           "score_decay": args.score_decay, "score_pool": args.score_pool, "chunk_size": args.chunk_size,
+           "max_frame_pixels": args.max_frame_pixels, "max_new_tokens": args.max_new_tokens,
+           "frame_rate": args.frame_rate}
     settings.update({k: v for k, v in cli.items() if v is not None})
     return settings
 
 
+# Node parameters named differently in StreamConfig, and those where 0 means the engine's default.
+RENAMED = {"cache_size": "capacity", "eviction_policy": "policy"}
+ZERO_IS_DEFAULT = {"recent_size", "max_frame_pixels"}
+
+
 def stream_config(settings: dict):
+    """The StreamConfig the node builds from the same parameters, and the settings that were used.
+
+    Every node parameter named like a StreamConfig field is passed on, so new engine settings
+    reach the offline runner as they reach the node.
+    """
+    from dataclasses import fields
+
     from .engine.stream import StreamConfig
 
-    kwargs = dict(
-        capacity=int(settings["cache_size"]),
-        policy=str(settings["eviction_policy"]),
-        attention_bias=float(settings["attention_bias"]),
-        recent_size=int(settings["recent_size"]) or None,
-        chunk_size=int(settings["chunk_size"]),
-        max_new_tokens=int(settings["max_new_tokens"]),
-        max_frame_pixels=int(settings["max_frame_pixels"]) or None,
-    )
-    if settings["system_prompt"] is not None:
-        kwargs["system_prompt"] = str(settings["system_prompt"])
+    names = {f.name for f in fields(StreamConfig)}
+    kwargs, used = {}, {}
+    for key, value in settings.items():
+        field_name = RENAMED.get(key, key)
+        if key in NODE_DEFAULTS or field_name in names:
+            used[key] = value
+        if field_name not in names or value is None:
+            continue
+        kwargs[field_name] = None if key in ZERO_IS_DEFAULT and not value else value
     try:
-        return StreamConfig(**kwargs)
+        return StreamConfig(**kwargs), used
     except (TypeError, ValueError) as exc:
         raise UsageError(f"bad settings: {exc}") from None
 
@@ -154,7 +164,7 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
     echo = echo or (lambda line: None)
     started = time.monotonic()
     bag, topic_types, kinds = open_selected(bag_path, remaps or parse_remaps([]), topics)
-    result = RunResult(settings=dict(settings))
+    result = RunResult()
     counts = result.counts = {"frames": 0, "texts": 0, "rejected": 0, "frames_skipped": 0, "frames_dropped": 0,
                               "answers": 0}
     log = open(log_path, "w", encoding="utf-8") if log_path else None
@@ -166,7 +176,7 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
             log.flush()
 
     try:
-        config = stream_config(settings)
+        config, result.settings = stream_config(settings)
         if adapter is None:
             from .engine.loading import load_model
 
@@ -179,7 +189,7 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
         result.bag = {"path": str(bag.path), "duration_s": duration, "messages": bag.message_count,
                       "topics": {t: {"type": topic_types[t], "count": bag.topics[t].count,
                                      "input": kinds.get(t, "")} for t in topic_types}}
-        emit({"type": "settings", "bag": result.bag, "settings": settings, "model": result.model,
+        emit({"type": "settings", "bag": result.bag, "settings": result.settings, "model": result.model,
               "config": asdict(config), "questions": [asdict(q) for q in questions]})
 
         def stats() -> dict:
@@ -401,6 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", help="eviction policy: inf_mllm, streaming_llm, h2o, window or full")
     p.add_argument("--attention-bias", type=float, help="eviction bias toward newer tokens (inf_mllm)")
     p.add_argument("--recent-size", type=int, help="newest tokens always kept; 0: a quarter of the cache")
+    p.add_argument("--score-decay", type=float, help="inf_mllm: weight of earlier prompts' attention in the score")
+    p.add_argument("--score-pool", type=int, help="inf_mllm: tokens scored and kept together in groups")
     p.add_argument("--chunk-size", type=int, help="longest block pushed before an eviction")
     p.add_argument("--max-frame-pixels", type=int, help="bound on a frame's pixels; 0: the model's own")
     p.add_argument("--max-new-tokens", type=int, help="longest answer in tokens")
