@@ -86,19 +86,23 @@ def prepare_default_model(dest: Path | None = None) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    _write_folder(dest, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
+    return dest
+
+
+def _write_folder(dest: Path, write) -> None:
+    """Write a model folder beside `dest` and rename it, so an interrupted run never leaves half a folder
+    (and two concurrent runs both end with a whole one)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    # Write beside the destination and rename, so an interrupted run never leaves half a folder.
-    tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=dest.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=".writing-", dir=dest.parent))
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        write(tmp)
         os.replace(tmp, dest)
     except OSError:
         if not (dest / "config.json").exists():
             raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return dest
 
 
 def default_vlm_folder() -> Path:
@@ -131,18 +135,13 @@ def prepare_default_vlm(dest: Path | None = None) -> Path:
     state["embed_tokens.weight"] = embed
     model.model.text_model.load_state_dict(state)
     model.generation_config = lm.generation_config
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=dest.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
         processor.save_pretrained(tmp)
         (tmp / "README.md").write_text(f"# {_VLM_FOLDER_NAME}\n\n{EMBEDDED_VLM_NOTICE}\n")
-        os.replace(tmp, dest)
-    except OSError:
-        if not (dest / "config.json").exists():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    _write_folder(dest, write)
     return dest
 
 
