@@ -36,12 +36,12 @@ NODE_PID=""
 stop_node() {
     if [[ -n "$NODE_PID" ]] && kill -0 "$NODE_PID" 2>/dev/null; then
         kill -INT "$NODE_PID"
-        for _ in $(seq 100); do
+        for _ in $(seq 150); do
             kill -0 "$NODE_PID" 2>/dev/null || break
             sleep 0.2
         done
         if kill -0 "$NODE_PID" 2>/dev/null; then
-            echo "[demo] the node did not stop within 20 s; killing it" >&2
+            echo "[demo] the node did not stop within 30 s of SIGINT; killing it" >&2
             kill -KILL "$NODE_PID" 2>/dev/null || true
         fi
         local rc=0
@@ -64,11 +64,12 @@ say "stopping the node"
 node_rc=0
 stop_node || node_rc=$?
 grep -E "model ready|WARN|ERROR" "$OUT/node.log" | head -5 || true
-if ((node_rc != 0)); then
-    echo "[demo] error: the node exited with status $node_rc (log: $OUT/node.log)" >&2
-    exit 1
+if ((node_rc == 0)); then
+    echo "node stopped cleanly"
+else
+    # Reported at the end too; the offline part does not need the node.
+    echo "[demo] warning: the node exited with status $node_rc (log: $OUT/node.log)" >&2
 fi
-echo "node stopped cleanly"
 
 say "running inf_mllm_offline over the same bag, without ROS"
 "$BIN/inf_mllm_offline" "$BAG" --params "$PARAMS" --questions "$BAG/questions.yaml" --out "$OUT/offline"
@@ -85,3 +86,7 @@ say "done in $((SECONDS - START)) s"
 echo "report: $OUT/offline/report.md"
 echo "plot:   $OUT/offline/plot.png"
 echo "log:    $OUT/offline/log.jsonl, node answers $OUT/node_answers.json, node log $OUT/node.log"
+if ((node_rc != 0)); then
+    echo "[demo] error: the node did not shut down cleanly (status $node_rc, log $OUT/node.log)" >&2
+    exit 1
+fi
