@@ -135,6 +135,7 @@ def prepare_default_vlm(dest: Path | None = None) -> Path:
     state["embed_tokens.weight"] = embed
     model.model.text_model.load_state_dict(state)
     model.generation_config = lm.generation_config
+    model.config.inf_mllm_notice = EMBEDDED_VLM_NOTICE  # travels with the folder, wherever it is copied
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
@@ -217,9 +218,10 @@ def load_model(
         raise
     except Exception as exc:
         raise ModelLoadError(f"model folder {folder}: loading failed ({type(exc).__name__}: {exc})") from exc
-    if folder.name == _VLM_FOLDER_NAME:
-        adapter.notice = EMBEDDED_VLM_NOTICE
-        log.warning(EMBEDDED_VLM_NOTICE)
+    notice = getattr(config, "inf_mllm_notice", "") or (EMBEDDED_VLM_NOTICE if folder.name == _VLM_FOLDER_NAME else "")
+    if notice:
+        adapter.notice = notice
+        log.warning(notice)
     return adapter
 
 
