@@ -195,7 +195,8 @@ def build_llava(folder: Path, *, size: str = "tiny", seed: int = 0, onevision: b
             image_seq_length=(image // patch) ** 2, vision_feature_select_strategy="default", vision_feature_layer=-2,
         )
         model = _init(LlavaForConditionalGeneration, config, seed, dtype)
-        image_processor = CLIPImageProcessorPil(size={"shortest_edge": image}, crop_size={"height": image, "width": image})
+        image_processor = CLIPImageProcessorPil(size={"shortest_edge": image},
+                                                crop_size={"height": image, "width": image})
         processor = LlavaProcessor(
             image_processor=image_processor, tokenizer=tokenizer, patch_size=patch, num_additional_image_tokens=1,
             vision_feature_select_strategy="default", chat_template=tokenizer.chat_template)

@@ -26,9 +26,11 @@ class Qwen2VLAdapter(VisionLanguageAdapter):
     def processor_kwargs(self, height: int, width: int, max_pixels: int | None) -> dict:
         if max_pixels is None:
             return {}
+        # Qwen's image processor keeps its pixel-count bounds under these names: max and min pixels.
         size = dict(self.processor.image_processor.size)
         longest = min(size["longest_edge"], max_pixels)
-        return {"images_kwargs": {"size": {"longest_edge": longest, "shortest_edge": min(size["shortest_edge"], longest)}}}
+        bound = {"longest_edge": longest, "shortest_edge": min(size["shortest_edge"], longest)}
+        return {"images_kwargs": {"size": bound}}
 
     def frame_positions(self, ids: Tensor, inputs) -> tuple[Tensor, Tensor]:
         token_types = inputs.get("mm_token_type_ids")
