@@ -98,22 +98,22 @@ def run_one(args) -> list[dict]:
                 "mean_age_of_cached_non_recent": round(age, 1),
                 "share_of_cached_non_recent_from_first_half": round(early, 4),
                 "kv_bytes": stream.cache.kv_nbytes(),
+                # Run figures so far: a run cut short still leaves complete records.
+                "chunk_size": args.chunk,
+                "tokens": done,
+                "ms_per_token": round(1000 * compute_s / done, 3),
+                "ms_per_chunk": round(1000 * compute_s * args.chunk / done, 2),
+                "cpu_ms_per_chunk": round(1000 * cpu_s * args.chunk / done, 2),
+                "kv_bytes_constant": stream.cache.kv_nbytes() == kv_first,
+                "peak_rss_bytes": peak_rss_bytes(),
+                "wall_seconds": round(time.perf_counter() - start, 1),
+                "dtype": args.dtype,
+                "device": machine(),
             })
+            if args.partial:
+                with open(args.partial, "a") as f:
+                    f.write(json.dumps(records[-1]) + "\n")
             bin_nll = []
-    total = time.perf_counter() - start
-    for r in records:
-        r.update({
-            "chunk_size": args.chunk,
-            "tokens": len(ids),
-            "ms_per_token": round(1000 * compute_s / len(ids), 3),
-            "ms_per_chunk": round(1000 * compute_s * args.chunk / len(ids), 2),
-            "cpu_ms_per_chunk": round(1000 * cpu_s * args.chunk / len(ids), 2),
-            "kv_bytes_constant": stream.cache.kv_nbytes() == kv_first,
-            "peak_rss_bytes": peak_rss_bytes(),
-            "wall_seconds": round(total, 1),
-            "dtype": args.dtype,
-            "device": machine(),
-        })
     return records
 
 
@@ -206,13 +206,20 @@ def main() -> None:
     p.add_argument("--policy", default="inf_mllm", help=argparse.SUPPRESS)
     p.add_argument("--cache", type=int, default=512, help=argparse.SUPPRESS)
     p.add_argument("--position-mode", default="cache", help=argparse.SUPPRESS)
+    p.add_argument("--partial", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
         print(json.dumps(run_one(args)))
         return
     os.chdir(os.path.dirname(os.path.abspath(__file__)))
     if args.merge is not None:
-        write_records(args.out, [r for name in args.merge for r in load_records(name)])
+        merged = []
+        for name in args.merge:
+            if name.endswith(".jsonl"):  # the bins of a run cut short
+                merged += [json.loads(line) for line in open(name) if line.strip()]
+            else:
+                merged += load_records(name)
+        write_records(args.out, merged)
         plot(args.out, args.out.replace(".json", ".png"), "cache_size")
         return
     if args.bias_sweep:

@@ -1,0 +1,65 @@
+"""CPU time per 64-token chunk for each policy, once the cache is full.
+
+    python benchmarks/chunk_time.py [--cache 512] [--rounds 3]
+
+Policies are measured in turns (round robin, same text) and timed in process CPU seconds, so the
+ratios hold on a machine shared with other work. Results: benchmarks/results/chunk_time.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from common import machine, read_text, write_records
+
+POLICIES = ["streaming_llm", "inf_mllm", "h2o", "window"]
+
+
+def main() -> None:
+    import torch
+
+    from inf_mllm_ros.engine.loading import load_model
+    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--cache", type=int, default=512)
+    p.add_argument("--chunks", type=int, default=16, help="timed chunks per policy and round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--text", default=None)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    adapter = load_model(args.model, device="cpu", dtype=args.dtype)
+    ids = adapter.tokenize(read_text(args.text))
+    streams = {}
+    for policy in POLICIES:
+        streams[policy] = KVStream(adapter, StreamConfig(capacity=args.cache, policy=policy, chunk_size=64,
+                                                         headroom=64, system_prompt=""))
+        streams[policy].push_tokens(ids[: 2 * args.cache])  # fill the cache first
+    cpu = {policy: [] for policy in POLICIES}
+    pos = 2 * args.cache
+    for _ in range(args.rounds):
+        for policy in POLICIES:
+            for i in range(args.chunks):
+                chunk = ids[pos + 64 * i : pos + 64 * (i + 1)]
+                c0 = time.process_time()
+                streams[policy].push_tokens(chunk)
+                cpu[policy].append(time.process_time() - c0)
+        pos += 64 * args.chunks
+    base = sorted(cpu["streaming_llm"])[len(cpu["streaming_llm"]) // 2]
+    records = []
+    for policy, times in cpu.items():
+        median = sorted(times)[len(times) // 2]
+        records.append({"policy": policy, "cache_size": args.cache, "chunk_size": 64, "chunks": len(times),
+                        "cpu_ms_per_chunk_median": round(1000 * median, 2),
+                        "cpu_ms_per_chunk_mean": round(1000 * sum(times) / len(times), 2),
+                        "relative_to_streaming_llm": round(median / base, 3),
+                        "dtype": args.dtype, "device": machine()})
+        print(f"{policy:14s} {1000 * median:8.1f} ms/chunk (CPU, median)  x{median / base:.2f}", flush=True)
+    write_records("chunk_time.json", records)
+
+
+if __name__ == "__main__":
+    main()
