@@ -199,7 +199,9 @@ class InfMLLMNode(Node):
         return self._param("max_pending_queries") + 3
 
     def close(self) -> None:
-        self.engine.close(timeout=2.0)
+        # The engine stops its current answer at the next token; wait for that, so that the process never
+        # exits while the worker thread is inside the model.
+        self.engine.close(timeout=30.0)
 
     # --- parameters ------------------------------------------------------------------------------------
     def _param(self, name: str):

@@ -161,3 +161,18 @@ def test_inf_mllm_recalls_a_fact_whose_subject_keeps_coming_up_where_window_forg
     inf = shift_stream(smollm2, "inf_mllm", 256)
     assert inf.cache.fill == 256
     assert "4817" in inf.ask(question, max_new_tokens=16).text
+
+
+def test_close_stops_a_long_answer_at_the_next_token(smollm2):
+    import time
+
+    engine = StreamingEngine(adapter=smollm2, config=StreamConfig(capacity=256, chunk_size=64))
+    engine.wait_ready(60)
+    future = engine.submit_ask("Write a long story about a lighthouse.", max_new_tokens=2000)
+    while not future.running():
+        time.sleep(0.01)
+    start = time.monotonic()
+    engine.close(timeout=30)
+    assert time.monotonic() - start < 10 and not engine._worker.is_alive()
+    with pytest.raises(Exception, match="stopped"):
+        future.result(0)

@@ -199,9 +199,11 @@ class StreamingEngine:
         return None if self._stream is None else self._stream.adapter
 
     def close(self, timeout: float | None = 10.0) -> None:
-        """Stop taking work, fail what is waiting, and let the worker finish its current job."""
+        """Stop taking work, fail what is waiting, and stop the current job at its next token or block."""
         with self._lock:
             self._closed = True
+            if self._stream is not None:
+                self._stream.stop_requested = True
             waiting = list(self._control) + list(self._messages) + ([self._frame] if self._frame else [])
             self._control.clear()
             self._messages.clear()

@@ -93,8 +93,18 @@ class StreamStats:
         return asdict(self)
 
 
+class StreamStoppedError(RuntimeError):
+    """The stream was asked to stop (shutdown) in the middle of a prompt or an answer."""
+
+
 class KVStream:
-    """Text, frames and questions into one model through a bounded KV cache."""
+    """Text, frames and questions into one model through a bounded KV cache.
+
+    Setting `stop_requested` (from any thread) ends the current prompt or answer at the next block or
+    token with StreamStoppedError, so a shutdown never waits for a long generation.
+    """
+
+    stop_requested = False
 
     def __init__(self, adapter: ModelAdapter, config: StreamConfig | None = None):
         self.adapter = adapter
@@ -250,6 +260,8 @@ class KVStream:
         """Greedy decoding; the last token is returned but not pushed."""
         tokens: list[int] = []
         for step in range(max_new):
+            if self.stop_requested:
+                raise StreamStoppedError("stopped while answering")
             token = int(logits[-1].argmax())
             tokens.append(token)
             if token in self._stop_ids or step == max_new - 1:
@@ -282,6 +294,8 @@ class KVStream:
         base = self.cache.next_position
         outputs = []
         for start in range(0, total, chunk):
+            if self.stop_requested:
+                raise StreamStoppedError("stopped while pushing a prompt")
             block = prompt.slice(start, min(start + chunk, total))
             last = start + chunk >= total
             if prompt.token_ids is not None:
@@ -311,4 +325,4 @@ class KVStream:
         return logits
 
 
-__all__ = ["Answer", "CacheOverflowError", "KVStream", "StreamConfig", "StreamStats"]
+__all__ = ["Answer", "CacheOverflowError", "KVStream", "StreamConfig", "StreamStats", "StreamStoppedError"]
