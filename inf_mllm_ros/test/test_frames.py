@@ -128,10 +128,10 @@ def test_small_cache_keeps_its_storage_and_feeds_big_frames_in_blocks(family, ad
     seen = {"peak": 0, "blocks": [], "after": []}
     after_attention = cache.after_attention
 
-    def measured(layer_idx, query, key, scaling):
+    def measured(layer_idx, query, key, scaling, **kwargs):
         layer = cache.layers[layer_idx]
         seen["peak"] = max(seen["peak"], layer.fill)
-        after_attention(layer_idx, query, key, scaling)
+        after_attention(layer_idx, query, key, scaling, **kwargs)
         if layer_idx == len(cache.layers) - 1:
             seen["blocks"].append(query.shape[-2])
             seen["after"].append(layer.fill)
