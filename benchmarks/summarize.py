@@ -20,8 +20,8 @@ def perplexity_table() -> str:
     for (policy, cache, mode, bias), rs in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         name = policy if policy != "inf_mllm" or bias in (None, 1e-3) else f"inf_mllm (bias {bias:g})"
         ppl = [r["ppl"] for r in rs]
-        lines.append(f"| {name} | {cache} | {mode} | {rs[0]['tokens']} | {ppl[0]:.1f} | {ppl[-1]:.1f} | "
-                     f"{sum(ppl) / len(ppl):.1f} | {rs[0]['ms_per_token']:.1f} | {rs[0]['kv_bytes_constant']} |")
+        lines.append(f"| {name} | {cache} | {mode} | {rs[-1]['tokens']} | {ppl[0]:.1f} | {ppl[-1]:.1f} | "
+                     f"{sum(ppl) / len(ppl):.1f} | {rs[-1]['ms_per_token']:.1f} | {rs[0]['kv_bytes_constant']} |")
     return "\n".join(lines)
 
 
