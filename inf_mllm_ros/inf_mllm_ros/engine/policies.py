@@ -1,16 +1,19 @@
 """Eviction policies: which cached tokens survive when the cache is over capacity.
 
 A policy sees one layer's slots (in stream order) and returns, per KV head, the indices of the slots
-to keep. The cache does the gathering, so a policy is a few lines of scoring.
+to keep. The cache does the gathering, so a policy is a few lines of scoring. A policy that needs
+per-slot figures across evictions names them in `slot_stats`; the cache allocates, moves and resets
+them with the slots, and the policy updates them in `select`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -23,8 +26,8 @@ class SlotView:
     seq: Tensor  # [heads, fill] int64: index of each token in the stream
     window_attention: Tensor  # [heads, fill] f32: attention received from the queries since the last eviction
     window_queries: Tensor  # [fill] f32: how many of those queries could see each slot
-    accumulated_attention: Tensor  # [heads, fill] f32: attention received since the token arrived
-    history: Tensor  # [heads, fill] f32: a per-slot score a policy may keep across evictions (in place)
+    new: int = 0  # slots appended since the last eviction: the retrieval window's own tokens, newest last
+    stats: dict[str, Tensor] = field(default_factory=dict)  # the policy's `slot_stats`, [heads, fill], in place
 
 
 class EvictionPolicy(ABC):
@@ -35,6 +38,8 @@ class EvictionPolicy(ABC):
     needs_attention: ClassVar[bool] = False
     # Whether the cache is bounded at all (the full cache never evicts).
     evicts: ClassVar[bool] = True
+    # Per-slot float32 figures this policy keeps across evictions (zero for a new token).
+    slot_stats: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def select(self, view: SlotView, keep: int) -> Tensor:
@@ -44,26 +49,19 @@ class EvictionPolicy(ABC):
         return {"policy": self.name}
 
 
-def _recent_and_best(view: SlotView, keep: int, recent: int, score: Tensor) -> Tensor:
-    """Keep the newest `recent` slots plus the best-scored of the rest."""
-    recent = min(recent, keep)
-    old = view.fill - recent
-    best = keep - recent
-    device = score.device
-    tail = torch.arange(old, view.fill, device=device).expand(view.num_heads, recent)
+def _keep_ends_and_best(view: SlotView, keep: int, head: int, tail: int, score: Tensor) -> Tensor:
+    """Keep the first `head` slots, the last `tail` slots and the best-scored `keep - head - tail` between.
+
+    `score` covers the slots between only: [heads, fill - head - tail].
+    """
+    device = view.seq.device
+    first = torch.arange(head, device=device).expand(view.num_heads, head)
+    last = torch.arange(view.fill - tail, view.fill, device=device).expand(view.num_heads, tail)
+    best = keep - head - tail
     if best <= 0:
-        return tail.contiguous()
-    top = torch.topk(score[:, :old], best, dim=-1, sorted=False).indices
-    return torch.cat([torch.sort(top, dim=-1).values, tail], dim=-1)
-
-
-def _group_max(score: Tensor, group: Tensor) -> Tensor:
-    """Each slot's score replaced by the maximum over the slots of its group ([heads, n], sorted groups)."""
-    new_group = torch.ones_like(group, dtype=torch.bool)
-    new_group[:, 1:] = group[:, 1:] != group[:, :-1]
-    run = new_group.long().cumsum(-1) - 1
-    best = torch.full_like(score, float("-inf")).scatter_reduce(1, run, score, reduce="amax", include_self=True)
-    return best.gather(1, run)
+        return torch.cat([first, last], dim=-1).contiguous()
+    top = torch.topk(score, best, dim=-1, sorted=False).indices + head
+    return torch.cat([first, torch.sort(top, dim=-1).values, last], dim=-1)
 
 
 class FullPolicy(EvictionPolicy):
@@ -97,11 +95,9 @@ class StreamingLLMPolicy(EvictionPolicy):
         self.sink_size = sink_size
 
     def select(self, view: SlotView, keep: int) -> Tensor:
-        sinks = min(self.sink_size, keep)
         # Sinks are the oldest slots: the stream's first tokens are never evicted, so they stay in front.
-        head = torch.arange(sinks, device=view.seq.device)
-        tail = torch.arange(view.fill - (keep - sinks), view.fill, device=view.seq.device)
-        return torch.cat([head, tail]).expand(view.num_heads, keep).contiguous()
+        sinks = min(self.sink_size, keep)
+        return _keep_ends_and_best(view, keep, sinks, keep - sinks, view.window_attention[:, :0])
 
     def describe(self) -> dict:
         return {"policy": self.name, "sink_size": self.sink_size}
@@ -112,6 +108,7 @@ class H2OPolicy(EvictionPolicy):
 
     name = "h2o"
     needs_attention = True
+    slot_stats = ("accumulated",)
 
     def __init__(self, recent_size: int):
         if recent_size < 0:
@@ -119,41 +116,61 @@ class H2OPolicy(EvictionPolicy):
         self.recent_size = recent_size
 
     def select(self, view: SlotView, keep: int) -> Tensor:
-        return _recent_and_best(view, keep, self.recent_size, view.accumulated_attention)
+        # The window's attention is every step's since the last eviction: adding it here once equals
+        # adding each step's as it happens.
+        accumulated = view.stats["accumulated"].add_(view.window_attention)
+        recent = min(self.recent_size, keep)
+        return _keep_ends_and_best(view, keep, 0, recent, accumulated[:, : view.fill - recent])
 
     def describe(self) -> dict:
         return {"policy": self.name, "recent_size": self.recent_size}
 
 
 class InfMLLMPolicy(EvictionPolicy):
-    """Inf-MLLM: a recent window plus the attention saddles of the newest prompt, with a recency bias.
+    """Inf-MLLM: attention sinks, a recent window, and the attention saddles between, with a recency bias.
 
-    Each slot's score is the attention it received from the retrieval window (the queries of the prompt
-    just pushed), averaged over the window queries that can see it, plus
+    Kept always: the first `sink_size` tokens of the stream, and the newest `recent_size` tokens (at
+    least every token of the prompt just pushed: its own queries cannot judge it fairly, since its last
+    key would be judged by one query, its own). The tokens between are the candidates. At each eviction
+    the candidates' attention from the retrieval window (the queries pushed since the last eviction) is
+    averaged per query: every candidate is older than the window, so every window query sees it. With
+    `score_decay` > 0 a candidate's score is the bias-corrected moving average of that attention over the
+    windows since it became a candidate (saddles draw attention over many prompts; the correction keeps a
+    newcomer's first scores on the same scale as an incumbent's long history):
 
-        attention_bias * rank / (fill - 1)
+        m <- d * m + (1 - d) * a,   n <- n + 1,   A = m / (1 - d ** n)
 
-    where rank is the slot's place in stream order (0 = oldest). The bias is on the scale of an attention
-    probability, so 1e-3 means "a newer token beats an older one unless the older one draws 0.1 % more
-    of each query's attention". Without it, tokens that won early keep winning and new input never
-    enters the cache; with it, the cache keeps moving forward while real saddles, whose attention is far
-    above the bias, stay.
+    The score ranks candidates by log attention plus a bias toward newer ones, then keeps a kept token's
+    neighbours with it (each candidate scores as the best within `score_pool` slots centred on it):
+
+        score = log A + attention_bias * rank / (candidates - 1)      (rank 0 = oldest candidate)
+
+    Log attention makes the bias mean the same at any cache size, head count or pooling (they scale all
+    attention alike): an older candidate keeps its slot against the newest one only if it draws
+    exp(attention_bias) times more attention; half the stream's span apart, exp(attention_bias / 2).
+    A bias of 0 lets early winners hold the cache; a very large bias turns the candidates into a window.
+    `score_decay=0, score_pool=1` is the plain method (the newest window's attention alone).
     """
 
     name = "inf_mllm"
     needs_attention = True
+    slot_stats = ("score_memory", "observations")
 
-    def __init__(self, recent_size: int, attention_bias: float = 1e-3, *, decay: float = 0.0, pool_size: int = 1):
+    def __init__(self, recent_size: int, attention_bias: float = 1.0, *, sink_size: int = 4,
+                 score_decay: float = 0.0, score_pool: int = 1):
         if recent_size < 0:
             raise ValueError(f"recent_size must be >= 0, got {recent_size}")
-        if not 0.0 <= decay < 1.0:
-            raise ValueError(f"decay must be in [0, 1), got {decay}")
-        if pool_size < 1:
-            raise ValueError(f"pool_size must be >= 1, got {pool_size}")
+        if sink_size < 0:
+            raise ValueError(f"sink_size must be >= 0, got {sink_size}")
+        if not 0.0 <= score_decay < 1.0:
+            raise ValueError(f"score_decay must be in [0, 1), got {score_decay}")
+        if score_pool < 1 or score_pool % 2 == 0:
+            raise ValueError(f"score_pool must be an odd number >= 1 (a window centred on the token), got {score_pool}")
         self.recent_size = recent_size
-        self.attention_bias = float(attention_bias)
-        self.decay = decay
-        self.pool_size = pool_size
+        self.sink_size = sink_size
+        self.attention_bias = attention_bias
+        self.score_decay = score_decay
+        self.score_pool = score_pool
 
     @property
     def attention_bias(self) -> float:
@@ -161,35 +178,54 @@ class InfMLLMPolicy(EvictionPolicy):
 
     @attention_bias.setter
     def attention_bias(self, value: float) -> None:
-        if not value >= 0.0:
-            raise ValueError(f"attention_bias must be >= 0, got {value}")
-        self._attention_bias = float(value)
+        value = float(value)
+        if not 0.0 <= value <= 1e4:
+            raise ValueError(f"attention_bias must be in [0, 10000], got {value}")
+        self._attention_bias = value
 
-    def scores(self, view: SlotView) -> Tensor:
-        mean = view.window_attention / view.window_queries.clamp(min=1.0)
-        if self.decay > 0.0:
-            # Saddles keep drawing attention over many prompts: remember recent prompts' attention too.
-            view.history.mul_(self.decay).add_(mean, alpha=1.0 - self.decay)
-            mean = view.history.clone()
-        if self.pool_size > 1:
-            # A token that draws attention is usually part of a phrase: the stream is cut into groups of
-            # pool_size tokens and each token scores as the best of its group, so phrases stay whole.
-            mean = _group_max(mean, view.seq // self.pool_size)
-        if self._attention_bias == 0.0 or view.fill < 2:
-            return mean
-        rank = torch.arange(view.fill, device=mean.device, dtype=mean.dtype) / (view.fill - 1)
-        return mean + self._attention_bias * rank
+    def regions(self, view: SlotView, keep: int) -> tuple[int, int]:
+        """(sinks, recent): the slots kept at the front and at the back whatever their score."""
+        sinks = min(self.sink_size, keep)
+        recent = min(max(self.recent_size, view.new), keep - sinks)
+        return sinks, recent
+
+    def scores(self, view: SlotView, sinks: int, recent: int) -> Tensor:
+        """Scores of the candidates (slots sinks .. fill - recent), updating their memory."""
+        cand = slice(sinks, view.fill - recent)
+        attention = view.window_attention[:, cand] / view.window_queries[cand].clamp(min=1.0)
+        seen = view.window_queries[cand] > 0
+        if self.score_decay > 0.0:
+            memory, count = view.stats["score_memory"][:, cand], view.stats["observations"][:, cand]
+            d = self.score_decay
+            memory.copy_(torch.where(seen, d * memory + (1.0 - d) * attention, memory))
+            count.add_(seen.to(count.dtype))
+            attention = memory / (1.0 - torch.pow(d, count)).clamp(min=1.0 - d)
+        score = torch.log(attention.clamp(min=1e-30))
+        n = score.shape[-1]
+        if self.score_pool > 1 and n > 1:
+            # A token that draws attention is usually part of a phrase: keep its neighbours with it.
+            score = F.max_pool1d(score[:, None], self.score_pool, stride=1, padding=self.score_pool // 2)[:, 0]
+        if self._attention_bias > 0.0 and n > 1:
+            rank = torch.arange(n, device=score.device, dtype=score.dtype) / (n - 1)
+            score = score + self._attention_bias * rank
+        return score
 
     def select(self, view: SlotView, keep: int) -> Tensor:
-        return _recent_and_best(view, keep, self.recent_size, self.scores(view))
+        sinks, recent = self.regions(view, keep)
+        return _keep_ends_and_best(view, keep, sinks, recent, self.scores(view, sinks, recent))
 
     def describe(self) -> dict:
-        return {"policy": self.name, "recent_size": self.recent_size, "attention_bias": self._attention_bias}
+        return {"policy": self.name, "recent_size": self.recent_size, "sink_size": self.sink_size,
+                "attention_bias": self._attention_bias, "score_decay": self.score_decay,
+                "score_pool": self.score_pool}
 
 
 POLICIES: dict[str, type[EvictionPolicy]] = {
     cls.name: cls for cls in (InfMLLMPolicy, StreamingLLMPolicy, H2OPolicy, WindowPolicy, FullPolicy)
 }
+
+# The settings that ship for inf_mllm (StreamConfig and the node take their defaults from here).
+INF_MLLM_DEFAULTS = {"attention_bias": 1.0, "score_decay": 0.9, "score_pool": 5}
 
 
 def make_policy(
@@ -198,20 +234,25 @@ def make_policy(
     capacity: int,
     recent_size: int | None = None,
     sink_size: int = 4,
-    attention_bias: float = 1e-3,
-    score_decay: float = 0.0,
-    score_pool: int = 1,
+    attention_bias: float = INF_MLLM_DEFAULTS["attention_bias"],
+    score_decay: float = INF_MLLM_DEFAULTS["score_decay"],
+    score_pool: int = INF_MLLM_DEFAULTS["score_pool"],
 ) -> EvictionPolicy:
-    """Build a policy by name. `recent_size` defaults to a quarter of the capacity."""
+    """Build a policy by name, with the shipped settings unless given. `recent_size` defaults to a quarter
+    of the capacity."""
     if name not in POLICIES:
         raise ValueError(f"unknown eviction policy {name!r}; choose one of {sorted(POLICIES)}")
     recent = capacity // 4 if recent_size is None else recent_size
     if recent > capacity:
         raise ValueError(f"recent_size {recent} is larger than the cache capacity {capacity}")
     if name == "inf_mllm":
-        return InfMLLMPolicy(recent, attention_bias, decay=score_decay, pool_size=score_pool)
+        return InfMLLMPolicy(recent, attention_bias, sink_size=sink_size, score_decay=score_decay,
+                             score_pool=score_pool)
     if name == "h2o":
         return H2OPolicy(recent)
     if name == "streaming_llm":
         return StreamingLLMPolicy(sink_size)
     return POLICIES[name]()
+
+
+__all__ = ["EvictionPolicy", "INF_MLLM_DEFAULTS", "POLICIES", "SlotView", "make_policy"]

@@ -18,7 +18,7 @@ from .adapters import ModelAdapter, Prompt
 from .attention import cache_observing
 from .cache import BoundedKVCache, CacheOverflowError, PromptPositions
 from .chat import clock as _clock
-from .policies import make_policy
+from .policies import INF_MLLM_DEFAULTS, make_policy
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are the memory of a mobile robot. Camera frames and messages arrive with their time in seconds. "
@@ -33,11 +33,11 @@ class StreamConfig:
 
     capacity: int = 1024
     policy: str = "inf_mllm"
-    attention_bias: float = 1e-3
+    attention_bias: float = INF_MLLM_DEFAULTS["attention_bias"]  # inf_mllm: log-attention bias toward newer tokens
     recent_size: int | None = None  # default: a quarter of the capacity
     sink_size: int = 4
-    score_decay: float = 0.9  # inf_mllm: weight of earlier prompts' attention in the score
-    score_pool: int = 32  # inf_mllm: tokens scored (and kept) together in stream-aligned groups
+    score_decay: float = INF_MLLM_DEFAULTS["score_decay"]  # inf_mllm: memory of earlier windows' attention
+    score_pool: int = INF_MLLM_DEFAULTS["score_pool"]  # inf_mllm: a kept token keeps this many slots around it
     chunk_size: int = 128  # longest block pushed before an eviction
     headroom: int | None = None  # slots beyond capacity; default max(chunk_size, 256)
     position_mode: str = "cache"  # "cache": positions re-packed inside the cache; "original"
