@@ -1,17 +1,20 @@
-"""Recall of planted facts at distances from 1K to 16K tokens, per policy and cache size.
+"""Recall of planted facts at distances of 1K to 8K tokens, per policy and cache size.
 
-    python benchmarks/recall.py                 # caches 512 and 1024, both settings
+    python -m inf_mllm_ros.engine.loading --prepare-qwen    # once: the 0.5B evaluation model
+    python benchmarks/recall.py                              # caches 512 and 1024, both settings
     python benchmarks/recall.py --plot-only
 
-Twenty facts ("The code of the red locker is 4817.") are planted early in a stream of text messages
-(paragraphs of a novel, pushed as a robot's messages would be); each is asked about ("What is the code
-of the red locker?") once the stream has moved `distance` tokens past it. Two settings:
+Twenty facts ("The code of the red locker is 4817.") are planted early in one stream of text messages
+(paragraphs of a novel, pushed as a robot's messages would be), each after a random number of the
+paragraph's words so that facts sit at varied offsets in the stream and in its chunks. Every fact is
+asked about ("What is the code of the red locker?") as the stream moves 1K, 2K, 4K and 8K tokens past
+it: one stream per policy, cache and setting. Two settings:
 - `forgotten`: the fact is never referred to again. No eviction by attention can be expected to keep
   it; reported anyway.
 - `mentioned`: its subject comes up again now and then without its value ("Someone walked past the
   red locker."), which is what attention saddles are for.
-The full cache, where the stream fits its context, is the ceiling. Questions are not kept in memory,
-so they do not disturb the stream. Results: benchmarks/results/recall.json, one record per fact.
+The full cache is the ceiling. Questions are not kept in memory, so they do not disturb the stream.
+Results: benchmarks/results/recall.json, one record per fact and distance.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 
 from common import RESULTS, load_records, machine, read_text, write_records
 
-DISTANCES = [1024, 2048, 4096, 8192, 16384]
+DISTANCES = [1024, 2048, 4096, 8192]
 COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple", "grey", "brown"]
 OBJECTS = ["locker", "cabinet"]
 
@@ -34,19 +37,14 @@ def make_facts(seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     subjects = [f"the {c} {o}" for o in OBJECTS for c in COLOURS]
     rng.shuffle(subjects)
-    facts = []
-    for i, subject in enumerate(subjects):
-        code = str(rng.randint(1000, 9999))
-        facts.append({
-            "fact_id": i,
-            "subject": subject,
-            "value": code,
-            "distance": DISTANCES[i % len(DISTANCES)],
-            "statement": f"The code of {subject} is {code}.",
-            "mention": f"Someone walked past {subject}.",
-            "question": f"What is the code of {subject}?",
-        })
-    return facts
+    return [{
+        "fact_id": i,
+        "subject": subject,
+        "value": (code := str(rng.randint(1000, 9999))),
+        "statement": f"The code of {subject} is {code}.",
+        "mention": f"Someone walked past {subject}.",
+        "question": f"What is the code of {subject}?",
+    } for i, subject in enumerate(subjects)]
 
 
 def paragraphs(text: str, chars: int = 260) -> list[str]:
@@ -64,7 +62,11 @@ def run_one(args) -> list[dict]:
     from inf_mllm_ros.engine.loading import load_model
     from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 
+    import torch
+
+    torch.set_num_threads(args.threads)
     adapter = load_model(args.model, device=args.device, dtype=args.dtype)
+    rng = random.Random(args.seed)
     facts = make_facts(args.seed)
     filler = iter(paragraphs(read_text(args.text)))
     capacity = args.cache
@@ -72,22 +74,24 @@ def run_one(args) -> list[dict]:
     if args.policy == "full":
         limit = adapter.max_context - 512
         capacity = limit
-    stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=64,
-                                            attention_bias=args.bias))
+    knobs = {k: v for k, v in (("attention_bias", args.bias), ("score_decay", args.decay),
+                               ("score_pool", args.pool)) if v is not None}
+    stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=64, **knobs))
     planted: dict[int, int] = {}  # fact -> tokens seen when it was stated
     last_mention: dict[int, int] = {}
     pending = list(facts)
-    records = []
+    records, asked = [], set()
     t0 = time.perf_counter()
     message = 0
-    while pending or any(f["fact_id"] not in {r["fact_id"] for r in records} for f in facts):
-        # Plant one fact every few messages at the start, so all are stated within the first ~2K tokens.
+    while len(asked) < len(facts) * len(DISTANCES):
         if pending and message % 2 == 0:
+            # Plant one fact every other message, after a random part of a paragraph.
             fact = pending.pop(0)
-            stream.push_text(fact["statement"])
+            words = next(filler).split()
+            stream.push_text(" ".join(words[: rng.randint(0, min(40, len(words)))] + [fact["statement"]]))
             planted[fact["fact_id"]] = stream.tokens_seen
         else:
-            active = [f for f in facts if f["fact_id"] in planted and f["fact_id"] not in {r["fact_id"] for r in records}]
+            active = [f for f in facts if f["fact_id"] in planted]
             if args.setting == "mentioned" and active and message % args.mention_every == 1:
                 # Round robin: the subject mentioned longest ago comes up next.
                 fact = min(active, key=lambda f: last_mention.get(f["fact_id"], -1))
@@ -98,37 +102,38 @@ def run_one(args) -> list[dict]:
         message += 1
         for fact in facts:
             fid = fact["fact_id"]
-            if fid in planted and not any(r["fact_id"] == fid for r in records):
-                if stream.tokens_seen - planted[fid] >= fact["distance"]:
-                    answer = stream.ask(fact["question"], max_new_tokens=24)
+            for distance in DISTANCES:
+                if fid in planted and (fid, distance) not in asked and stream.tokens_seen - planted[fid] >= distance:
+                    asked.add((fid, distance))
+                    answer = stream.ask(fact["question"], max_new_tokens=12)
                     records.append({
                         "policy": args.policy,
                         "cache_size": capacity if args.policy != "full" else "all",
                         "setting": args.setting,
                         "fact_id": fid,
-                        "distance": fact["distance"],
+                        "distance": distance,
                         "actual_distance": stream.tokens_seen - planted[fid],
                         "value": fact["value"],
                         "answer": answer.text,
                         "recalled": fact["value"] in answer.text,
-                        "attention_bias": args.bias if args.policy == "inf_mllm" else None,
+                        **({"policy_settings": stream.policy.describe()} if args.policy == "inf_mllm" else {}),
                     })
         if limit is not None and stream.cache.fill > limit - 600:
             break  # the full cache is out of context: the remaining facts cannot be asked
     seconds = time.perf_counter() - t0
     for r in records:
         r.update({"tokens_streamed": stream.tokens_seen, "seconds": round(seconds, 1), "device": machine(),
-                  "dtype": args.dtype})
+                  "dtype": args.dtype, "model": args.model, "seed": args.seed})
     return records
 
 
-def plot() -> None:
+def plot(name: str = "recall.json") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = load_records("recall.json")
+    records = load_records(name)
     if not records:
         return
     settings = ["forgotten", "mentioned"]
@@ -153,20 +158,24 @@ def plot() -> None:
         axes[i][0].set_ylabel("recall")
     axes[0][-1].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(RESULTS / "recall.png", dpi=110)
+    fig.savefig(RESULTS / name.replace(".json", ".png"), dpi=110)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--text", default=None)
-    p.add_argument("--model", default="smollm2")
+    p.add_argument("--model", default="qwen2.5-0.5b")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--caches", type=int, nargs="+", default=[512, 1024])
-    p.add_argument("--policies", nargs="+", default=["full", "window", "streaming_llm", "h2o", "inf_mllm"])
+    p.add_argument("--policies", nargs="+", default=["full", "streaming_llm", "h2o", "inf_mllm"])
     p.add_argument("--settings", nargs="+", default=["mentioned", "forgotten"])
-    p.add_argument("--bias", type=float, default=1e-3)
-    p.add_argument("--mention-every", type=int, default=2, help="one message in N mentions a subject")
+    p.add_argument("--bias", type=float, default=None, help="inf_mllm attention_bias (default: shipped)")
+    p.add_argument("--decay", type=float, default=None, help="inf_mllm score_decay (default: shipped)")
+    p.add_argument("--pool", type=int, default=None, help="inf_mllm score_pool (default: shipped)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads per run")
+    p.add_argument("--out", default="recall.json")
+    p.add_argument("--mention-every", type=int, default=3, help="one message in N mentions a subject")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--plot-only", action="store_true")
@@ -179,7 +188,7 @@ def main() -> None:
         print(json.dumps(run_one(args)))
         return
     if not args.plot_only:
-        records = load_records("recall.json") if args.resume else []
+        records = load_records(args.out) if args.resume else []
         done = {(r["policy"], str(r["cache_size"]), r["setting"]) for r in records}
         for setting in args.settings:
             for cache in args.caches:
@@ -189,18 +198,20 @@ def main() -> None:
                     if (policy, "all" if policy == "full" else str(cache), setting) in done:
                         continue
                     cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache),
-                           "--setting", setting, "--bias", str(args.bias), "--model", args.model,
+                           "--setting", setting, "--model", args.model, "--threads", str(args.threads),
                            "--device", args.device, "--dtype", args.dtype, "--seed", str(args.seed),
                            "--mention-every", str(args.mention_every)] + (["--text", args.text] if args.text else [])
+                    for flag, value in (("--bias", args.bias), ("--decay", args.decay), ("--pool", args.pool)):
+                        cmd += [flag, str(value)] if value is not None else []
                     t = time.time()
                     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
                     new = json.loads(out.strip().splitlines()[-1])
                     records += new
-                    write_records("recall.json", records)
+                    write_records(args.out, records)
                     hit = sum(r["recalled"] for r in new)
                     print(f"{setting:9s} {policy:14s} cache={cache:5d} recalled {hit}/{len(new)} "
                           f"({time.time() - t:.0f} s)", flush=True)
-    plot()
+    plot(args.out)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .bag_io import BagError
+from .engine.policies import INF_MLLM_DEFAULTS
 from .stream_inputs import (
     MAX_TEXT_CHARS,
     Question,
@@ -43,7 +44,7 @@ NODE_DEFAULTS = {
     "dtype": "auto",
     "cache_size": 1024,
     "eviction_policy": "inf_mllm",
-    "attention_bias": 1e-3,
+    "attention_bias": INF_MLLM_DEFAULTS["attention_bias"],
     "recent_size": 0,
     "chunk_size": 128,
     "max_frame_pixels": 0,

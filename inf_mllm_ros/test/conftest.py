@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# A Project Gutenberg novel kept beside the repository for the evaluation of eviction on real text.
+SHARED_TEXT = REPO_ROOT.parent / "shared" / "data" / "texts" / "jack_sheppard_pg16215.txt"
 
 # One ROS domain per pytest run, set before any test starts rclpy, so nodes made in this
 # process and in its child processes meet each other and nothing else on the machine.

@@ -27,6 +27,7 @@ from std_srvs.srv import Trigger
 
 from inf_mllm_interfaces.msg import CacheStats, Description
 from inf_mllm_interfaces.srv import Query
+from inf_mllm_ros.engine.policies import INF_MLLM_DEFAULTS
 from inf_mllm_ros.image_conversion import rgb_to_compressed_fields, rgb_to_image_fields
 from ros_helpers import Latest, RosProbe
 
@@ -160,7 +161,7 @@ def test_query_answers_from_published_text(probe):
 def test_cache_stats(probe):
     stats = ready_stats(probe)
     assert stats.eviction_policy == "inf_mllm"
-    assert stats.attention_bias == pytest.approx(1e-3)
+    assert stats.attention_bias == pytest.approx(INF_MLLM_DEFAULTS["attention_bias"])
     assert stats.kv_bytes > 0 and stats.fill > 0 and stats.tokens_seen >= stats.fill
     probe.stats.wait(lambda m: m.queries_answered >= 1, timeout=10, what="the answered query counted")
     # Published periodically too, not only after inputs.
@@ -170,11 +171,11 @@ def test_cache_stats(probe):
 
 def test_parameters_at_run_time(probe):
     ready_stats(probe)
-    [ok] = probe.set_parameters(FQN, attention_bias=0.005)
+    [ok] = probe.set_parameters(FQN, attention_bias=2.5)
     assert ok.successful, ok.reason
-    probe.stats.wait(lambda m: m.attention_bias == pytest.approx(0.005), timeout=10, what="the new bias in stats")
+    probe.stats.wait(lambda m: m.attention_bias == pytest.approx(2.5), timeout=10, what="the new bias in stats")
 
-    [out_of_range] = probe.set_parameters(FQN, attention_bias=2.0)
+    [out_of_range] = probe.set_parameters(FQN, attention_bias=200.0)
     assert not out_of_range.successful and "range" in out_of_range.reason.lower(), out_of_range.reason
     [read_only] = probe.set_parameters(FQN, cache_size=2048)
     assert not read_only.successful and "read-only" in read_only.reason.lower(), read_only.reason
@@ -184,7 +185,7 @@ def test_parameters_at_run_time(probe):
         [result] = probe.set_parameters(FQN, **{name: value})
         assert result.successful, (name, result.reason)
     time.sleep(1.0)
-    assert probe.stats.last.attention_bias == pytest.approx(0.005)
+    assert probe.stats.last.attention_bias == pytest.approx(2.5)
     assert probe.stats.last.capacity == PARAMS["cache_size"]
 
 

@@ -48,14 +48,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--cache-size", type=int, default=256)
     p.add_argument("--policy", default="inf_mllm")
-    p.add_argument("--attention-bias", type=float, default=1e-3)
+    p.add_argument("--attention-bias", type=float, default=None, help="inf_mllm bias (default: the shipped one)")
     p.add_argument("--events", type=int, default=60)
     args = p.parse_args(argv)
 
     print(f"loading {args.model} ...", flush=True)
     adapter = load_model(args.model, device=args.device, dtype=args.dtype)
-    stream = KVStream(adapter, StreamConfig(capacity=args.cache_size, policy=args.policy,
-                                            attention_bias=args.attention_bias, chunk_size=64))
+    bias = {} if args.attention_bias is None else {"attention_bias": args.attention_bias}
+    stream = KVStream(adapter, StreamConfig(capacity=args.cache_size, policy=args.policy, chunk_size=64, **bias))
     start = time.monotonic()
     kv_bytes = set()
     for n, (stamp, text) in enumerate(shift_log(args.events), 1):

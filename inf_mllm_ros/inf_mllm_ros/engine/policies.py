@@ -135,10 +135,14 @@ class InfMLLMPolicy(EvictionPolicy):
     the candidates' attention from the retrieval window (the queries pushed since the last eviction) is
     averaged per query: every candidate is older than the window, so every window query sees it. With
     `score_decay` > 0 a candidate's score is the bias-corrected moving average of that attention over the
-    windows since it became a candidate (saddles draw attention over many prompts; the correction keeps a
-    newcomer's first scores on the same scale as an incumbent's long history):
+    windows that judged it (saddles draw attention over many prompts; the correction keeps a newcomer's
+    first scores on the same scale as an incumbent's long history):
 
         m <- d * m + (1 - d) * a,   n <- n + 1,   A = m / (1 - d ** n)
+
+    except the first window that judges a candidate: it comes right after the candidate, and local
+    attention favours the tokens nearest to it (the end of each chunk), so it decides alone (A = a) and
+    is not remembered.
 
     The score ranks candidates by log attention plus a bias toward newer ones, then keeps a kept token's
     neighbours with it (each candidate scores as the best within `score_pool` slots centred on it):
@@ -196,10 +200,14 @@ class InfMLLMPolicy(EvictionPolicy):
         seen = view.window_queries[cand] > 0
         if self.score_decay > 0.0:
             memory, count = view.stats["score_memory"][:, cand], view.stats["observations"][:, cand]
-            d = self.score_decay
-            memory.copy_(torch.where(seen, d * memory + (1.0 - d) * attention, memory))
             count.add_(seen.to(count.dtype))
-            attention = memory / (1.0 - torch.pow(d, count)).clamp(min=1.0 - d)
+            # The first window to judge a candidate is the one right after it, whose local attention
+            # favours the tokens nearest to it: that judgment decides alone and is not remembered.
+            later = seen & (count > 1)
+            d = self.score_decay
+            memory.copy_(torch.where(later, d * memory + (1.0 - d) * attention, memory))
+            remembered = memory / (1.0 - torch.pow(d, count - 1)).clamp(min=1.0 - d)
+            attention = torch.where(count > 1, remembered, attention)
         score = torch.log(attention.clamp(min=1e-30))
         n = score.shape[-1]
         if self.score_pool > 1 and n > 1:
