@@ -41,7 +41,7 @@ from inf_mllm_interfaces.srv import Query
 from .engine.adapters import FramesNotSupportedError
 from .engine.engine import EngineBusyError, EngineNotReadyError, FrameDroppedError, StreamingEngine
 from .engine.loading import DEFAULT_MODEL
-from .engine.policies import POLICIES
+from .engine.policies import INF_MLLM_DEFAULTS, POLICIES
 from .engine.stream import DEFAULT_DESCRIPTION_PROMPT, DEFAULT_SYSTEM_PROMPT, StreamConfig
 from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
 
@@ -66,6 +66,7 @@ class Param:
     low: float | None = None
     high: float | None = None
     constraints: str = ""
+    step: int = 1  # integers only: 2 with an odd `low` allows odd values only
 
     def descriptor(self) -> ParameterDescriptor:
         d = ParameterDescriptor(name=self.name, description=self.description, read_only=self.read_only,
@@ -73,7 +74,7 @@ class Param:
         if isinstance(self.default, bool) or self.low is None:
             return d
         if isinstance(self.default, int):
-            d.integer_range = [IntegerRange(from_value=int(self.low), to_value=int(self.high), step=1)]
+            d.integer_range = [IntegerRange(from_value=int(self.low), to_value=int(self.high), step=self.step)]
         else:
             d.floating_point_range = [FloatingPointRange(from_value=float(self.low), to_value=float(self.high),
                                                          step=0.0)]
@@ -92,10 +93,10 @@ PARAMETERS = (
     Param("eviction_policy", "inf_mllm", "How the cache chooses tokens to forget.",
           constraints="one of: " + ", ".join(sorted(POLICIES))),
     Param("recent_size", 0, "Newest tokens always kept; 0: a quarter of cache_size.", low=0, high=1 << 20),
-    Param("score_decay", 0.9, "inf_mllm: weight of earlier prompts' attention in the eviction score.",
-          low=0.0, high=0.999),
-    Param("score_pool", 32, "inf_mllm: tokens scored and kept together in stream-aligned groups; 1: single tokens.",
-          low=1, high=1024),
+    Param("score_decay", INF_MLLM_DEFAULTS["score_decay"], "inf_mllm: memory of earlier prompts' attention in the "
+          "eviction score (bias-corrected moving average); 0: the newest prompt only.", low=0.0, high=0.999),
+    Param("score_pool", INF_MLLM_DEFAULTS["score_pool"], "inf_mllm: a kept token keeps the tokens around it, in a "
+          "centred window of this many slots (odd); 1: single tokens.", low=1, high=255, step=2),
     Param("chunk_size", 128, "Longest block of a prompt pushed before an eviction (bounds the peak).",
           low=1, high=65536),
     Param("max_frame_pixels", 0, "Bound on a frame's pixels before the vision encoder; 0: the model's own.",
@@ -105,8 +106,10 @@ PARAMETERS = (
     Param("max_pending_queries", 8, "Queries waiting for the model at most; more answer success=false.",
           low=1, high=64),
     # Changeable at run time.
-    Param("attention_bias", 1e-3, "Eviction bias toward newer tokens (inf_mllm policy); keeps the memory moving.",
-          read_only=False, low=0.0, high=1.0),
+    Param("attention_bias", INF_MLLM_DEFAULTS["attention_bias"], "inf_mllm: bias of the eviction score toward "
+          "newer tokens, in log attention: the oldest candidate keeps its slot against the newest only if it draws "
+          "exp(attention_bias) times more attention; 0: early winners hold the memory.",
+          read_only=False, low=0.0, high=100.0),
     Param("frame_rate", 1.0, "Frames ingested per second at most (the newest is kept); 0: as fast as the model takes them.",
           read_only=False, low=0.0, high=120.0),
     Param("description_period", 10.0, "Seconds between descriptions on ~/description; 0: off.",
