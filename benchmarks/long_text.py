@@ -21,26 +21,35 @@ import time
 
 from common import load_records, machine, peak_rss_bytes, read_text, write_records
 
-POLICIES = ["full", "window", "streaming_llm", "h2o", "inf_mllm"]
+BIASES = [0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 16.0, 64.0]
 
 
-def cached_age_stats(stream) -> tuple[float, float]:
-    """Mean age (tokens) of the cached tokens outside the recent window, and their mean share of the stream's
-    first half: how far the cache has moved forward."""
+def policies() -> list[str]:
+    from inf_mllm_ros.engine.policies import POLICIES
+
+    return ["full"] + sorted(name for name in POLICIES if name != "full")
+
+
+def cached_age_stats(stream, chunk: int) -> tuple[float, float, float]:
+    """Of the cached tokens outside the sinks and the recent window: their mean age (tokens), their share
+    from the stream's first half (how far the cache has moved forward), and their share from the second
+    half of their chunk (0.5 when the score is fair to every offset)."""
     import torch
 
     recent = getattr(stream.policy, "recent_size", 0)
-    ages, early = [], []
+    sinks = getattr(stream.policy, "sink_size", 0) if stream.policy.name == "inf_mllm" else 0
+    ages, early, late = [], [], []
     seen = stream.tokens_seen
     for layer_idx in range(len(stream.cache.layers)):
         seq = stream.cache.cached_seq(layer_idx)
-        old = seq[:, : max(seq.shape[1] - recent, 0)].float()
+        old = seq[:, sinks : max(seq.shape[1] - recent, sinks)]
         if old.numel():
-            ages.append((seen - old).mean())
+            ages.append((seen - old).float().mean())
             early.append((old < seen / 2).float().mean())
+            late.append(((old % chunk) >= chunk // 2).float().mean())
     if not ages:
-        return 0.0, 0.0
-    return float(torch.stack(ages).mean()), float(torch.stack(early).mean())
+        return 0.0, 0.0, 0.0
+    return tuple(float(torch.stack(x).mean()) for x in (ages, early, late))
 
 
 def run_one(args) -> list[dict]:
@@ -60,9 +69,10 @@ def run_one(args) -> list[dict]:
         n_tokens = min(n_tokens, adapter.max_context - args.chunk)
         capacity = n_tokens
     ids = ids[:n_tokens]
+    bias = {} if args.bias is None else {"attention_bias": args.bias}
     config = StreamConfig(
         capacity=capacity, policy=args.policy, chunk_size=args.chunk, headroom=args.chunk, system_prompt="",
-        position_mode=args.position_mode, attention_bias=args.bias, recent_size=args.recent,
+        position_mode=args.position_mode, recent_size=args.recent, **bias,
     )
     stream = KVStream(adapter, config)
     bin_nll, records = [], []
@@ -84,12 +94,12 @@ def run_one(args) -> list[dict]:
         done = pos + len(chunk)
         if done % args.bin == 0 or done == len(ids):
             nll = torch.cat(bin_nll)
-            age, early = cached_age_stats(stream)
+            age, early, late = cached_age_stats(stream, args.chunk)
             records.append({
                 "policy": args.policy,
                 "cache_size": capacity if args.policy != "full" else "all",
                 "position_mode": args.position_mode,
-                "attention_bias": args.bias if args.policy == "inf_mllm" else None,
+                "attention_bias": stream.policy.attention_bias if args.policy == "inf_mllm" else None,
                 "bin": len(records),
                 "bin_first_token": done - len(nll),
                 "bin_last_token": done,
@@ -97,6 +107,7 @@ def run_one(args) -> list[dict]:
                 "cache_fill": stream.cache.fill,
                 "mean_age_of_cached_non_recent": round(age, 1),
                 "share_of_cached_non_recent_from_first_half": round(early, 4),
+                "share_of_cached_non_recent_from_second_half_of_chunk": round(late, 4),
                 "kv_bytes": stream.cache.kv_nbytes(),
                 # Run figures so far: a run cut short still leaves complete records.
                 "chunk_size": args.chunk,
@@ -117,19 +128,23 @@ def run_one(args) -> list[dict]:
     return records
 
 
-def spawn(args, policy: str, cache: int, bias: float, position_mode: str) -> list[dict]:
-    cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache), "--bias", str(bias),
+def spawn(args, policy: str, cache: int, bias: float | None, position_mode: str) -> list[dict]:
+    cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache),
            "--position-mode", position_mode, "--tokens", str(args.tokens), "--chunk", str(args.chunk),
            "--bin", str(args.bin), "--model", args.model, "--dtype", args.dtype, "--device", args.device]
     if args.text:
         cmd += ["--text", args.text]
     if args.recent is not None:
         cmd += ["--recent", str(args.recent)]
+    if bias is not None:
+        cmd += ["--bias", str(bias)]
+    if args.partial:
+        cmd += ["--partial", args.partial]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def sweep(args, out_name: str, runs: list[tuple[str, int, float, str]]) -> None:
+def sweep(args, out_name: str, runs: list[tuple[str, int, float | None, str]]) -> None:
     records = load_records(out_name) if args.resume else []
     done = {(r["policy"], str(r["cache_size"]), r.get("attention_bias"), r["position_mode"]) for r in records}
     for policy, cache, bias, mode in runs:
@@ -141,7 +156,7 @@ def sweep(args, out_name: str, runs: list[tuple[str, int, float, str]]) -> None:
         records += new
         write_records(out_name, records)  # after every run, so an interrupted sweep keeps what it measured
         ppl = [r["ppl"] for r in new]
-        print(f"{policy:14s} cache={cache:5d} bias={bias:g} {mode:8s} ppl per bin {ppl} "
+        print(f"{policy:14s} cache={cache:5d} bias={bias} {mode:8s} ppl per bin {ppl} "
               f"({new[0]['ms_per_token']} ms/token, {time.time() - t:.0f} s)", flush=True)
 
 
@@ -191,8 +206,9 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=64)
     p.add_argument("--bin", type=int, default=4096)
     p.add_argument("--caches", type=int, nargs="+", default=[256, 512, 1024])
-    p.add_argument("--policies", nargs="+", default=POLICIES)
-    p.add_argument("--bias", type=float, default=1e-3, help="attention bias of inf_mllm")
+    p.add_argument("--policies", nargs="+", default=None, help="default: every registered policy")
+    p.add_argument("--bias", type=float, default=None, help="attention bias of inf_mllm (default: the shipped one)")
+    p.add_argument("--biases", type=float, nargs="+", default=BIASES, help="biases of --bias-sweep")
     p.add_argument("--recent", type=int, default=None)
     p.add_argument("--bias-sweep", action="store_true")
     p.add_argument("--no-original-positions", dest="original_positions", action="store_false",
@@ -206,8 +222,13 @@ def main() -> None:
     p.add_argument("--policy", default="inf_mllm", help=argparse.SUPPRESS)
     p.add_argument("--cache", type=int, default=512, help=argparse.SUPPRESS)
     p.add_argument("--position-mode", default="cache", help=argparse.SUPPRESS)
-    p.add_argument("--partial", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--partial", default=None, help="also append each bin's record to this JSONL file as it is measured")
     args = p.parse_args()
+    args.policies = args.policies or policies()
+    if args.bias is None:
+        from inf_mllm_ros.engine.policies import INF_MLLM_DEFAULTS
+
+        args.bias = INF_MLLM_DEFAULTS["attention_bias"]
     if args.one:
         print(json.dumps(run_one(args)))
         return
@@ -224,7 +245,7 @@ def main() -> None:
         return
     if args.bias_sweep:
         if not args.plot_only:
-            runs = [("inf_mllm", c, b, "cache") for c in args.caches for b in (0.0, 1e-4, 1e-3, 1e-2)]
+            runs = [("inf_mllm", c, b, "cache") for c in args.caches for b in args.biases]
             sweep(args, "bias_sweep.json", runs)
         plot("bias_sweep.json", "bias_sweep.png", "cache_size")
         return
@@ -234,8 +255,6 @@ def main() -> None:
         if "streaming_llm" in args.policies and 512 in args.caches and args.original_positions:
             # Original positions run past the 8K training context: the reason positions are re-packed.
             runs.append(("streaming_llm", 512, args.bias, "original"))
-        if "inf_mllm" in args.policies and 512 in args.caches and args.original_positions:
-            runs.append(("inf_mllm", 512, 0.0, "cache"))  # no bias: old tokens keep the cache
         sweep(args, args.out, runs)
     plot(args.out, args.out.replace(".json", ".png"), "cache_size")
 
