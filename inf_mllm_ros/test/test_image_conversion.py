@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import array
+import io
+import resource
+import struct
+import zlib
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from inf_mllm_ros.image_conversion import (
+    DEFAULT_MAX_DECODED_PIXELS,
     ImageConversionError,
+    compressed_header,
     compressed_msg_to_rgb,
     image_msg_to_rgb,
     msg_to_rgb,
@@ -182,6 +188,166 @@ def test_msg_to_rgb_dispatches() -> None:
     comp = SimpleNamespace(**rgb_to_compressed_fields(rgb, "png"))
     np.testing.assert_array_equal(msg_to_rgb(raw), rgb)
     np.testing.assert_array_equal(msg_to_rgb(comp), rgb)
+
+
+# --- compressed frames that must not be decoded ------------------------------------------
+
+def _png_chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def png_bomb(width: int, height: int) -> bytes:
+    """A real 1-bit grey PNG of width x height zeros: about 110 KB for 30000 x 30000 (2.7 GB as RGB)."""
+    row = bytes(1 + (width + 7) // 8)  # filter byte + packed bits
+    packer = zlib.compressobj(9)
+    idat = b"".join(packer.compress(row) for _ in range(height)) + packer.flush()
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"IDAT", idat)
+            + _png_chunk(b"IEND", b""))
+
+
+def png_header_only(width: int, height: int, colour_type: int = 2) -> bytes:
+    """A PNG signature and header declaring width x height, and no pixel data."""
+    header = struct.pack(">IIBBBBB", width, height, 8, colour_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"IEND", b"")
+
+
+def jpeg_bomb(width: int, height: int) -> bytes:
+    """A valid 8 x 8 JPEG whose frame header is rewritten to declare width x height (631 bytes).
+
+    libjpeg decodes it as a huge image filled in after a 'premature end of data' warning."""
+    data = bytearray(rgb_to_compressed_fields(np.zeros((8, 8, 3), np.uint8), "jpeg")["data"])
+    i = 2
+    while data[i + 1] not in (0xC0, 0xC1, 0xC2):
+        i += 2 + struct.unpack(">H", data[i + 2:i + 4])[0]
+    data[i + 5:i + 9] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
+
+
+@pytest.mark.parametrize("fmt,make", [("png", png_bomb), ("jpeg", jpeg_bomb)])
+def test_a_decompression_bomb_is_refused_before_it_is_decoded(fmt, make) -> None:
+    bomb = make(30000, 30000)
+    assert len(bomb) < 200_000
+    assert compressed_header(bomb)[1:3] == (30000, 30000)
+    before = _peak_rss_mb()
+    err = _error(SimpleNamespace(format=fmt, data=bomb), compressed_msg_to_rgb)
+    grew = _peak_rss_mb() - before
+    assert err.kind == "too_large"
+    assert "30000x30000" in str(err) and str(DEFAULT_MAX_DECODED_PIXELS) in str(err)
+    # Decoding it would take 2.7 GB for the RGB pixels alone.
+    assert grew < 200, f"peak memory grew by {grew:.0f} MB"
+
+
+def test_the_largest_jpeg_is_refused_too() -> None:
+    bomb = jpeg_bomb(65535, 65535)
+    assert _error(SimpleNamespace(format="jpeg", data=bomb), compressed_msg_to_rgb).kind == "too_large"
+
+
+def test_the_bound_is_on_decoded_pixels_and_a_4k_frame_passes_it() -> None:
+    # A header-only PNG: within the bound it gets as far as decoding (and fails there, having no pixels).
+    assert _error(SimpleNamespace(format="png", data=png_header_only(3840, 2160)),
+                  compressed_msg_to_rgb).kind == "decode"
+    assert _error(SimpleNamespace(format="png", data=png_header_only(3841, 2160)),
+                  compressed_msg_to_rgb).kind == "too_large"
+    small = SimpleNamespace(**rgb_to_compressed_fields(_smooth_image(32, 48), "png"))
+    assert compressed_msg_to_rgb(small, max_pixels=32 * 48).shape == (32, 48, 3)
+    err = _error(small, lambda m: compressed_msg_to_rgb(m, max_pixels=32 * 48 - 1))
+    assert err.kind == "too_large" and "48x32" in str(err)
+    assert msg_to_rgb(small, max_decoded_pixels=None).shape == (32, 48, 3)
+    assert _error(small, lambda m: msg_to_rgb(m, max_decoded_pixels=100)).kind == "too_large"
+
+
+@pytest.mark.parametrize("claimed,actual", [("jpeg", "png"), ("png", "jpeg"), ("bgr8; jpeg compressed bgr8", "png"),
+                                            ("rgb8; png compressed rgb8", "jpeg")])
+def test_bytes_that_are_not_what_the_format_says_are_refused(claimed, actual) -> None:
+    data = rgb_to_compressed_fields(_smooth_image(), actual)["data"]
+    err = _error(SimpleNamespace(format=claimed, data=data), compressed_msg_to_rgb)
+    assert err.kind == "format_mismatch"
+    assert repr(claimed) in str(err) and f"are {actual}" in str(err)
+    # Without a claim the bytes say what they are.
+    assert compressed_msg_to_rgb(SimpleNamespace(format="", data=data)).shape == (32, 48, 3)
+
+
+def test_headers_are_read_without_decoding() -> None:
+    from PIL import Image
+
+    rgb = _smooth_image(30, 50)
+    assert compressed_header(rgb_to_compressed_fields(rgb, "png")["data"]) == ("png", 50, 30, 3)
+    assert compressed_header(rgb_to_compressed_fields(rgb, "jpeg")["data"]) == ("jpeg", 50, 30, 3)
+    import cv2
+
+    ok, progressive = cv2.imencode(".jpg", rgb, [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])
+    assert ok and compressed_header(progressive.tobytes()) == ("jpeg", 50, 30, 3)
+    # EXIF and comment segments before the frame header; a grey JPEG; RGBA and 16-bit PNGs.
+    out = io.BytesIO()
+    exif = Image.Exif()
+    exif[0x010F] = "camera maker " * 200
+    Image.fromarray(rgb[:, :, 0]).save(out, "JPEG", exif=exif, comment=b"x" * 5000)
+    assert compressed_header(out.getvalue()) == ("jpeg", 50, 30, 1)
+    out = io.BytesIO()
+    Image.fromarray(np.dstack([rgb, rgb[:, :, :1]]), "RGBA").save(out, "PNG")
+    assert compressed_header(out.getvalue()) == ("png", 50, 30, 4)
+
+
+@pytest.mark.parametrize("data,words", [
+    (b"\x89PNG\r\n\x1a\n\x00\x00", "too short"),
+    (png_header_only(0, 10), "empty image"),
+    (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IDAT", bytes(13)), "IHDR"),
+    (b"\xff\xd8\xff\xd9", "before its frame header"),
+    (b"\xff\xd8\xff\xe0\x00", "segment header"),
+    (b"\xff\xd8\xff\xe0\x00\x01", "invalid length"),
+    (b"\xff\xd8\xff\xc0\x00\x11\x08\x00", "truncated"),
+    (b"\xff\xd8\xff\xe0\x00\x04ab\x12", "no marker"),
+    (b"GIF89a", "neither PNG nor JPEG"),
+])
+def test_malformed_headers_are_decode_errors(data, words) -> None:
+    with pytest.raises(ImageConversionError) as info:
+        compressed_header(data)
+    assert info.value.kind == "decode" and words in str(info.value), str(info.value)
+    err = _error(SimpleNamespace(format="", data=data), compressed_msg_to_rgb)
+    assert err.kind == "decode"
+
+
+def test_slightly_corrupt_jpeg_decodes_without_writing_to_stderr(capfd) -> None:
+    jpeg = rgb_to_compressed_fields(np.random.default_rng(0).integers(0, 256, (64, 64, 3), np.uint8),
+                                    "jpeg")["data"]
+    cut = jpeg[: len(jpeg) // 2] + b"\xff\xd9"  # half the scan lost: libjpeg warns "Corrupt JPEG data"
+    capfd.readouterr()
+    for _ in range(3):
+        assert compressed_msg_to_rgb(SimpleNamespace(format="jpeg", data=cut)).shape == (64, 64, 3)
+    # A PNG whose text chunk is damaged is refused, also without a word on stderr.
+    png = rgb_to_compressed_fields(_smooth_image(), "png")["data"]
+    bad_text = png[:33] + _png_chunk(b"tEXt", b"Comment\x00hi")[:-4] + b"\x00\x00\x00\x01" + png[33:]
+    _error(SimpleNamespace(format="png", data=bad_text), compressed_msg_to_rgb)
+    captured = capfd.readouterr()
+    assert captured.err == "" and captured.out == ""
+
+
+def test_compressed_modes_become_rgb() -> None:
+    from PIL import Image
+
+    def png(image: Image.Image) -> SimpleNamespace:
+        out = io.BytesIO()
+        image.save(out, "PNG")
+        return SimpleNamespace(format="png", data=out.getvalue())
+
+    wide = np.array([[0, 255, 256, 65535]], dtype=np.uint16)
+    out = compressed_msg_to_rgb(png(Image.fromarray(wide)))  # 16-bit grey: top 8 bits, as mono16
+    np.testing.assert_array_equal(out[0, :, 0], [0, 0, 1, 255])
+    np.testing.assert_array_equal(out[..., 0], out[..., 2])
+    rgb = _smooth_image()
+    rgba = Image.fromarray(np.dstack([rgb, np.full(rgb.shape[:2], 7, np.uint8)]), "RGBA")
+    np.testing.assert_array_equal(compressed_msg_to_rgb(png(rgba)), rgb)
+    palette = Image.fromarray(rgb).quantize(16)
+    np.testing.assert_array_equal(compressed_msg_to_rgb(png(palette)), np.asarray(palette.convert("RGB")))
+    grey = compressed_msg_to_rgb(SimpleNamespace(**rgb_to_compressed_fields(_grey_image(), "png")))
+    np.testing.assert_array_equal(grey, _grey_image())
+    decoded = compressed_msg_to_rgb(SimpleNamespace(**rgb_to_compressed_fields(_smooth_image(), "png")))
+    assert decoded.flags.writeable and decoded.flags.c_contiguous and decoded.flags.owndata
 
 
 # --- real message classes ------------------------------------------------------------------
