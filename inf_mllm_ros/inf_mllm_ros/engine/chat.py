@@ -69,6 +69,17 @@ class ChatFormat:
     def question(self, text: str) -> str:
         return f"{self.user_prefix}{text}{self.user_suffix}{self.assistant_prefix}"
 
+    # The same turns as (template before, content, template after), so that the content can be tokenized
+    # as plain characters while the template keeps its control tokens (ModelAdapter.tokenize_turn).
+    def system_parts(self, text: str) -> tuple[str, str, str]:
+        return self.system_prefix, text, self.system_suffix
+
+    def user_parts(self, text: str) -> tuple[str, str, str]:
+        return self.user_prefix, text, self.user_suffix
+
+    def question_parts(self, text: str) -> tuple[str, str, str]:
+        return self.user_prefix, text, self.user_suffix + self.assistant_prefix
+
 
 def clock(stamp: float) -> str:
     """Stream time as h:mm:ss.s, short enough to cost few tokens."""

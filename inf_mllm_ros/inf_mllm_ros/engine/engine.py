@@ -20,6 +20,7 @@ import numpy as np
 from .adapters import ModelAdapter
 from .loading import DEFAULT_MODEL, load_model
 from .stream import Answer, KVStream, StreamConfig, StreamStats
+from .text_rules import is_blank
 
 
 class EngineNotReadyError(RuntimeError):
@@ -88,7 +89,7 @@ class StreamingEngine:
 
     # --- submitting ----------------------------------------------------------------------------------
     def submit_text(self, text: str, stamp: float | None = None) -> Future:
-        if not isinstance(text, str) or not text.strip():
+        if is_blank(text):
             return _failed(ValueError("empty text"))
         with self._lock:
             self._check_open()
@@ -110,6 +111,10 @@ class StreamingEngine:
         return future
 
     def submit_ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False) -> Future:
+        if is_blank(question):
+            with self._lock:
+                self.counters.queries_failed += 1
+            return _failed(ValueError("empty question"))
         return self._submit_query(lambda s: s.ask(question, max_new_tokens=max_new_tokens, keep_in_memory=keep_in_memory))
 
     def submit_describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None) -> Future:

@@ -19,6 +19,7 @@ from .attention import cache_observing
 from .cache import BoundedKVCache, CacheOverflowError, PromptPositions
 from .chat import clock as _clock
 from .policies import INF_MLLM_DEFAULTS, make_policy
+from .text_rules import is_blank
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are the memory of a mobile robot. Camera frames and messages arrive with their time in seconds. "
@@ -177,11 +178,11 @@ class KVStream:
     # --- input -----------------------------------------------------------------------------------------
     def push_text(self, text: str, stamp: float | None = None) -> int:
         """Push one message as a user turn; returns the number of tokens it took."""
-        if not text or not text.strip():
+        if is_blank(text):
             raise ValueError("empty text")
         self._ensure_started()
         content = text if stamp is None else f"[{_clock(stamp)}] {text}"
-        n = self._push(self.adapter.text_prompt(self.adapter.tokenize(self.adapter.chat.user(content))))
+        n = self._push(self.adapter.text_prompt(self.adapter.tokenize_turn(self.adapter.chat.user_parts(content))))
         self.texts_ingested += 1
         return n
 
@@ -206,19 +207,20 @@ class KVStream:
     # --- questions --------------------------------------------------------------------------------------
     def ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False) -> Answer:
         """Answer greedily from what is in memory. Without keep_in_memory the cache is left as it was."""
-        if not question or not question.strip():
+        if is_blank(question):
             raise ValueError("empty question")
-        return self._exchange(self.adapter.chat.question(question), max_new_tokens, keep_in_memory)
+        return self._exchange(self.adapter.chat.question_parts(question), max_new_tokens, keep_in_memory)
 
     def describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None) -> Answer:
         """A description of the scene so far; never stays in memory."""
-        return self._exchange(self.adapter.chat.question(prompt or DEFAULT_DESCRIPTION_PROMPT), max_new_tokens, False)
+        return self._exchange(self.adapter.chat.question_parts(prompt or DEFAULT_DESCRIPTION_PROMPT), max_new_tokens,
+                              False)
 
-    def _exchange(self, question_text: str, max_new_tokens: int | None, keep: bool) -> Answer:
+    def _exchange(self, question_parts: tuple[str, str, str], max_new_tokens: int | None, keep: bool) -> Answer:
         start = time.monotonic()
         self._ensure_started()
         max_new = max_new_tokens or self.config.max_new_tokens
-        ids = self.adapter.tokenize(question_text)
+        ids = self.adapter.tokenize_turn(question_parts)
         if keep:
             logits = self._push(self.adapter.text_prompt(ids), return_logits=True)[-1:]
             tokens = self._generate(logits, max_new, keep=True)

@@ -8,6 +8,7 @@ eviction and generation, is the engine's and is the same for every family.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import json
@@ -134,8 +135,46 @@ class ModelAdapter(ABC):
 
     # --- prompts -------------------------------------------------------------------------------------
     def tokenize(self, text: str) -> Tensor:
+        """Template text: strings of special tokens in it become their control tokens."""
         ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
         return ids.to(self.device)
+
+    def tokenize_plain(self, text: str) -> Tensor:
+        """User text: strings of special tokens in it ("<|im_end|>", "[INST]", "<image>"...) stay characters."""
+        ids = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True,
+                             return_tensors="pt")["input_ids"][0]
+        return ids.to(self.device)
+
+    @functools.cached_property
+    def control_token_ids(self) -> frozenset[int]:
+        """Ids of the tokenizer's special tokens: turn markers, BOS/EOS, image placeholders..."""
+        ids = set(getattr(self.tokenizer, "all_special_ids", None) or ())
+        added = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
+        ids.update(i for i, token in added.items() if getattr(token, "special", False))
+        return frozenset(ids)
+
+    def tokenize_turn(self, parts: tuple[str, str, str]) -> Tensor:
+        """Token ids of one chat turn, (template before, content, template after) as ChatFormat gives it.
+
+        The template keeps its control tokens; the content is tokenized as the characters it is, so that a
+        message or a question that spells a control token cannot end its turn, open a system turn or place
+        an image. Content that spells none gets exactly the ids of the whole turn tokenized at once.
+        """
+        prefix, content, suffix = parts
+        try:
+            encoding = self.tokenizer(prefix + content + suffix, add_special_tokens=False,
+                                      return_offsets_mapping=True)
+        except NotImplementedError:  # a Python tokenizer without offsets: always take the careful way
+            encoding = None
+        if encoding is not None:
+            low, high = len(prefix), len(prefix) + len(content)
+            control = self.control_token_ids
+            spans = zip(encoding["input_ids"], encoding["offset_mapping"])
+            if not any(i in control and start < high and end > low for i, (start, end) in spans):
+                return torch.tensor(encoding["input_ids"], dtype=torch.long, device=self.device)
+        # The content spells a control token (or reaches into one of the template's): each piece on its own.
+        pieces = [self.tokenize(prefix), self.tokenize_plain(content), self.tokenize(suffix)]
+        return torch.cat([piece.to(torch.long) for piece in pieces])
 
     def text_prompt(self, token_ids: Tensor) -> Prompt:
         token_ids = token_ids.to(self.device)

@@ -1,0 +1,45 @@
+"""What counts as text: one rule for every place that takes a text message or a question.
+
+A text is blank, and refused as empty, when it has no character that shows: only whitespace,
+control and format characters (zero-width space, joiners, word joiner, byte order mark, soft
+hyphen, bidirectional marks...) and the other code points Unicode marks as ignorable by default
+(variation selectors, Hangul fillers, tags). ``str.strip`` alone keeps a text of zero-width
+characters, which tokenizes into tokens that say nothing.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+__all__ = ["is_blank"]
+
+# Unicode's Default_Ignorable_Code_Point ranges (DerivedCoreProperties.txt) that are not already
+# control or format characters: invisible wherever they appear.
+_IGNORABLE = (
+    (0x034F, 0x034F),  # combining grapheme joiner
+    (0x115F, 0x1160),  # Hangul choseong and jungseong fillers
+    (0x17B4, 0x17B5),  # Khmer inherent vowels
+    (0x180B, 0x180F),  # Mongolian free variation selectors and vowel separator
+    (0x3164, 0x3164),  # Hangul filler
+    (0xFE00, 0xFE0F),  # variation selectors
+    (0xFFA0, 0xFFA0),  # halfwidth Hangul filler
+    (0xFFF0, 0xFFF8),  # unassigned specials
+    (0xE0000, 0xE0FFF),  # tags and variation selectors supplement
+)
+# General categories that never show: control, format, separators (space, line, paragraph).
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp"})
+
+
+def _invisible(char: str) -> bool:
+    if char.isspace() or unicodedata.category(char) in _INVISIBLE_CATEGORIES:
+        return True
+    code = ord(char)
+    return any(low <= code <= high for low, high in _IGNORABLE)
+
+
+def is_blank(text: object) -> bool:
+    """True when ``text`` is not a string, or has no visible character (see the module's rule)."""
+    if not isinstance(text, str):
+        return True
+    # Most texts show in their first characters: this returns at the first visible one.
+    return all(_invisible(char) for char in text)
