@@ -6,7 +6,11 @@ A thin adapter over `StreamingEngine`, which runs the model on its own worker th
 - `~/query` and `~/reset` run in a reentrant callback group and wait for the engine there, so a
   multi-threaded executor keeps serving topics, timers and parameters while the model works;
 - whatever the engine reports from its worker (an input done, a description, the model loaded) goes
-  through a queue and a guard condition, so that publishing and logging happen on the executor.
+  through a queue and a guard condition, so that publishing and logging happen on the executor;
+- the services keep up to SERVICE_QOS's depth of requests, so a burst of callers is answered (or
+  refused at once with a reason) rather than dropped by the middleware;
+- on SIGINT or SIGTERM the node stops the model and answers every caller still waiting
+  ("node is shutting down") before it leaves the graph.
 
 Runnable as `ros2 run inf_mllm_ros inf_mllm_node`.
 """
@@ -15,10 +19,12 @@ from __future__ import annotations
 
 import math
 import queue
+import signal
 import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -26,11 +32,12 @@ import rclpy
 from builtin_interfaces.msg import Time
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
 from rclpy.callback_groups import ReentrantCallbackGroup
-from rclpy.exceptions import ParameterException
+from rclpy.exceptions import InvalidParameterValueException, ParameterException
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.logging import get_logger
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import String
 from std_srvs.srv import Trigger
@@ -43,7 +50,9 @@ from .engine.engine import EngineBusyError, EngineNotReadyError, FrameDroppedErr
 from .engine.loading import DEFAULT_MODEL
 from .engine.policies import INF_MLLM_DEFAULTS, POLICIES
 from .engine.stream import DEFAULT_DESCRIPTION_PROMPT, DEFAULT_SYSTEM_PROMPT, StreamConfig
-from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
+from .engine.text_rules import is_blank
+from .image_conversion import (DEFAULT_MAX_DECODED_PIXELS, ImageConversionError, compressed_msg_to_rgb,
+                               image_msg_to_rgb)
 
 NODE_NAME = "inf_mllm"
 MAX_NEW_TOKENS_LIMIT = 4096
@@ -55,6 +64,14 @@ TEXT_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=50, reliability=Rel
 LATCHED_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.RELIABLE,
                          durability=DurabilityPolicy.TRANSIENT_LOCAL)
 STATS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE)
+# Services: requests and responses kept for a burst of callers. The default depth (10) lets the middleware
+# drop the requests of a burst while the executor is busy, and their callers never hear back.
+SERVICE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000, reliability=ReliabilityPolicy.RELIABLE,
+                         durability=DurabilityPolicy.VOLATILE)
+SHUTTING_DOWN = "node is shutting down"
+# Periods below this (other than 0, off) would keep an executor thread busy with timers.
+MIN_PERIOD = 0.05
+PERIODS = ("description_period", "stats_period")
 
 
 @dataclass(frozen=True)
@@ -112,8 +129,8 @@ PARAMETERS = (
           read_only=False, low=0.0, high=100.0),
     Param("frame_rate", 1.0, "Frames ingested per second at most (the newest is kept); 0: as fast as the model takes them.",
           read_only=False, low=0.0, high=120.0),
-    Param("description_period", 10.0, "Seconds between descriptions on ~/description; 0: off.",
-          read_only=False, low=0.0, high=86400.0),
+    Param("description_period", 10.0, f"Seconds between descriptions on ~/description; 0: off, else at least "
+          f"{MIN_PERIOD}.", read_only=False, low=0.0, high=86400.0),
     Param("description_prompt", DEFAULT_DESCRIPTION_PROMPT, "The question asked for each description.",
           read_only=False),
     Param("system_prompt", DEFAULT_SYSTEM_PROMPT, "Opens the memory; a change applies from the next ~/reset.",
@@ -122,11 +139,21 @@ PARAMETERS = (
           read_only=False, low=1, high=MAX_NEW_TOKENS_LIMIT),
     Param("max_text_chars", 4000, "Longest text message accepted, in characters; longer ones are refused.",
           read_only=False, low=1, high=1_000_000),
+    Param("max_decoded_pixels", DEFAULT_MAX_DECODED_PIXELS, "Largest compressed frame accepted, in pixels "
+          "(width x height read from its header before decoding); default: a 4K frame.",
+          read_only=False, low=1, high=1 << 26),
     Param("query_timeout", 120.0, "Seconds a query or reset waits for the model before answering success=false.",
           read_only=False, low=1.0, high=3600.0),
-    Param("stats_period", 1.0, "Seconds between ~/cache_stats messages; 0: only after each input.",
-          read_only=False, low=0.0, high=3600.0),
+    Param("stats_period", 1.0, f"Seconds between ~/cache_stats messages; 0: only after each input, else at least "
+          f"{MIN_PERIOD}.", read_only=False, low=0.0, high=3600.0),
 )
+
+
+def period_problem(name: str, value: float) -> str | None:
+    """Why a period parameter is refused (0 turns it off; a tiny one would busy the executor), or None."""
+    if 0.0 < value < MIN_PERIOD:
+        return f"{name} must be 0 (off) or at least {MIN_PERIOD} s, got {value:g}"
+    return None
 
 
 class InfMLLMNode(Node):
@@ -141,7 +168,13 @@ class InfMLLMNode(Node):
         super().__init__(node_name, **kwargs)
         for p in PARAMETERS:
             self.declare_parameter(p.name, p.default, p.descriptor())
+        for name in PERIODS:
+            problem = period_problem(name, self._param(name))
+            if problem:
+                raise InvalidParameterValueException(name, self._param(name), problem)
         self._lock = threading.Lock()  # the counters below, written from several threads
+        self._stopping = threading.Event()  # set at shutdown: queries are answered "node is shutting down"
+        self._in_service = 0  # query and reset callbacks running now
         self._inputs_rejected = 0
         self._frames_dropped = 0  # replaced while waiting for the rate limit
         self._queries_failed = 0  # failed before or after the engine (empty, timed out)
@@ -159,11 +192,11 @@ class InfMLLMNode(Node):
         self._wake = self.create_guard_condition(self._drain_outbox)
         # Services exist before the model has loaded, so a caller hears "still loading" instead of nothing.
         waiting = ReentrantCallbackGroup()
-        self.create_service(Query, "~/query", self._on_query, callback_group=waiting)
-        self.create_service(Trigger, "~/reset", self._on_reset, callback_group=waiting)
+        self.create_service(Query, "~/query", self._on_query, callback_group=waiting, qos_profile=SERVICE_QOS)
+        self.create_service(Trigger, "~/reset", self._on_reset, callback_group=waiting, qos_profile=SERVICE_QOS)
         self.create_subscription(Image, "image", lambda m: self._offer_frame(m, image_msg_to_rgb, "image"), IMAGE_QOS)
         self.create_subscription(CompressedImage, "image/compressed",
-                                 lambda m: self._offer_frame(m, compressed_msg_to_rgb, "compressed"), IMAGE_QOS)
+                                 lambda m: self._offer_frame(m, self._decode_compressed, "compressed"), IMAGE_QOS)
         self.create_subscription(String, "text", self._on_text, TEXT_QOS)
         self._periodic: dict[str, object] = {}
         self._set_timer("frame", self._param("frame_rate"), rate=True)
@@ -198,13 +231,34 @@ class InfMLLMNode(Node):
 
     @property
     def executor_threads(self) -> int:
-        # Every waiting query or reset holds a thread; two more keep topics and timers going.
-        return self._param("max_pending_queries") + 3
+        # The running query and every waiting one hold a thread, a reset may hold one more, and two keep topics,
+        # timers and quick refusals going.
+        return self._param("max_pending_queries") + 4
+
+    @property
+    def services_busy(self) -> int:
+        """Query and reset callbacks running now (each has a caller waiting for its response)."""
+        with self._lock:
+            return self._in_service
 
     def close(self) -> None:
-        # The engine stops its current answer at the next token; wait for that, so that the process never
-        # exits while the worker thread is inside the model.
+        """Refuse new queries and stop the model: every caller still waiting is answered "node is shutting down".
+
+        The engine fails what waits and stops its current answer at the next token; this waits for that, so
+        that the process never exits while the worker thread is inside the model.
+        """
+        self._stopping.set()
         self.engine.close(timeout=30.0)
+
+    @contextmanager
+    def _serving(self):
+        with self._lock:
+            self._in_service += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_service -= 1
 
     # --- parameters ------------------------------------------------------------------------------------
     def _param(self, name: str):
@@ -212,6 +266,10 @@ class InfMLLMNode(Node):
 
     def _on_set_parameters(self, params) -> SetParametersResult:
         # Ranges and read-only flags were checked by rclpy against the descriptors already.
+        for p in params:
+            problem = period_problem(p.name, p.value) if p.name in PERIODS else None
+            if problem:
+                return SetParametersResult(successful=False, reason=problem)
         for p in params:
             if p.name == "attention_bias" and self._param("eviction_policy") != "inf_mllm":
                 return SetParametersResult(successful=False, reason=(
@@ -261,6 +319,9 @@ class InfMLLMNode(Node):
         # Decoded only when its turn comes, so frames that get replaced cost nothing.
         self._pending_frame = (msg, convert, source)
 
+    def _decode_compressed(self, msg):
+        return compressed_msg_to_rgb(msg, max_pixels=self._param("max_decoded_pixels"))
+
     def _on_frame_timer(self) -> None:
         pending, self._pending_frame = self._pending_frame, None
         if pending is not None:
@@ -283,8 +344,8 @@ class InfMLLMNode(Node):
     def _on_text(self, msg: String) -> None:
         text = msg.data
         limit = self._param("max_text_chars")
-        if not text.strip():
-            self._reject("text_empty", "empty text message refused")
+        if is_blank(text):
+            self._reject("text_empty", "empty text message refused (no visible character)")
             return
         if len(text) > limit:
             self._reject("text_too_long", f"text of {len(text)} characters refused: longer than max_text_chars "
@@ -406,14 +467,18 @@ class InfMLLMNode(Node):
     # --- periodic output ---------------------------------------------------------------------------------
     def _on_description_timer(self) -> None:
         # One description at a time, and none while nothing new has come in.
-        if self._describing or not self.engine.ready.is_set() or self._inputs_done == self._described_at:
+        if (self._describing or self._stopping.is_set() or not self.engine.ready.is_set()
+                or self._inputs_done == self._described_at):
             return
         stats = self.engine.stats()
         if stats is None or stats.tokens_seen == 0:
             return
         self._described_at = self._inputs_done
-        future = self.engine.submit_describe(self._param("description_prompt") or None,
-                                             max_new_tokens=self._param("max_new_tokens"))
+        try:
+            future = self.engine.submit_describe(self._param("description_prompt") or None,
+                                                 max_new_tokens=self._param("max_new_tokens"))
+        except EngineNotReadyError:  # closed under the timer
+            return
         self._describing = True
         future.add_done_callback(lambda f: self._post("described", f))
 
@@ -437,10 +502,19 @@ class InfMLLMNode(Node):
 
     # --- services ----------------------------------------------------------------------------------------
     def _on_query(self, request: Query.Request, response: Query.Response) -> Query.Response:
+        with self._serving():
+            response = self._answer(request, response)
+            if not response.success and self._stopping.is_set():
+                response.message = SHUTTING_DOWN
+            return response
+
+    def _answer(self, request: Query.Request, response: Query.Response) -> Query.Response:
         start = time.monotonic()
+        if self._stopping.is_set():
+            return self._query_failed(response, SHUTTING_DOWN)
         question = request.question.strip()
         max_new = request.max_new_tokens or self._param("max_new_tokens")
-        if not question:
+        if is_blank(question):
             return self._query_failed(response, "empty question")
         if max_new > MAX_NEW_TOKENS_LIMIT:
             return self._query_failed(response, f"max_new_tokens {max_new} is above the limit {MAX_NEW_TOKENS_LIMIT}")
@@ -475,7 +549,17 @@ class InfMLLMNode(Node):
         response.success, response.message = False, reason
         return response
 
-    def _on_reset(self, _request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+    def _on_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        with self._serving():
+            response = self._clear(request, response)
+            if not response.success and self._stopping.is_set():
+                response.message = SHUTTING_DOWN
+            return response
+
+    def _clear(self, _request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        if self._stopping.is_set():
+            response.success, response.message = False, SHUTTING_DOWN
+            return response
         if not self.engine.ready.is_set():
             error = self.engine.load_error
             response.success = False
@@ -495,14 +579,33 @@ class InfMLLMNode(Node):
         return response
 
 
+def shut_down(node: InfMLLMNode, executor: MultiThreadedExecutor, grace: float = 5.0) -> None:
+    """Stop the model, then keep serving until every caller still waiting has its response.
+
+    Requests that arrive meanwhile are answered at once with "node is shutting down".
+    """
+    node.close()
+    settle = time.monotonic() + 0.3  # requests already on their way get their refusal too
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and (node.services_busy or time.monotonic() < settle):
+        executor.spin_once(timeout_sec=0.05)
+    executor.shutdown(timeout_sec=grace)
+
+
 def main(args=None) -> int:
-    rclpy.init(args=args)
-    node = None
+    # The node handles SIGINT and SIGTERM itself: rclpy's handler would shut the ROS context down at once,
+    # and callers waiting for an answer would never get their response.
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    node = executor = None
     try:
         node = InfMLLMNode()
         executor = MultiThreadedExecutor(num_threads=node.executor_threads)
         executor.add_node(node)
-        executor.spin()
+        while not stop.is_set():
+            executor.spin_once(timeout_sec=0.1)  # wakes up for a signal within 0.1 s
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     except ParameterException as exc:
@@ -510,7 +613,10 @@ def main(args=None) -> int:
         return 1
     finally:
         if node is not None:
-            node.close()
+            if executor is not None:
+                shut_down(node, executor)
+            else:
+                node.close()
             node.destroy_node()
         rclpy.try_shutdown()
     return 0

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 from .bag_io import BagError
 from .engine.policies import INF_MLLM_DEFAULTS
 from .stream_inputs import (
+    MAX_DECODED_PIXELS,
     MAX_TEXT_CHARS,
     Question,
     StreamClock,
@@ -50,6 +51,7 @@ NODE_DEFAULTS = {
     "max_frame_pixels": 0,
     "max_new_tokens": 64,
     "max_text_chars": MAX_TEXT_CHARS,
+    "max_decoded_pixels": MAX_DECODED_PIXELS,
     "system_prompt": None,  # None: the engine's default
     "frame_rate": 0.0,  # offline default: every frame (lockstep replay needs the node at 0.0 too)
 }
@@ -222,7 +224,8 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
         clock = StreamClock()
         emit({"type": "start", "bag_time": 0.0, **stats()})
         for item in stream_inputs(bag.messages(list(kinds)), kinds, bag.start_ns,
-                                  max_text_chars=int(settings["max_text_chars"]), clock=clock):
+                                  max_text_chars=int(settings["max_text_chars"]),
+                                  max_decoded_pixels=int(settings["max_decoded_pixels"]), clock=clock):
             for q in questions_due(questions, asked, item.bag_time):
                 answer(q, bag_time)
                 asked += 1

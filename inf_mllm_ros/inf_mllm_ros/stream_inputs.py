@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from .bag_io import Bag, BagError, BagMessage
-from .image_conversion import ImageConversionError, msg_to_rgb
+from .engine.text_rules import is_blank
+from .image_conversion import DEFAULT_MAX_DECODED_PIXELS, ImageConversionError, msg_to_rgb
 
 __all__ = [
     "DEFAULT_REMAPS",
@@ -52,6 +53,7 @@ NODE_INPUTS = {
     "text": ("std_msgs/msg/String", "text"),
 }
 MAX_TEXT_CHARS = 4000  # the node's default max_text_chars
+MAX_DECODED_PIXELS = DEFAULT_MAX_DECODED_PIXELS  # the node's default max_decoded_pixels
 
 
 def parse_remaps(items: Iterable[str], *, defaults: bool = True) -> dict[str, str]:
@@ -125,11 +127,12 @@ class StreamInput:
 
 
 def stream_inputs(messages: Iterable[BagMessage], kinds: dict[str, str], start_ns: int, *,
-                  max_text_chars: int = MAX_TEXT_CHARS,
+                  max_text_chars: int = MAX_TEXT_CHARS, max_decoded_pixels: int = MAX_DECODED_PIXELS,
                   clock: StreamClock | None = None) -> Iterator[StreamInput]:
     """The node's inputs from bag messages in bag order; messages on other topics are skipped.
 
-    Refusals follow the node: an image that does not decode, an empty text, a text longer than
+    Refusals follow the node: an image that does not decode or declares more than
+    ``max_decoded_pixels``, an empty text (no visible character), a text longer than
     ``max_text_chars``; a refused input does not start the stream clock.
     """
     clock = clock or StreamClock()
@@ -141,14 +144,14 @@ def stream_inputs(messages: Iterable[BagMessage], kinds: dict[str, str], start_n
         msg = item.msg
         if kind == "frame":
             try:
-                data = msg_to_rgb(msg)
+                data = msg_to_rgb(msg, max_decoded_pixels=max_decoded_pixels)
             except ImageConversionError as exc:
                 yield StreamInput("rejected", item.topic, bag_time, None, f"{exc.kind}: {exc}")
                 continue
             yield StreamInput("frame", item.topic, bag_time, clock(msg.header.stamp, item.timestamp_ns), data)
         else:
             text = msg.data
-            if not text.strip():
+            if is_blank(text):
                 yield StreamInput("rejected", item.topic, bag_time, None, "empty text")
             elif len(text) > max_text_chars:
                 yield StreamInput("rejected", item.topic, bag_time, None,
@@ -181,7 +184,7 @@ def parse_ask(text: str) -> Question:
         time_s = float(head)
     except ValueError:
         time_s = math.nan
-    if not sep or not question.strip() or not math.isfinite(time_s) or time_s < 0:
+    if not sep or is_blank(question) or not math.isfinite(time_s) or time_s < 0:
         raise ValueError(f"--ask must look like 'SECONDS:question', e.g. '8:Where did F2 park?', got {text!r}")
     return Question(time_s, question.strip())
 
@@ -205,7 +208,7 @@ def load_questions(path: str | Path) -> list[Question]:
             time_s, question = float(entry["time_s"]), str(entry["question"]).strip()
         except (TypeError, KeyError, ValueError):
             raise ValueError(f"{path}: entry {i} needs a number time_s and a question") from None
-        if not question or not math.isfinite(time_s) or time_s < 0:
+        if is_blank(question) or not math.isfinite(time_s) or time_s < 0:
             raise ValueError(f"{path}: entry {i} needs a time_s >= 0 and a non-empty question")
         out.append(Question(time_s, question, str(entry.get("expected") or "")))
     return sorted(out, key=lambda q: q.time_s)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import array
 import io
 import resource
-import struct
-import zlib
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,6 +20,7 @@ from inf_mllm_ros.image_conversion import (
     rgb_to_compressed_fields,
     rgb_to_image_fields,
 )
+from image_bombs import jpeg_bomb, png_bomb, png_chunk, png_header_only
 
 H, W = 6, 5
 
@@ -192,38 +191,6 @@ def test_msg_to_rgb_dispatches() -> None:
 
 # --- compressed frames that must not be decoded ------------------------------------------
 
-def _png_chunk(kind: bytes, body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-
-def png_bomb(width: int, height: int) -> bytes:
-    """A real 1-bit grey PNG of width x height zeros: about 110 KB for 30000 x 30000 (2.7 GB as RGB)."""
-    row = bytes(1 + (width + 7) // 8)  # filter byte + packed bits
-    packer = zlib.compressobj(9)
-    idat = b"".join(packer.compress(row) for _ in range(height)) + packer.flush()
-    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"IDAT", idat)
-            + _png_chunk(b"IEND", b""))
-
-
-def png_header_only(width: int, height: int, colour_type: int = 2) -> bytes:
-    """A PNG signature and header declaring width x height, and no pixel data."""
-    header = struct.pack(">IIBBBBB", width, height, 8, colour_type, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"IEND", b"")
-
-
-def jpeg_bomb(width: int, height: int) -> bytes:
-    """A valid 8 x 8 JPEG whose frame header is rewritten to declare width x height (631 bytes).
-
-    libjpeg decodes it as a huge image filled in after a 'premature end of data' warning."""
-    data = bytearray(rgb_to_compressed_fields(np.zeros((8, 8, 3), np.uint8), "jpeg")["data"])
-    i = 2
-    while data[i + 1] not in (0xC0, 0xC1, 0xC2):
-        i += 2 + struct.unpack(">H", data[i + 2:i + 4])[0]
-    data[i + 5:i + 9] = struct.pack(">HH", height, width)
-    return bytes(data)
-
-
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
 
@@ -296,7 +263,7 @@ def test_headers_are_read_without_decoding() -> None:
 @pytest.mark.parametrize("data,words", [
     (b"\x89PNG\r\n\x1a\n\x00\x00", "too short"),
     (png_header_only(0, 10), "empty image"),
-    (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IDAT", bytes(13)), "IHDR"),
+    (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IDAT", bytes(13)), "IHDR"),
     (b"\xff\xd8\xff\xd9", "before its frame header"),
     (b"\xff\xd8\xff\xe0\x00", "segment header"),
     (b"\xff\xd8\xff\xe0\x00\x01", "invalid length"),
@@ -321,7 +288,7 @@ def test_slightly_corrupt_jpeg_decodes_without_writing_to_stderr(capfd) -> None:
         assert compressed_msg_to_rgb(SimpleNamespace(format="jpeg", data=cut)).shape == (64, 64, 3)
     # A PNG whose text chunk is damaged is refused, also without a word on stderr.
     png = rgb_to_compressed_fields(_smooth_image(), "png")["data"]
-    bad_text = png[:33] + _png_chunk(b"tEXt", b"Comment\x00hi")[:-4] + b"\x00\x00\x00\x01" + png[33:]
+    bad_text = png[:33] + png_chunk(b"tEXt", b"Comment\x00hi")[:-4] + b"\x00\x00\x00\x01" + png[33:]
     _error(SimpleNamespace(format="png", data=bad_text), compressed_msg_to_rgb)
     captured = capfd.readouterr()
     assert captured.err == "" and captured.out == ""

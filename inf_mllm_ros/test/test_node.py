@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import yaml
 
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_services_default
 from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import String
 from std_srvs.srv import Trigger
@@ -28,7 +28,8 @@ from std_srvs.srv import Trigger
 from inf_mllm_interfaces.msg import CacheStats, Description
 from inf_mllm_interfaces.srv import Query
 from inf_mllm_ros.engine.policies import INF_MLLM_DEFAULTS
-from inf_mllm_ros.image_conversion import rgb_to_compressed_fields, rgb_to_image_fields
+from inf_mllm_ros.image_conversion import DEFAULT_MAX_DECODED_PIXELS, rgb_to_compressed_fields, rgb_to_image_fields
+from image_bombs import jpeg_bomb, png_bomb, png_header_only
 from ros_helpers import Latest, RosProbe
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -50,17 +51,18 @@ RELIABLE = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 
 
 class NodeProcess:
-    def __init__(self, repo_root: Path, env: dict, tmp: Path):
+    def __init__(self, repo_root: Path, env: dict, tmp: Path, params: dict = PARAMS, name: str = NODE):
         exe = repo_root / "install" / "inf_mllm_ros" / "lib" / "inf_mllm_ros" / "inf_mllm_node"
         if not exe.exists():
             pytest.fail(f"{exe} is missing: run scripts/setup.sh")
-        params = tmp / "params.yaml"
-        params.write_text(yaml.safe_dump({"/**": {"ros__parameters": PARAMS}}))
+        params_file = tmp / "params.yaml"
+        params_file.write_text(yaml.safe_dump({"/**": {"ros__parameters": params}}))
         self.log_path = tmp / "node.log"
         self._log = open(self.log_path, "w")
         env = dict(env, PYTHONUNBUFFERED="1", RCUTILS_LOGGING_BUFFERED_STREAM="0", RCUTILS_COLORIZED_OUTPUT="0")
         self.proc = subprocess.Popen(
-            [str(exe), "--ros-args", "--params-file", str(params), "-r", f"__node:={NODE}", "-r", f"__ns:={NAMESPACE}"],
+            [str(exe), "--ros-args", "--params-file", str(params_file), "-r", f"__node:={name}",
+             "-r", f"__ns:={NAMESPACE}"],
             stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def log(self) -> str:
@@ -70,9 +72,16 @@ class NodeProcess:
         if self.proc.poll() is not None:
             raise AssertionError(f"node exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
 
-    def stop(self) -> int | None:
+    def peak_memory_mb(self) -> float:
+        """The process's peak resident memory so far (VmHWM)."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmHWM in /proc/<pid>/status")
+
+    def stop(self, signum: int = signal.SIGINT) -> int | None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+            self.proc.send_signal(signum)
             try:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
@@ -189,6 +198,17 @@ def test_parameters_at_run_time(probe):
     assert probe.stats.last.capacity == PARAMS["cache_size"]
 
 
+def test_periods_have_a_lower_bound(probe):
+    ready_stats(probe)
+    for name in ("stats_period", "description_period"):
+        [tiny] = probe.set_parameters(FQN, **{name: 1e-9})
+        assert not tiny.successful and "0 (off) or at least 0.05 s" in tiny.reason, tiny.reason
+    [ok] = probe.set_parameters(FQN, stats_period=0.05)
+    assert ok.successful, ok.reason
+    [ok] = probe.set_parameters(FQN, stats_period=PARAMS["stats_period"])
+    assert ok.successful, ok.reason
+
+
 def test_bad_input_is_counted_logged_once_and_the_node_carries_on(probe, node):
     ready_stats(probe)
     good = rgb_to_image_fields(rgb())
@@ -197,7 +217,12 @@ def test_bad_input_is_counted_logged_once_and_the_node_carries_on(probe, node):
         ("image_size", probe.image, image_msg(dict(good, step=good["step"] - 5))),
         ("image_size", probe.image, image_msg(dict(good, data=good["data"][:-40]))),
         ("compressed_decode", probe.compressed, CompressedImage(format="jpeg", data=b"\xff\xd8\xff\xe0 not a jpeg")),
+        ("compressed_too_large", probe.compressed, CompressedImage(format="png", data=png_header_only(30000, 30000))),
+        ("compressed_too_large", probe.compressed, CompressedImage(format="jpeg", data=jpeg_bomb(30000, 30000))),
+        ("compressed_format_mismatch", probe.compressed,
+         CompressedImage(format="jpeg", data=rgb_to_compressed_fields(rgb(), "png")["data"])),
         ("text_empty", probe.text, String(data="   ")),
+        ("text_empty", probe.text, String(data="\u200b\u200c\u2060")),
         ("text_too_long", probe.text, String(data="x" * (PARAMS["max_text_chars"] + 1))),
     ]
     for kind, publisher, msg in bad_inputs + bad_inputs:  # twice: logged once, counted twice
@@ -207,9 +232,33 @@ def test_bad_input_is_counted_logged_once_and_the_node_carries_on(probe, node):
     log = node.log()
     for kind in {kind for kind, _, _ in bad_inputs}:
         assert log.count(f"further '{kind}' inputs") == 1, (kind, log[-3000:])
-    assert "max_text_chars" in log and "yuv_unknown" in log
+    assert "max_text_chars" in log and "yuv_unknown" in log and "30000x30000" in log and "says jpeg" in log
     response = ask(probe, PROBE, max_new_tokens=8)
     assert response.success, response.message
+
+
+def test_a_decompression_bomb_on_the_camera_topic_is_refused_in_bounded_memory(probe, node):
+    ready_stats(probe)
+    peak = node.peak_memory_mb()
+    # A real 110 KB PNG of 30000 x 30000 pixels and a 631-byte JPEG declaring as many: 2.7 GB each as RGB.
+    for bomb in (CompressedImage(format="png", data=png_bomb(30000, 30000)),
+                 CompressedImage(format="jpeg", data=jpeg_bomb(30000, 30000))):
+        base = probe.stats.last.inputs_rejected
+        publish_until_matched(probe, probe.compressed, bomb)
+        wait_rejected(probe, base)
+    grew = node.peak_memory_mb() - peak
+    assert grew < 200, f"the node's peak memory grew by {grew:.0f} MB"
+    # The bound is a parameter: at 100 pixels a 24 x 32 frame is refused too.
+    [result] = probe.set_parameters(FQN, max_decoded_pixels=100)
+    assert result.successful, result.reason
+    try:
+        base = probe.stats.last.inputs_rejected
+        publish_until_matched(probe, probe.compressed, CompressedImage(**rgb_to_compressed_fields(rgb(), "png")))
+        wait_rejected(probe, base)
+    finally:
+        [result] = probe.set_parameters(FQN, max_decoded_pixels=DEFAULT_MAX_DECODED_PIXELS)
+        assert result.successful, result.reason
+    assert node.log().count("further 'compressed_too_large' inputs") == 1
 
 
 def test_frames_are_rate_limited_and_handled(probe, node):
@@ -237,6 +286,8 @@ def test_query_errors_say_why(probe):
     ready_stats(probe)
     empty = ask(probe, "  ")
     assert not empty.success and "empty question" in empty.message
+    invisible = ask(probe, "\u200b\u200c\u2060")
+    assert not invisible.success and invisible.message == "empty question"
     too_long = ask(probe, PROBE, max_new_tokens=1_000_000)
     assert not too_long.success and "limit" in too_long.message
 
@@ -263,9 +314,83 @@ def test_reset_clears_the_memory(probe):
     assert stats.tokens_seen == 0
 
 
-def test_stops_cleanly_on_sigint(probe, node):
-    probe.close()
-    assert node.stop() == 0, node.log()[-3000:]
+BURST = 100
+DOCUMENTED_REFUSALS = ("query queue full", "no answer within query_timeout", "model is still loading")
+
+
+def test_a_burst_of_queries_from_many_clients_all_get_an_answer(probe):
+    # 100 callers at once, each its own client: every one hears back within query_timeout, with an answer
+    # or a documented refusal; none is left waiting for a response that never comes.
+    ready_stats(probe)
+    # Every client of a service receives every response and drops those for other clients (Fast DDS). With
+    # 100 clients in this one process, each client's response history must hold the whole burst; callers in
+    # processes of their own do with the default depth.
+    client_qos = QoSProfile(**{**{k: getattr(qos_profile_services_default, k)
+                                  for k in ("history", "reliability", "durability")}, "depth": BURST})
+    clients = [probe.node.create_client(Query, f"{FQN}/query", qos_profile=client_qos) for _ in range(BURST)]
+    try:
+        probe.wait_for(lambda: all(c.service_is_ready() for c in clients), 60, "the service for every client")
+        start = time.monotonic()
+        futures = [c.call_async(Query.Request(question=f"What is {i} plus one?", max_new_tokens=2))
+                   for i, c in enumerate(clients)]
+        query_timeout = 120.0  # the node's default
+        try:
+            # Refusals come at once: only the questions the model takes wait for it.
+            probe.wait_for(lambda: sum(f.done() for f in futures) >= BURST - 9, 30, "the refusals")
+            probe.wait_for(lambda: all(f.done() for f in futures), query_timeout, "a response to every caller")
+        finally:
+            done = sum(f.done() for f in futures)
+            print(f"{done} of {BURST} callers got a response in {time.monotonic() - start:.1f} s")
+        responses = [f.result() for f in futures]
+    finally:
+        for c in clients:
+            probe.node.destroy_client(c)
+    answered = [r for r in responses if r.success]
+    refused = [r.message for r in responses if not r.success]
+    assert answered, refused[:3]
+    assert all(m.startswith(DOCUMENTED_REFUSALS) for m in refused), sorted(set(refused))
+
+
+def test_sigterm_answers_the_callers_waiting_then_exits_cleanly(probe, node):
+    ready_stats(probe)
+    running = probe.query.call_async(
+        Query.Request(question="Count from 1 to 500, one number per line.", max_new_tokens=600))
+    time.sleep(3.0)  # the model is answering it, token by token
+    waiting = probe.query.call_async(Query.Request(question="What came next?", max_new_tokens=4))
+    time.sleep(0.5)
+    assert not running.done(), running.result()
+    assert not waiting.done(), waiting.result()
+    node.proc.send_signal(signal.SIGTERM)
+    probe.alive = lambda: None  # the node is expected to leave
+    probe.wait_for(lambda: running.done() and waiting.done(), 30, "both callers answered after SIGTERM")
+    for response in (running.result(), waiting.result()):
+        assert not response.success and response.message == "node is shutting down", response
+    assert node.proc.wait(30) == 0, node.log()[-3000:]
+    assert node.stop() == 0
+
+
+def test_sigint_stops_a_node_cleanly(tmp_path):
+    # A node of its own, whose model cannot load, so that it is up at once.
+    process = NodeProcess(REPO_ROOT, dict(os.environ), tmp_path, dict(PARAMS, model=str(tmp_path / "none")), "light")
+    probe = RosProbe("light_probe", alive=process.check_alive)
+    try:
+        query = probe.node.create_client(Query, f"{NAMESPACE}/light/query")
+        response = probe.call(query, Query.Request(question="Anyone there?"), timeout=60)
+        assert not response.success and "load" in response.message, response.message
+    finally:
+        probe.close()
+        code = process.stop(signal.SIGINT)
+    assert code == 0, process.log()[-3000:]
+
+
+def test_a_tiny_stats_period_is_refused_at_start(tmp_path):
+    process = NodeProcess(REPO_ROOT, dict(os.environ), tmp_path, dict(PARAMS, stats_period=1e-9), "tiny")
+    try:
+        code = process.proc.wait(60)
+    finally:
+        process.stop()
+    assert code == 1
+    assert "stats_period must be 0 (off) or at least 0.05 s" in process.log(), process.log()[-2000:]
 
 
 # --- the node class in this process: loading and failure paths ---------------------------------------------------
