@@ -14,6 +14,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -202,3 +203,34 @@ def test_stream_clock_and_questions_follow_the_node(short_bag) -> None:
     assert parse_ask("8.5: Where is F2?") == Question(8.5, "Where is F2?")
     with pytest.raises(ValueError, match="SECONDS:question"):
         parse_ask("soon: Where is F2?")
+
+
+def test_stream_inputs_refuse_what_the_node_refuses() -> None:
+    from types import SimpleNamespace
+
+    from image_bombs import jpeg_bomb
+    from inf_mllm_ros.image_conversion import rgb_to_compressed_fields
+    from inf_mllm_ros.stream_inputs import stream_inputs
+
+    def message(topic: str, seconds: float, msg) -> SimpleNamespace:
+        return SimpleNamespace(topic=topic, timestamp_ns=int(seconds * 1e9), msg=msg)
+
+    header = SimpleNamespace(stamp=SimpleNamespace(sec=0, nanosec=0))
+    png = rgb_to_compressed_fields(np.full((8, 8, 3), 90, np.uint8), "png")["data"]
+    items = [
+        message("/narration", 0.0, SimpleNamespace(data="\u200b\u200c\u2060")),
+        message("/camera/image_raw/compressed", 1.0, SimpleNamespace(header=header, format="jpeg",
+                                                                      data=jpeg_bomb(30000, 30000))),
+        message("/camera/image_raw/compressed", 2.0, SimpleNamespace(header=header, format="jpeg", data=png)),
+        message("/camera/image_raw/compressed", 3.0, SimpleNamespace(header=header, format="png", data=png)),
+        message("/narration", 4.0, SimpleNamespace(data="Forklift F2 parked at dock 3.")),
+    ]
+    kinds = {"/narration": "text", "/camera/image_raw/compressed": "frame"}
+    out = list(stream_inputs(items, kinds, 0))
+    assert [i.kind for i in out] == ["rejected", "rejected", "rejected", "frame", "text"]
+    assert out[0].data == "empty text"
+    assert out[1].data.startswith("too_large:") and out[2].data.startswith("format_mismatch:")
+    small = list(stream_inputs(items[3:4], kinds, 0, max_decoded_pixels=63))
+    assert small[0].kind == "rejected" and small[0].data.startswith("too_large:")
+    with pytest.raises(ValueError, match="SECONDS:question"):
+        parse_ask("3: \u200b\u2060")
