@@ -4,11 +4,11 @@
     python benchmarks/recall.py                              # caches 512 and 1024, both settings
     python benchmarks/recall.py --plot-only
 
-Twenty facts ("The code of the red locker is 4817.") are planted early in one stream of text messages
-(paragraphs of a novel, pushed as a robot's messages would be), each after a random number of the
-paragraph's words so that facts sit at varied offsets in the stream and in its chunks. Every fact is
-asked about ("What is the code of the red locker?") as the stream moves 1K, 2K, 4K and 8K tokens past
-it: one stream per policy, cache and setting. Two settings:
+Facts ("The code of the red locker is 4817.") are planted along one stream of text messages
+(paragraphs of a novel, pushed as a robot's messages would be), one every `--fact-every` tokens, each
+after a random number of the paragraph's words so that facts sit at varied offsets in the stream and
+in its chunks. Every fact is asked about ("What is the code of the red locker?") as the stream moves
+each of `--distances` tokens past it: one stream per policy, cache and setting. Two settings:
 - `forgotten`: the fact is never referred to again. No eviction by attention can be expected to keep
   it; reported anyway.
 - `mentioned`: its subject comes up again now and then without its value ("Someone walked past the
@@ -28,7 +28,7 @@ import time
 
 from common import RESULTS, load_records, machine, read_text, write_records
 
-DISTANCES = [1024, 2048, 4096, 8192]
+DISTANCES = [1024, 2048, 4096, 8192]  # default of --distances
 COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple", "grey", "brown"]
 OBJECTS = ["locker", "cabinet"]
 
@@ -67,7 +67,8 @@ def run_one(args) -> list[dict]:
     torch.set_num_threads(args.threads)
     adapter = load_model(args.model, device=args.device, dtype=args.dtype)
     rng = random.Random(args.seed)
-    facts = make_facts(args.seed)
+    facts = make_facts(args.seed)[: args.facts]
+    distances = args.distances
     filler = iter(paragraphs(read_text(args.text)))
     capacity = args.cache
     limit = None
@@ -83,15 +84,16 @@ def run_one(args) -> list[dict]:
     records, asked = [], set()
     t0 = time.perf_counter()
     message = 0
-    while len(asked) < len(facts) * len(DISTANCES):
-        if pending and message % 2 == 0:
-            # Plant one fact every other message, after a random part of a paragraph.
+    while len(asked) < len(facts) * len(distances):
+        if pending and stream.tokens_seen >= args.fact_every * (len(facts) - len(pending) + 1):
+            # Plant the next fact after a random part of a paragraph.
             fact = pending.pop(0)
             words = next(filler).split()
             stream.push_text(" ".join(words[: rng.randint(0, min(40, len(words)))] + [fact["statement"]]))
             planted[fact["fact_id"]] = stream.tokens_seen
         else:
-            active = [f for f in facts if f["fact_id"] in planted]
+            active = [f for f in facts if f["fact_id"] in planted
+                      and any((f["fact_id"], d) not in asked for d in distances)]
             if args.setting == "mentioned" and active and message % args.mention_every == 1:
                 # Round robin: the subject mentioned longest ago comes up next.
                 fact = min(active, key=lambda f: last_mention.get(f["fact_id"], -1))
@@ -102,7 +104,7 @@ def run_one(args) -> list[dict]:
         message += 1
         for fact in facts:
             fid = fact["fact_id"]
-            for distance in DISTANCES:
+            for distance in distances:
                 if fid in planted and (fid, distance) not in asked and stream.tokens_seen - planted[fid] >= distance:
                     asked.add((fid, distance))
                     answer = stream.ask(fact["question"], max_new_tokens=12)
@@ -168,6 +170,9 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--caches", type=int, nargs="+", default=[512, 1024])
+    p.add_argument("--facts", type=int, default=20)
+    p.add_argument("--fact-every", type=int, default=400, help="tokens between planted facts")
+    p.add_argument("--distances", type=int, nargs="+", default=DISTANCES)
     p.add_argument("--policies", nargs="+", default=["full", "streaming_llm", "h2o", "inf_mllm"])
     p.add_argument("--settings", nargs="+", default=["mentioned", "forgotten"])
     p.add_argument("--bias", type=float, default=None, help="inf_mllm attention_bias (default: shipped)")
@@ -200,7 +205,9 @@ def main() -> None:
                     cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache),
                            "--setting", setting, "--model", args.model, "--threads", str(args.threads),
                            "--device", args.device, "--dtype", args.dtype, "--seed", str(args.seed),
-                           "--mention-every", str(args.mention_every)] + (["--text", args.text] if args.text else [])
+                           "--mention-every", str(args.mention_every), "--facts", str(args.facts),
+                           "--fact-every", str(args.fact_every), "--distances", *map(str, args.distances)]
+                    cmd += ["--text", args.text] if args.text else []
                     for flag, value in (("--bias", args.bias), ("--decay", args.decay), ("--pool", args.pool)):
                         cmd += [flag, str(value)] if value is not None else []
                     t = time.time()

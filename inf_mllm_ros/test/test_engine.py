@@ -133,36 +133,6 @@ def test_engine_reports_a_failed_load(tmp_path):
         engine.ask("anyone?")
 
 
-def shift_stream(adapter, policy: str, capacity: int) -> KVStream:
-    """A fact stated once, then a long shift of unrelated events where the fact's subject keeps coming up
-    without its value: several times longer than the cache."""
-    import random
-
-    rng = random.Random(0)
-    things = ["a pallet of bottles", "a cart of boxes", "a crate of tools", "a bin of cables", "a stack of tires"]
-    places = ["aisle 4", "the loading bay", "shelf C2", "the packing table", "the east wall"]
-    stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=policy, chunk_size=64))
-    stream.push_text("The access code of the blue door is 4817.", 1.0)
-    for i in range(40):
-        if i % 3 == 2:
-            stream.push_text("A guard checked the blue door.", 2.0 + i)
-        else:
-            stream.push_text(f"A worker moved {rng.choice(things)} to {rng.choice(places)}.", 2.0 + i)
-    return stream
-
-
-def test_inf_mllm_recalls_a_fact_whose_subject_keeps_coming_up_where_window_forgets(smollm2):
-    question = "What is the access code of the blue door?"
-    full = shift_stream(smollm2, "full", 4096)
-    assert "4817" in full.ask(question, max_new_tokens=16).text, "the probe must be answerable with everything in memory"
-    window = shift_stream(smollm2, "window", 256)
-    assert window.tokens_seen > 4 * 256
-    assert "4817" not in window.ask(question, max_new_tokens=16).text
-    inf = shift_stream(smollm2, "inf_mllm", 256)
-    assert inf.cache.fill == 256
-    assert "4817" in inf.ask(question, max_new_tokens=16).text
-
-
 def test_close_stops_a_long_answer_at_the_next_token(smollm2):
     import time
 

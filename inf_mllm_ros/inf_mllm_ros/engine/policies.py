@@ -129,36 +129,37 @@ class H2OPolicy(EvictionPolicy):
 class InfMLLMPolicy(EvictionPolicy):
     """Inf-MLLM: attention sinks, a recent window, and the attention saddles between, with a recency bias.
 
-    Kept always: the first `sink_size` tokens of the stream, and the newest `recent_size` tokens (at
-    least every token of the prompt just pushed: its own queries cannot judge it fairly, since its last
-    key would be judged by one query, its own). The tokens between are the candidates. At each eviction
-    the candidates' attention from the retrieval window (the queries pushed since the last eviction) is
-    averaged per query: every candidate is older than the window, so every window query sees it. With
-    `score_decay` > 0 a candidate's score is the bias-corrected moving average of that attention over the
-    windows that judged it (saddles draw attention over many prompts; the correction keeps a newcomer's
-    first scores on the same scale as an incumbent's long history):
+    Kept always: the first `sink_size` tokens of the stream, and the newest `recent_size` tokens, at
+    least the block just pushed and the one before it. A block's own queries cannot judge it fairly (its
+    last key would be judged by one query, its own), and the next block's queries sit right after it,
+    where local attention favours its last tokens; so a block is first judged by the block after next.
+    The tokens between are the candidates. At each eviction the candidates' attention from the retrieval
+    window (the queries pushed since the last eviction) is averaged per query: every candidate is older
+    than the window, so every window query sees it. With `score_decay` d > 0, a candidate's attention is a
+    moving average over the windows that judged it, started from zero:
 
-        m <- d * m + (1 - d) * a,   n <- n + 1,   A = m / (1 - d ** n)
+        A <- d * A + (1 - d) * a
 
-    except the first window that judges a candidate: it comes right after the candidate, and local
-    attention favours the tokens nearest to it (the end of each chunk), so it decides alone (A = a) and
-    is not remembered.
-
-    The score ranks candidates by log attention plus a bias toward newer ones, then keeps a kept token's
-    neighbours with it (each candidate scores as the best within `score_pool` slots centred on it):
+    Saddles are the tokens that keep drawing attention over many prompts; a token judged once has shown
+    that for one prompt and counts (1 - d) of its attention, a token that has drawn attention for many
+    prompts counts what it has drawn lately. So a newcomer takes an incumbent's slot only with about
+    1 / (1 - d) times its attention (10x at 0.9) or by the bias, and a fact that drew attention once is
+    not washed out by the next paragraph. The score ranks candidates by log attention plus a bias toward
+    newer ones, and a kept token keeps its neighbours (each candidate scores as the best within
+    `score_pool` slots centred on it):
 
         score = log A + attention_bias * rank / (candidates - 1)      (rank 0 = oldest candidate)
 
     Log attention makes the bias mean the same at any cache size, head count or pooling (they scale all
     attention alike): an older candidate keeps its slot against the newest one only if it draws
-    exp(attention_bias) times more attention; half the stream's span apart, exp(attention_bias / 2).
+    exp(attention_bias) times more attention; half the candidates apart, exp(attention_bias / 2).
     A bias of 0 lets early winners hold the cache; a very large bias turns the candidates into a window.
     `score_decay=0, score_pool=1` is the plain method (the newest window's attention alone).
     """
 
     name = "inf_mllm"
     needs_attention = True
-    slot_stats = ("score_memory", "observations")
+    slot_stats = ("score_memory",)
 
     def __init__(self, recent_size: int, attention_bias: float = 1.0, *, sink_size: int = 4,
                  score_decay: float = 0.0, score_pool: int = 1):
@@ -190,7 +191,9 @@ class InfMLLMPolicy(EvictionPolicy):
     def regions(self, view: SlotView, keep: int) -> tuple[int, int]:
         """(sinks, recent): the slots kept at the front and at the back whatever their score."""
         sinks = min(self.sink_size, keep)
-        recent = min(max(self.recent_size, view.new), keep - sinks)
+        # The block just pushed, and the one before it: the queries right after a block are the ones
+        # whose local attention favours its last tokens, so a block is first judged by the block after next.
+        recent = min(max(self.recent_size, 2 * view.new), keep - sinks)
         return sinks, recent
 
     def scores(self, view: SlotView, sinks: int, recent: int) -> Tensor:
@@ -199,15 +202,13 @@ class InfMLLMPolicy(EvictionPolicy):
         attention = view.window_attention[:, cand] / view.window_queries[cand].clamp(min=1.0)
         seen = view.window_queries[cand] > 0
         if self.score_decay > 0.0:
-            memory, count = view.stats["score_memory"][:, cand], view.stats["observations"][:, cand]
-            count.add_(seen.to(count.dtype))
-            # The first window to judge a candidate is the one right after it, whose local attention
-            # favours the tokens nearest to it: that judgment decides alone and is not remembered.
-            later = seen & (count > 1)
+            # Saddles keep drawing attention: a candidate's score is the evidence of many windows, a
+            # moving average that starts from zero, so a token judged once counts for (1 - d) of its
+            # attention and an incumbent for what it has drawn lately.
+            memory = view.stats["score_memory"][:, cand]
             d = self.score_decay
-            memory.copy_(torch.where(later, d * memory + (1.0 - d) * attention, memory))
-            remembered = memory / (1.0 - torch.pow(d, count - 1)).clamp(min=1.0 - d)
-            attention = torch.where(count > 1, remembered, attention)
+            memory.copy_(torch.where(seen, d * memory + (1.0 - d) * attention, memory))
+            attention = memory
         score = torch.log(attention.clamp(min=1e-30))
         n = score.shape[-1]
         if self.score_pool > 1 and n > 1:
@@ -233,7 +234,7 @@ POLICIES: dict[str, type[EvictionPolicy]] = {
 }
 
 # The settings that ship for inf_mllm (StreamConfig and the node take their defaults from here).
-INF_MLLM_DEFAULTS = {"attention_bias": 1.0, "score_decay": 0.9, "score_pool": 5}
+INF_MLLM_DEFAULTS = {"attention_bias": 1.0, "score_decay": 0.9, "score_pool": 13}
 
 
 def make_policy(
