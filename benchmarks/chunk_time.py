@@ -13,13 +13,11 @@ import time
 
 from common import machine, read_text, write_records
 
-POLICIES = ["streaming_llm", "inf_mllm", "h2o", "window"]
-
-
 def main() -> None:
     import torch
 
     from inf_mllm_ros.engine.loading import load_model
+    from inf_mllm_ros.engine.policies import POLICIES
     from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,14 +32,15 @@ def main() -> None:
     adapter = load_model(args.model, device="cpu", dtype=args.dtype)
     ids = adapter.tokenize(read_text(args.text))
     streams = {}
-    for policy in POLICIES:
+    bounded = sorted(name for name, cls in POLICIES.items() if cls.evicts)
+    for policy in bounded:
         streams[policy] = KVStream(adapter, StreamConfig(capacity=args.cache, policy=policy, chunk_size=64,
                                                          headroom=64, system_prompt=""))
         streams[policy].push_tokens(ids[: 2 * args.cache])  # fill the cache first
-    cpu = {policy: [] for policy in POLICIES}
+    cpu = {policy: [] for policy in bounded}
     pos = 2 * args.cache
     for _ in range(args.rounds):
-        for policy in POLICIES:
+        for policy in bounded:
             for i in range(args.chunks):
                 chunk = ids[pos + 64 * i : pos + 64 * (i + 1)]
                 c0 = time.process_time()
