@@ -226,6 +226,7 @@ class InfMLLMNode(Node):
             max_pending_queries=self._param("max_pending_queries"),
             on_ingested=lambda kind: self._post("ingested", kind),
         )
+        self._set_frame_period(self._param("frame_rate"))
         threading.Thread(target=self._watch_loading, name="inf_mllm_loading", daemon=True).start()
         self.add_on_set_parameters_callback(self._on_set_parameters)
 
@@ -282,6 +283,7 @@ class InfMLLMNode(Node):
                 except ValueError as exc:
                     return SetParametersResult(successful=False, reason=str(exc))
             elif p.name == "frame_rate":
+                self._set_frame_period(p.value)
                 self._set_timer("frame", p.value, rate=True)
                 if p.value == 0.0:
                     self._on_frame_timer()
@@ -297,6 +299,10 @@ class InfMLLMNode(Node):
                           "description_prompt", "max_new_tokens"):
                 self.get_logger().info(f"{p.name} set to {p.value!r}")
         return SetParametersResult(successful=True)
+
+    def _set_frame_period(self, frame_rate: float) -> None:
+        """Under a flood of texts the engine still takes a waiting frame every 1 / frame_rate seconds."""
+        self.engine.frame_period = 1.0 / frame_rate if frame_rate > 0.0 else 0.0
 
     def _set_timer(self, name: str, value: float, rate: bool = False) -> None:
         """(Re)create a periodic timer; value is a period in seconds, or a rate in Hz when rate=True; 0: none."""

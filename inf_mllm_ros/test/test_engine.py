@@ -146,3 +146,106 @@ def test_close_stops_a_long_answer_at_the_next_token(smollm2):
     assert time.monotonic() - start < 10 and not engine._worker.is_alive()
     with pytest.raises(Exception, match="stopped"):
         future.result(0)
+
+
+def _hold_worker(engine):
+    """Queue a long answer and wait until the worker runs it, so that what is submitted next waits."""
+    import time
+
+    hold = engine.submit_ask("Write a long story about a lighthouse.", max_new_tokens=40)
+    while not hold.running():
+        time.sleep(0.005)
+    return hold
+
+
+def test_queued_texts_go_in_one_model_call_each_with_its_own_count(smollm2):
+    engine = StreamingEngine(adapter=smollm2, config=StreamConfig(capacity=1024, chunk_size=128, system_prompt=""),
+                             max_pending_texts=64)
+    engine.wait_ready(60)
+    stream = engine._stream
+    calls = []
+    push_texts = stream.push_texts
+    stream.push_texts = lambda items: calls.append(len(items)) or push_texts(items)
+    hold = _hold_worker(engine)
+    futures = [engine.submit_text(f"Pallet {i} moved to rack {i % 7}.", stamp=float(i)) for i in range(40)]
+    counts = [f.result(120) for f in futures]
+    hold.result(120)
+    assert calls == [40]  # was 40 calls, one per text
+    assert engine.stats().texts_ingested == 40
+    assert all(isinstance(n, int) and n > 5 for n in counts)
+    # each text is its own turn: the counts add up to what the stream took in
+    assert sum(counts) == engine.stats().tokens_seen
+    single = KVStream(smollm2, StreamConfig(capacity=1024, system_prompt=""))
+    assert single.push_text("Pallet 3 moved to rack 3.", stamp=3.0) == counts[3]
+    engine.close()
+
+
+def test_a_question_sees_the_texts_before_it_and_not_those_after(smollm2):
+    engine = StreamingEngine(adapter=smollm2, config=StreamConfig(capacity=1024, chunk_size=128, system_prompt=""))
+    engine.wait_ready(60)
+    stream = engine._stream
+    seen_at_question = []
+    ask = stream.ask
+    stream.ask = lambda q, **kw: seen_at_question.append(stream.texts_ingested) or ask(q, **kw)
+    hold = _hold_worker(engine)
+    seen_at_question.clear()
+    before = [engine.submit_text(f"Note {i}: all quiet in aisle {i}.") for i in range(9)]
+    before.append(engine.submit_text("The code of the red locker is 4817."))
+    question = engine.submit_ask("What is the code of the red locker?", max_new_tokens=16)
+    after = [engine.submit_text(f"Late note {i}.") for i in range(5)]
+    answer = question.result(120)
+    hold.result(120)
+    assert all(f.done() for f in before)
+    assert seen_at_question == [10]
+    assert "4817" in answer.text
+    for f in after:
+        f.result(120)
+    assert engine.stats().texts_ingested == 15
+    engine.close()
+
+
+def test_under_a_flood_of_texts_a_frame_goes_in_every_frame_period(smollm2):
+    import time
+
+    from inf_mllm_ros.engine.engine import EngineBusyError as Busy
+
+    period = 0.5
+    engine = StreamingEngine(adapter=smollm2, config=StreamConfig(capacity=512, chunk_size=128),
+                             max_pending_texts=16, frame_period=period)
+    engine.wait_ready(60)
+    stream = engine._stream
+    frames_taken, text_calls = [], []
+    # smollm2 is text only: the frame job is recorded where the model would encode it
+    stream.push_frame = lambda rgb, stamp=None: frames_taken.append(time.monotonic()) or 1
+    push_texts = stream.push_texts
+
+    def timed(items):
+        start = time.monotonic()
+        try:
+            return push_texts(items)
+        finally:
+            text_calls.append(time.monotonic() - start)
+
+    stream.push_texts = timed
+    frame = torch.zeros(4, 4, 3, dtype=torch.uint8).numpy()
+    start = time.monotonic()
+    futures = []
+    next_frame = start
+    # until a few text calls and frames went in (the model's speed depends on the machine)
+    while (len(text_calls) < 4 or len(frames_taken) < 4) and time.monotonic() - start < 300:
+        for _ in range(16):  # keep the text queue full
+            future = engine.submit_text("Conveyor 4 carried another box past the scanner.")
+            if future.done() and isinstance(future.exception(), Busy):
+                break
+            futures.append(future)
+        if time.monotonic() >= next_frame:  # a 10 Hz camera
+            engine.submit_frame(frame, stamp=time.monotonic() - start)
+            next_frame += 0.1
+        time.sleep(0.01)
+    engine.close()
+    assert engine.counters.texts_refused > 0  # it was a flood
+    assert sum(1 for f in futures if f.done() and not f.exception()) >= 16  # texts progressed
+    assert len(frames_taken) >= 4  # was 0: no frame while texts waited
+    # a frame waits at most the rest of the period and the text call under way (plus the camera's 0.1 s)
+    gaps = [b - a for a, b in zip(frames_taken, frames_taken[1:])]
+    assert max(gaps) <= period + max(text_calls) + 0.5, (gaps, text_calls)

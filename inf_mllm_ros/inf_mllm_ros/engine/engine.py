@@ -1,7 +1,21 @@
 """A thread-safe front for one `KVStream`: one worker runs the model, callers get futures.
 
-Work is taken in this order: control (reset), then texts and questions in arrival order, then the
-newest camera frame. Frames are kept one deep: a frame that arrives while another waits replaces it
+Order of work. Each time the worker is free it takes, in this order:
+
+1. control (reset), at once;
+2. the waiting camera frame, if it is due: the previous job was not a frame and at least
+   `frame_period` seconds have passed since the last frame was taken (`frame_period` 0: frames and
+   other work alternate; None: a frame only when nothing else waits);
+3. otherwise the oldest message: a question alone, or every text waiting in a row before the next
+   question, pushed together in one model call (`KVStream.push_texts`: each text still its own user
+   turn with its own time marker, counted one by one in `texts_ingested`, its future resolved with
+   its own token count);
+4. otherwise the frame.
+
+So a question sees every text submitted before it, and waits behind at most one text call per
+question ahead of it (and a frame); under a flood of texts a frame still goes in every `frame_period`
+seconds or every other job, and under a camera faster than the model texts and questions still
+get every other job. Frames are kept one deep: a frame that arrives while another waits replaces it
 and the older one counts as dropped, so a camera faster than the model never builds a backlog.
 Texts and questions have bounded queues; when one is full the call is refused at once with a reason.
 """
@@ -64,6 +78,7 @@ class StreamingEngine:
         max_pending_texts: int = 64,
         max_pending_queries: int = 8,
         on_ingested: Callable[[str], None] | None = None,
+        frame_period: float | None = 0.0,
     ):
         self.config = config or StreamConfig()
         self.max_pending_texts = max_pending_texts
@@ -80,6 +95,9 @@ class StreamingEngine:
         self._pending_texts = 0
         self._pending_queries = 0
         self._frame: tuple | None = None
+        self.frame_period = frame_period  # seconds; may change at any time (see the module docstring)
+        self._last_frame_taken = float("-inf")
+        self._last_kind: str | None = None
         self._closed = False
         loader = (lambda: adapter) if adapter is not None else (
             lambda: load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
@@ -97,7 +115,7 @@ class StreamingEngine:
                 self.counters.texts_refused += 1
                 return _failed(EngineBusyError(f"text queue full ({self.max_pending_texts} waiting); message refused"))
             self._pending_texts += 1
-            return self._enqueue(self._messages, "text", lambda s: s.push_text(text, stamp))
+            return self._enqueue(self._messages, "text", (text, stamp))
 
     def submit_frame(self, rgb: np.ndarray, stamp: float | None = None) -> Future:
         future: Future = Future()
@@ -237,33 +255,64 @@ class StreamingEngine:
                 if self._closed:
                     return
                 kind, fn, future = self._next_job()
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = fn(self._stream)
-            except Exception as exc:  # the stream left its memory as it was; the caller gets the reason
-                future.set_exception(exc)
-                self._count(kind, ok=False)
+            if kind == "texts":
+                self._run_texts(fn)
             else:
-                future.set_result(result)
-                self._count(kind, ok=True)
+                if not future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    result = fn(self._stream)
+                except Exception as exc:  # the stream left its memory as it was; the caller gets the reason
+                    future.set_exception(exc)
+                    self._count(kind, ok=False)
+                else:
+                    future.set_result(result)
+                    self._count(kind, ok=True)
             with self._lock:
                 self._stats = self._stream.stats()
-            if self._on_ingested is not None and kind in ("text", "frame"):
-                self._on_ingested(kind)
+            if self._on_ingested is not None and kind in ("texts", "frame"):
+                self._on_ingested("text" if kind == "texts" else kind)
+
+    def _run_texts(self, batch: list) -> None:
+        """Push a batch of texts in one model call; each future gets its own token count."""
+        live = [(item, future) for _, item, future in batch if future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        try:
+            counts = self._stream.push_texts([item for item, _ in live])
+        except Exception as exc:  # the stream left its memory as it was; every caller gets the reason
+            for _, future in live:
+                future.set_exception(exc)
+            self._count("texts", ok=False)
+        else:
+            for (_, future), n in zip(live, counts):
+                future.set_result(n)
+
+    def _frame_due(self, now: float) -> bool:
+        period = self.frame_period
+        if period is None or self._last_kind == "frame":
+            return False
+        return now - self._last_frame_taken >= period
 
     def _next_job(self):
+        """The next job as (kind, fn, future); kind "texts" carries the batch of text jobs in place of fn."""
         if self._control:
             return self._control.popleft()
-        if self._messages:
-            job = self._messages.popleft()
-            if job[0] == "text":
-                self._pending_texts -= 1
-            else:
-                self._pending_queries -= 1
+        now = time.monotonic()
+        if self._frame is not None and (not self._messages or self._frame_due(now)):
+            job, self._frame = self._frame, None
+            self._last_frame_taken, self._last_kind = now, "frame"
             return job
-        job, self._frame = self._frame, None
-        return job
+        if self._messages[0][0] == "query":
+            self._pending_queries -= 1
+            self._last_kind = "query"
+            return self._messages.popleft()
+        batch = []
+        while self._messages and self._messages[0][0] == "text":
+            batch.append(self._messages.popleft())
+        self._pending_texts -= len(batch)
+        self._last_kind = "texts"
+        return "texts", batch, None
 
     def _count(self, kind: str, ok: bool) -> None:
         with self._lock:

@@ -186,6 +186,27 @@ class KVStream:
         self.texts_ingested += 1
         return n
 
+    def push_texts(self, items: list[tuple[str, float | None]]) -> list[int]:
+        """Push several messages, each its own user turn with its own time marker, as one prompt.
+
+        One model call (in chunk_size blocks) for all of them; the memory ends exactly as if each had been
+        pushed with push_text in turn, apart from where evictions fall. Returns each message's token count.
+        """
+        items = list(items)
+        if not items:
+            return []
+        if any(is_blank(text) for text, _ in items):
+            raise ValueError("empty text")
+        self._ensure_started()
+        turns = [
+            self.adapter.tokenize_turn(self.adapter.chat.user_parts(
+                text if stamp is None else f"[{_clock(stamp)}] {text}"))
+            for text, stamp in items
+        ]
+        self._push(self.adapter.text_prompt(torch.cat(turns)))
+        self.texts_ingested += len(items)
+        return [int(t.numel()) for t in turns]
+
     def push_frame(self, rgb: np.ndarray, stamp: float | None = None) -> int:
         """Push one camera frame (H x W x 3 uint8 RGB) as a user turn; returns its token count."""
         prompt = self.adapter.frame_prompt(rgb, stamp, max_pixels=self.config.max_frame_pixels)
