@@ -30,7 +30,7 @@ setup(
         ("share/ament_index/resource_index/packages", ["resource/" + PACKAGE]),
         ("share/" + PACKAGE, ["package.xml"]),
         ("share/" + PACKAGE + "/launch", files("launch/*.py")),
-        ("share/" + PACKAGE + "/config", files("config/*.yaml")),
+        ("share/" + PACKAGE + "/config", files("config/*.yaml") + files("config/*.xml")),
     ]
     + tree("sample_bags"),
     install_requires=["setuptools"],

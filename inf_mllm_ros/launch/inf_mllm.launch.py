@@ -7,6 +7,9 @@ Arguments left empty keep the value from the params file (or the node's default)
 `image_topic` remaps both `image` and `image/compressed` (image_transport's naming).
 """
 
+import os
+
+from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
@@ -24,6 +27,14 @@ ARGUMENTS = {
     "node_name": "Name of the node",
 }
 DEFAULTS = {"image_topic": "image", "text_topic": "text", "node_name": "inf_mllm"}
+
+
+def _fastdds_env():
+    """Fast DDS with large shared-memory segments for raw frames, unless a profile is chosen already."""
+    if os.environ.get("FASTDDS_DEFAULT_PROFILES_FILE") or os.environ.get("FASTDDS_BUILTIN_TRANSPORTS"):
+        return {}
+    profile = os.path.join(get_package_share_directory("inf_mllm_ros"), "config", "fastdds_large_frames.xml")
+    return {"FASTDDS_DEFAULT_PROFILES_FILE": profile}
 
 
 def _node(context):
@@ -49,6 +60,7 @@ def _node(context):
             remappings=[("image", image), ("image/compressed", image + "/compressed"), ("text", arg["text_topic"])],
             output="screen",
             emulate_tty=True,
+            additional_env=_fastdds_env(),
         )
     ]
 
