@@ -8,6 +8,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 from common import load_records
+from inf_mllm_ros.engine.policies import INF_MLLM_DEFAULTS
+
+SHIPPED_BIAS = INF_MLLM_DEFAULTS["attention_bias"]
 
 
 def perplexity_table() -> str:
@@ -18,7 +21,7 @@ def perplexity_table() -> str:
     lines = ["| policy | cache | positions | tokens | first 4K bin | last bin | mean over bins | ms/token | KV bytes constant |",
              "|---|---|---|---|---|---|---|---|---|"]
     for (policy, cache, mode, bias), rs in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        name = policy if policy != "inf_mllm" or bias in (None, 1e-3) else f"inf_mllm (bias {bias:g})"
+        name = policy if policy != "inf_mllm" or bias in (None, SHIPPED_BIAS) else f"inf_mllm (bias {bias:g})"
         ppl = [r["ppl"] for r in rs]
         lines.append(f"| {name} | {cache} | {mode} | {rs[-1]['tokens']} | {ppl[0]:.1f} | {ppl[-1]:.1f} | "
                      f"{sum(ppl) / len(ppl):.1f} | {rs[-1]['ms_per_token']:.1f} | {rs[0]['kv_bytes_constant']} |")
