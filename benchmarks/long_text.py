@@ -7,7 +7,7 @@
 The text (a Project Gutenberg novel by default, header and footer removed) is pushed in chunks of 64
 tokens with eviction after each, exactly as a robot's stream would be; each token's loss comes from the
 logits the model gave before seeing it. Each run is its own process so its peak memory is its own.
-Results: benchmarks/results/long_text_ppl.json (and bias_sweep.json), flat records, one per bin.
+Results: benchmarks/results/long_text_ppl.json (bias_sweep.json for --bias-sweep), flat records, one per bin.
 """
 
 from __future__ import annotations
