@@ -351,6 +351,40 @@ def test_a_burst_of_queries_from_many_clients_all_get_an_answer(probe):
     assert all(m.startswith(DOCUMENTED_REFUSALS) for m in refused), sorted(set(refused))
 
 
+# Before the SIGTERM test, which ends the shared node.
+def test_full_size_raw_frames_from_another_process_reach_the_node(probe):
+    """640x480 and 1280x720 rgb8 at 30 Hz, best effort like a camera driver, from this process.
+
+    With Fast DDS's defaults almost none of these arrive (fragments lost); scripts/env.sh and the launch
+    file give both sides config/fastdds_large_frames.xml. Every frame that reaches the node is ingested or
+    counted as dropped (frame_rate is 2 Hz here).
+    """
+    from rclpy.qos import qos_profile_sensor_data
+
+    ready_stats(probe)
+    camera = probe.node.create_publisher(Image, f"{NAMESPACE}/image", qos_profile_sensor_data)
+    probe.wait_for(lambda: camera.get_subscription_count() > 0, 30, "the node's image subscription")
+    time.sleep(1.0)  # matching on both sides
+    profile = os.environ.get("FASTDDS_DEFAULT_PROFILES_FILE", "(none)")
+    for width, height in ((640, 480), (1280, 720)):
+        before = probe.stats.last
+        frame = image_msg(rgb_to_image_fields(
+            np.random.default_rng(width).integers(0, 256, (height, width, 3), dtype=np.uint8)))
+        sent, next_time, end = 0, time.monotonic(), time.monotonic() + 3.0
+        while time.monotonic() < end:
+            camera.publish(frame)
+            sent += 1
+            next_time += 1 / 30
+            time.sleep(max(0.0, next_time - time.monotonic()))
+        handled = lambda m: m.frames_ingested + m.frames_dropped - before.frames_ingested - before.frames_dropped
+        # the last frame may still wait for the rate gate or the model
+        probe.stats.wait(lambda m: handled(m) >= 0.6 * sent, timeout=60,
+                         what=f"{width}x{height}: 60% of {sent} frames ingested or dropped (profile {profile})")
+        time.sleep(1.0)
+        print(f"{width}x{height} rgb8: sent {sent}, ingested or dropped {handled(probe.stats.last)}")
+    probe.node.destroy_publisher(camera)
+
+
 def test_sigterm_answers_the_callers_waiting_then_exits_cleanly(probe, node):
     ready_stats(probe)
     running = probe.query.call_async(
@@ -514,36 +548,3 @@ def test_busy_failing_and_slow_engine_answers_say_why(local_node):
     engine.answer = Future  # never answers
     slow = ask(probe, "What happened?")
     assert not slow.success and "query_timeout" in slow.message
-
-
-def test_full_size_raw_frames_from_another_process_reach_the_node(probe):
-    """640x480 and 1280x720 rgb8 at 30 Hz, best effort like a camera driver, from this process.
-
-    With Fast DDS's defaults almost none of these arrive (fragments lost); scripts/env.sh and the launch
-    file give both sides config/fastdds_large_frames.xml. Every frame that reaches the node is ingested or
-    counted as dropped (frame_rate is 2 Hz here).
-    """
-    from rclpy.qos import qos_profile_sensor_data
-
-    ready_stats(probe)
-    camera = probe.node.create_publisher(Image, f"{NAMESPACE}/image", qos_profile_sensor_data)
-    probe.wait_for(lambda: camera.get_subscription_count() > 0, 30, "the node's image subscription")
-    time.sleep(1.0)  # matching on both sides
-    profile = os.environ.get("FASTDDS_DEFAULT_PROFILES_FILE", "(none)")
-    for width, height in ((640, 480), (1280, 720)):
-        before = probe.stats.last
-        frame = image_msg(rgb_to_image_fields(
-            np.random.default_rng(width).integers(0, 256, (height, width, 3), dtype=np.uint8)))
-        sent, next_time, end = 0, time.monotonic(), time.monotonic() + 3.0
-        while time.monotonic() < end:
-            camera.publish(frame)
-            sent += 1
-            next_time += 1 / 30
-            time.sleep(max(0.0, next_time - time.monotonic()))
-        handled = lambda m: m.frames_ingested + m.frames_dropped - before.frames_ingested - before.frames_dropped
-        # the last frame may still wait for the rate gate or the model
-        probe.stats.wait(lambda m: handled(m) >= 0.6 * sent, timeout=60,
-                         what=f"{width}x{height}: 60% of {sent} frames ingested or dropped (profile {profile})")
-        time.sleep(1.0)
-        print(f"{width}x{height} rgb8: sent {sent}, ingested or dropped {handled(probe.stats.last)}")
-    probe.node.destroy_publisher(camera)
