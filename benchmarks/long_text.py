@@ -174,6 +174,7 @@ def plot(out_name: str, png: str, group_key: str) -> None:
     panels = sorted({str(r[group_key]) for r in records if r["cache_size"] != "all"}, key=lambda x: float(x))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), sharey=True, squeeze=False)
     full = [r for r in records if r["policy"] == "full"]
+    colours: dict[str, str] = {}  # one colour per run label across the panels
     for ax, panel in zip(axes[0], panels):
         runs = {}
         for r in records:
@@ -184,14 +185,15 @@ def plot(out_name: str, png: str, group_key: str) -> None:
                 runs.setdefault(label, []).append(r)
         if full:
             runs["full cache (in context)"] = full
-        for label, rs in runs.items():
-            ax.plot([r["bin_last_token"] / 1000 for r in rs], [r["ppl"] for r in rs], marker="o", ms=3, label=label)
+        for label, rs in sorted(runs.items()):
+            ax.plot([r["bin_last_token"] / 1000 for r in rs], [r["ppl"] for r in rs], marker="o", ms=3, label=label,
+                    color=colours.setdefault(label, f"C{len(colours)}"))
         ax.set_title(f"{group_key} = {panel}")
+        ax.legend(fontsize=8)
         ax.set_xlabel("tokens streamed (thousands)")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("perplexity per 4K-token bin")
-    axes[0][-1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(RESULTS / png, dpi=110)
 
