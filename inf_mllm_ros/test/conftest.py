@@ -36,3 +36,17 @@ def ros_env() -> dict:
     env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
     env["ROS_DOMAIN_ID"] = RUN_DOMAIN_ID
     return env
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models: thread start-up costs more than it saves, and on a busy machine far more."""
+    import warnings
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message=".*torchvision.*")
+    yield
+    torch.set_num_threads(threads)

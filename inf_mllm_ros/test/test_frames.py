@@ -8,7 +8,6 @@ and its peak; broken frames must be refused before they touch memory.
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import pytest
@@ -23,14 +22,7 @@ from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 QUESTION = "What is on the table?"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models: thread start-up costs more than it saves, and on a busy machine far more.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore", message=".*torchvision.*")
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="session")
