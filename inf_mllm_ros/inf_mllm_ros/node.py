@@ -507,12 +507,16 @@ class InfMLLMNode(Node):
         self._stats_pub.publish(msg)
 
     # --- services ----------------------------------------------------------------------------------------
-    def _on_query(self, request: Query.Request, response: Query.Response) -> Query.Response:
+    def _served(self, handler, request, response):
+        """Run a service handler counted as in flight; a failure during shutdown says so."""
         with self._serving():
-            response = self._answer(request, response)
+            response = handler(request, response)
             if not response.success and self._stopping.is_set():
                 response.message = SHUTTING_DOWN
             return response
+
+    def _on_query(self, request: Query.Request, response: Query.Response) -> Query.Response:
+        return self._served(self._answer, request, response)
 
     def _answer(self, request: Query.Request, response: Query.Response) -> Query.Response:
         start = time.monotonic()
@@ -556,11 +560,7 @@ class InfMLLMNode(Node):
         return response
 
     def _on_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
-        with self._serving():
-            response = self._clear(request, response)
-            if not response.success and self._stopping.is_set():
-                response.message = SHUTTING_DOWN
-            return response
+        return self._served(self._clear, request, response)
 
     def _clear(self, _request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         if self._stopping.is_set():
