@@ -198,6 +198,51 @@ class BoundedLayer(CacheLayerMixin):
         self.frontier = 0
         self.window_start = 0
 
+    # --- saved state -----------------------------------------------------------------------------------
+    def export_state(self) -> dict[str, Tensor]:
+        """The held slots and their bookkeeping, trimmed to `fill` (empty before the first token)."""
+        if not self.is_initialized:
+            return {}
+        n = self.fill
+        state = {
+            "keys": self.keys[0, :, :n], "values": self.values[0, :, :n],
+            "pos_start": self.pos_start[:, :n], "pos_end": self.pos_end[:, :n], "seq": self.seq[:, :n],
+            "window_attention": self.window_attention[:, :n], "window_queries": self.window_queries[:n],
+            "counters": torch.tensor([self.fill, self.frontier, self.window_start], dtype=torch.long),
+        }
+        state.update({f"stat.{name}": stat[:, :n] for name, stat in self.stats.items()})
+        if self.key_origin is not None:
+            state.update(key_origin=self.key_origin[0, :, :n], pos_origin=self.pos_origin[:, :n])
+        return {name: t.contiguous() for name, t in state.items()}
+
+    def import_state(self, state: dict[str, Tensor], *, dtype: torch.dtype, device: torch.device) -> None:
+        """Restore what `export_state` gave (storage is allocated here if it was not yet)."""
+        if not state:
+            self.reset()
+            return
+        fill, frontier, window_start = (int(v) for v in state["counters"])
+        keys, values = state["keys"], state["values"]
+        if fill > self.owner.capacity or keys.shape[1] != fill:
+            raise ValueError(f"saved layer holds {keys.shape[1]} tokens (fill {fill}); the cache keeps {self.owner.capacity}")
+        if not self.is_initialized:
+            self.lazy_initialization(keys[None].to(device, dtype), values[None].to(device, dtype))
+        if self.keys.shape[1] != keys.shape[0] or self.keys.shape[-1] != keys.shape[-1]:
+            raise ValueError(f"saved keys {tuple(keys.shape)} do not fit this model's {tuple(self.keys.shape[1:])}")
+        if set(self.stats) != {k[5:] for k in state if k.startswith("stat.")}:
+            raise ValueError("saved policy statistics differ from this policy's")
+        self.keys[0, :, :fill] = keys.to(device, dtype)
+        self.values[0, :, :fill] = values.to(device, dtype)
+        for name in ("pos_start", "pos_end", "seq", "window_attention"):
+            getattr(self, name)[:, :fill] = state[name].to(device)
+        self.window_queries[:fill] = state["window_queries"].to(device)
+        for name, stat in self.stats.items():
+            stat[:, :fill] = state[f"stat.{name}"].to(device)
+        if self.key_origin is not None:
+            # Saved from float32 (no origin kept) into half precision: the keys are their own origin.
+            self.key_origin[0, :, :fill] = state.get("key_origin", keys).to(device, dtype)
+            self.pos_origin[:, :fill] = state.get("pos_origin", state["pos_start"]).to(device)
+        self.fill, self.frontier, self.window_start = fill, frontier, window_start
+
     # --- Inf-MLLM bookkeeping --------------------------------------------------------------------------
     def observe(self, query: Tensor, key: Tensor, scaling: float, scores: Tensor | None = None) -> None:
         """Add the attention the new queries pay to every visible slot (computed here unless given)."""
@@ -375,3 +420,29 @@ class BoundedKVCache(Cache):
             layer.reset()
         self.tokens_evicted = 0
         self.evictions = 0
+
+    def export_state(self) -> dict[str, Tensor]:
+        """Every layer's slots and the cache's counters, as named tensors (see `import_state`)."""
+        state = {"cache.counters": torch.tensor([self.tokens_evicted, self.evictions], dtype=torch.long)}
+        for i, layer in enumerate(self.layers):
+            state.update({f"layer.{i}.{name}": t.cpu() for name, t in layer.export_state().items()})
+        return state
+
+    def import_state(self, state: dict[str, Tensor], *, dtype: torch.dtype, device: torch.device) -> None:
+        """Replace the whole memory with a saved one; on an error the cache is left empty."""
+        # The storage is made inside the model's forward (inference mode): write it the same way.
+        with torch.inference_mode():
+            self._import_state(state, dtype=dtype, device=device)
+
+    def _import_state(self, state: dict[str, Tensor], *, dtype: torch.dtype, device: torch.device) -> None:
+        try:
+            for i, layer in enumerate(self.layers):
+                prefix = f"layer.{i}."
+                layer.import_state({k[len(prefix):]: t for k, t in state.items() if k.startswith(prefix)},
+                                   dtype=dtype, device=device)
+            if any(k.startswith(f"layer.{len(self.layers)}.") for k in state):
+                raise ValueError("saved memory has more layers than this model")
+            self.tokens_evicted, self.evictions = (int(v) for v in state["cache.counters"])
+        except Exception:
+            self.reset()
+            raise

@@ -18,6 +18,12 @@ seconds or every other job, and under a camera faster than the model texts and q
 get every other job. Frames are kept one deep: a frame that arrives while another waits replaces it
 and the older one counts as dropped, so a camera faster than the model never builds a backlog.
 Texts and questions have bounded queues; when one is full the call is refused at once with a reason.
+
+Memory file. With `memory_file` set, the worker restores the memory from it once the model is loaded
+(a file that cannot be used is renamed aside with the reason in `memory_status`, and the stream starts
+fresh), saves it every `checkpoint_period` seconds when it has changed, on `submit_save`, and last of
+all when the engine closes. Saving runs on the worker between jobs, so a file is always a memory that
+existed between two inputs.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import numpy as np
 
 from .adapters import ModelAdapter
 from .loading import DEFAULT_MODEL, load_model
+from .memory_file import MemoryFileError, MemoryFileInfo, load_memory, model_fingerprint, save_memory, set_aside
 from .stream import Answer, KVStream, StreamConfig, StreamStats
 from .text_rules import is_blank
 
@@ -56,6 +63,7 @@ class EngineCounters:
     queries_answered: int = 0
     queries_failed: int = 0
     jobs_failed: int = 0
+    checkpoints_failed: int = 0
 
 
 class StreamingEngine:
@@ -79,6 +87,8 @@ class StreamingEngine:
         max_pending_queries: int = 8,
         on_ingested: Callable[[str], None] | None = None,
         frame_period: float | None = 0.0,
+        memory_file: str | None = None,
+        checkpoint_period: float = 0.0,
     ):
         self.config = config or StreamConfig()
         self.max_pending_texts = max_pending_texts
@@ -99,6 +109,13 @@ class StreamingEngine:
         self._last_frame_taken = float("-inf")
         self._last_kind: str | None = None
         self._closed = False
+        self.memory_file = memory_file or None
+        self.checkpoint_period = checkpoint_period  # seconds; 0: only on submit_save and at close
+        self.memory_status = "no memory file" if self.memory_file is None else "not restored yet"
+        self.last_saved: MemoryFileInfo | None = None
+        self._saved_state: tuple | None = None
+        self._next_checkpoint = float("inf")
+        self._fingerprint: str | None = None
         loader = (lambda: adapter) if adapter is not None else (
             lambda: load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         )
@@ -142,6 +159,16 @@ class StreamingEngine:
         with self._lock:
             self._check_open()
             return self._enqueue(self._control, "control", lambda s: s.reset())
+
+    def submit_save(self) -> Future:
+        """Save the memory to `memory_file` now (after the job in progress); the future gives MemoryFileInfo."""
+        if self.memory_file is None:
+            return _failed(ValueError("no memory_file is set; nothing to save to"))
+        with self._lock:
+            if not self.ready.is_set():
+                return _failed(EngineNotReadyError(self._closed_reason() if self._closed else "model is still loading"))
+            self._check_open()
+            return self._enqueue(self._control, "control", lambda s: self._save(s))
 
     def _submit_query(self, fn) -> Future:
         with self._lock:
@@ -241,6 +268,8 @@ class StreamingEngine:
     def _run(self, loader) -> None:
         try:
             self._stream = KVStream(loader(), self.config)
+            if self.memory_file is not None:
+                self._restore(self._stream)
             with self._lock:
                 self._stats = self._stream.stats()
             self.ready.set()
@@ -251,10 +280,16 @@ class StreamingEngine:
         while True:
             with self._lock:
                 while not (self._closed or self._control or self._messages or self._frame):
-                    self._lock.wait()
+                    if time.monotonic() >= self._next_checkpoint:
+                        break
+                    self._lock.wait(min(self._next_checkpoint - time.monotonic(), 3600.0))
                 if self._closed:
-                    return
-                kind, fn, future = self._next_job()
+                    break
+                job = self._next_job() if (self._control or self._messages or self._frame) else None
+            if job is None:  # a checkpoint is due and nothing waits
+                self._checkpoint()
+                continue
+            kind, fn, future = job
             if kind == "texts":
                 self._run_texts(fn)
             else:
@@ -272,6 +307,60 @@ class StreamingEngine:
                 self._stats = self._stream.stats()
             if self._on_ingested is not None and kind in ("texts", "frame"):
                 self._on_ingested("text" if kind == "texts" else kind)
+            if time.monotonic() >= self._next_checkpoint:
+                self._checkpoint()
+        if self.memory_file is not None:
+            self._checkpoint()  # the last save, after the job that close() stopped
+
+    # --- memory file ---------------------------------------------------------------------------------
+    def _memory_state(self, stream: KVStream) -> tuple:
+        return (stream.tokens_seen, stream.cache.fill, stream.cache.evictions, stream.texts_ingested,
+                stream.frames_ingested)
+
+    def _restore(self, stream: KVStream) -> None:
+        self._fingerprint = model_fingerprint(stream.adapter)
+        try:
+            info = load_memory(stream, self.memory_file, self._fingerprint)
+        except MemoryFileError as exc:
+            if exc.kind == "missing":
+                self.memory_status = f"no memory file at {self.memory_file} yet; starting fresh"
+            else:
+                try:
+                    aside = f"kept aside as {set_aside(self.memory_file)}"
+                except OSError as move_exc:
+                    aside = f"could not move it aside ({move_exc}); the next save replaces it"
+                self.memory_status = f"memory file refused ({exc.kind}): {exc}; {aside}; starting fresh"
+        else:
+            self.memory_status = (f"memory restored from {info.path}: {info.fill} tokens held, {info.tokens_seen} seen, "
+                                  f"{info.bytes / 1e6:.1f} MB in {info.seconds:.2f} s")
+            self._saved_state = self._memory_state(stream)
+        self._schedule_checkpoint()
+
+    def _save(self, stream: KVStream) -> MemoryFileInfo:
+        info = save_memory(stream, self.memory_file, self._fingerprint)
+        self.last_saved = info
+        self._saved_state = self._memory_state(stream)
+        self._schedule_checkpoint()
+        return info
+
+    def _checkpoint(self) -> None:
+        """Save if the memory changed since the last save; a failure is reported, never raised."""
+        stream = self._stream
+        if stream is None or self.memory_file is None:
+            return
+        if self._memory_state(stream) == self._saved_state:
+            self._schedule_checkpoint()
+            return
+        try:
+            self._save(stream)
+        except Exception as exc:  # a full disk must not stop the robot's memory
+            self.memory_status = f"checkpoint to {self.memory_file} failed: {type(exc).__name__}: {exc}"
+            self.counters.checkpoints_failed += 1
+            self._schedule_checkpoint()
+
+    def _schedule_checkpoint(self) -> None:
+        period = self.checkpoint_period
+        self._next_checkpoint = time.monotonic() + period if self.memory_file and period > 0 else float("inf")
 
     def _run_texts(self, batch: list) -> None:
         """Push a batch of texts in one model call; each future gets its own token count."""

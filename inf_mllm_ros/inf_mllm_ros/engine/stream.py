@@ -148,6 +148,20 @@ class KVStream:
         self.newest_frame_stamp: float | None = None
         self._started = False
 
+    def clock_state(self) -> dict:
+        """The stream's clock and counters (saved with the memory; see memory_file)."""
+        return {"tokens_seen": self.tokens_seen, "frames_ingested": self.frames_ingested,
+                "texts_ingested": self.texts_ingested, "newest_frame_stamp": self.newest_frame_stamp,
+                "started": self._started}
+
+    def restore_clock(self, state: dict) -> None:
+        self.tokens_seen = int(state["tokens_seen"])
+        self.frames_ingested = int(state["frames_ingested"])
+        self.texts_ingested = int(state["texts_ingested"])
+        stamp = state["newest_frame_stamp"]
+        self.newest_frame_stamp = None if stamp is None else float(stamp)
+        self._started = bool(state["started"])
+
     @property
     def attention_bias(self) -> float:
         return getattr(self.policy, "attention_bias", 0.0)

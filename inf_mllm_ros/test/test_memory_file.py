@@ -1,0 +1,221 @@
+"""The memory file: a restored memory continues exactly where the saved one was; a file that cannot be
+used is refused with its reason and changes nothing; a writer killed mid-write leaves a loadable file."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from inf_mllm_ros.engine.engine import StreamingEngine
+from inf_mllm_ros.engine.loading import load_model
+from inf_mllm_ros.engine.memory_file import MemoryFileError, load_memory, save_memory
+from inf_mllm_ros.engine.random_models import build_model_folder
+from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+TEXTS = [f"Note {i}: the {c} crate on shelf {i} holds {i * 7} bolts." for i, c in
+         enumerate(["red", "blue", "green", "grey", "white", "black", "brown", "pink", "gold", "teal"])]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return {
+        "llama": build_model_folder("llama", root / "llama"),
+        "llama_other": build_model_folder("llama", root / "llama_other", seed=1),
+        "qwen2_vl": build_model_folder("qwen2_vl", root / "qwen2_vl"),
+        "llama_small": build_model_folder("llama", root / "llama_small", size="small"),
+    }
+
+
+def config(policy: str = "inf_mllm", capacity: int = 48) -> StreamConfig:
+    return StreamConfig(capacity=capacity, policy=policy, chunk_size=16, system_prompt="You remember.")
+
+
+def filled(adapter, policy="inf_mllm", capacity=48, texts=TEXTS) -> KVStream:
+    stream = KVStream(adapter, config(policy, capacity))
+    for text in texts:
+        stream.push_text(text, stamp=1.5)
+    return stream
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("policy", ["inf_mllm", "h2o", "streaming_llm"])
+def test_a_restored_memory_continues_exactly(folders, tmp_path, dtype, policy):
+    adapter = load_model(folders["llama"], device="cpu", dtype=dtype)
+    saved = filled(adapter, policy)
+    assert saved.cache.evictions > 0, "the memory must have been through evictions"
+    path = tmp_path / "memory.safetensors"
+    info = save_memory(saved, path)
+    assert info.bytes == path.stat().st_size and not list(tmp_path.glob(".*.tmp"))
+    restored = KVStream(adapter, config(policy))
+    load_memory(restored, path)
+    assert restored.stats() == saved.stats()
+    # Whatever comes next, both memories answer alike and evict alike.
+    for stream in (saved, restored):
+        stream.push_text("Later: the red crate was moved.", stamp=9.0)
+    assert torch.equal(saved.cache.cached_seq(1), restored.cache.cached_seq(1))
+    ids = adapter.tokenize("Which crate was moved?")
+    assert torch.equal(saved.push_tokens(ids, return_logits=True), restored.push_tokens(ids, return_logits=True))
+    assert saved.ask("What was moved?").text == restored.ask("What was moved?").text
+
+
+def test_frames_and_their_positions_survive(folders, tmp_path):
+    adapter = load_model(folders["qwen2_vl"], device="cpu", dtype="float32")
+    rng = np.random.default_rng(0)
+    saved = KVStream(adapter, config(capacity=96))
+    for t in range(4):
+        saved.push_frame(rng.integers(0, 255, (56, 84, 3), dtype=np.uint8), stamp=float(t))
+        saved.push_text(TEXTS[t])
+    save_memory(saved, tmp_path / "m")
+    restored = KVStream(adapter, config(capacity=96))
+    load_memory(restored, tmp_path / "m")
+    frame = rng.integers(0, 255, (56, 84, 3), dtype=np.uint8)
+    assert saved.ask("What is there?").text == restored.ask("What is there?").text
+    saved.push_frame(frame, 9.0)
+    restored.push_frame(frame, 9.0)
+    assert restored.stats() == saved.stats() and restored.newest_frame_stamp == 9.0
+
+
+def _rewrite_header(path: Path, change) -> None:
+    data = path.read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + size])
+    change(header["__metadata__"])
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + size :])
+
+
+def test_files_that_cannot_be_used_are_refused_with_their_reason(folders, tmp_path):
+    adapter = load_model(folders["llama"], device="cpu", dtype="float32")
+    good = tmp_path / "good"
+    save_memory(filled(adapter), good)
+    data = good.read_bytes()
+    cases = {name: tmp_path / name.replace(" ", "_") for name in
+             ("missing", "torn", "corrupt", "version", "not a memory", "model_mismatch", "settings_mismatch", "policy")}
+    cases["torn"].write_bytes(data[: len(data) * 2 // 3])
+    flipped = bytearray(data)
+    flipped[-37] ^= 0x10
+    cases["corrupt"].write_bytes(bytes(flipped))
+    cases["version"].write_bytes(data)
+    _rewrite_header(cases["version"], lambda m: m.update(version="99"))
+    cases["not a memory"].write_bytes(b"\x00" * 64)
+    save_memory(filled(load_model(folders["llama_other"], device="cpu", dtype="float32")), cases["model_mismatch"])
+    save_memory(filled(adapter, capacity=64), cases["settings_mismatch"])
+    save_memory(filled(adapter, policy="h2o"), cases["policy"])
+    expected = {"missing": "missing", "torn": "torn", "corrupt": "corrupt", "version": "version",
+                "not a memory": "corrupt", "model_mismatch": "model_mismatch",
+                "settings_mismatch": "settings_mismatch", "policy": "settings_mismatch"}
+
+    stream = filled(adapter, texts=TEXTS[:3])
+    before = (stream.stats(), stream.cache.cached_seq(0).clone())
+    for name, path in cases.items():
+        with pytest.raises(MemoryFileError) as refused:
+            load_memory(stream, path)
+        assert refused.value.kind == expected[name], f"{name}: {refused.value}"
+        assert str(path) in str(refused.value)
+        # A refused file changes nothing.
+        assert stream.stats() == before[0] and torch.equal(stream.cache.cached_seq(0), before[1]), name
+    load_memory(stream, good)
+
+
+def test_the_engine_restores_saves_on_close_and_sets_refused_files_aside(folders, tmp_path):
+    path = tmp_path / "robot.memory"
+    engine = StreamingEngine(folders["llama"], config(), device="cpu", dtype="float32", memory_file=str(path))
+    engine.wait_ready(60)
+    assert "no memory file" in engine.memory_status
+    for text in TEXTS:
+        engine.push_text(text, timeout=60)
+    answer = engine.ask("Which crate holds 21 bolts?", timeout=60).text
+    seen = engine.stats().tokens_seen
+    engine.close()
+    assert path.exists()
+
+    again = StreamingEngine(folders["llama"], config(), device="cpu", dtype="float32", memory_file=str(path))
+    again.wait_ready(60)
+    assert "restored" in again.memory_status and again.stats().tokens_seen == seen
+    assert again.ask("Which crate holds 21 bolts?", timeout=60).text == answer
+    info = again.submit_save().result(60)
+    assert info.tokens_seen == seen
+    again.close()
+
+    # Another cache size: refused, set aside (never overwritten), and the engine starts fresh.
+    other = StreamingEngine(folders["llama"], config(capacity=64), device="cpu", dtype="float32",
+                            memory_file=str(path))
+    other.wait_ready(60)
+    assert "settings_mismatch" in other.memory_status and "kept aside" in other.memory_status
+    assert other.stats().tokens_seen == 0 and not path.exists()
+    assert len(list(tmp_path.glob("robot.memory.refused-*"))) == 1
+    other.close()
+
+
+def test_periodic_checkpoints_save_only_a_changed_memory(folders, tmp_path):
+    path = tmp_path / "m"
+    engine = StreamingEngine(folders["llama"], config(), device="cpu", dtype="float32", memory_file=str(path),
+                             checkpoint_period=0.2)
+    engine.wait_ready(60)
+    engine.push_text(TEXTS[0], timeout=60)
+    deadline = time.monotonic() + 20
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert path.exists(), "a changed memory is saved within checkpoint_period"
+    first = path.stat().st_mtime_ns
+    time.sleep(0.8)
+    assert path.stat().st_mtime_ns == first, "an unchanged memory is not written again"
+    engine.close()
+    assert engine.counters.checkpoints_failed == 0
+
+
+WRITER = """
+import sys, torch
+from inf_mllm_ros.engine.loading import load_model
+from inf_mllm_ros.engine.memory_file import save_memory
+from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+torch.set_num_threads(1)
+stream = KVStream(load_model(sys.argv[1], device="cpu", dtype="float32"),
+                  StreamConfig(capacity=2048, policy="inf_mllm", chunk_size=256, system_prompt="x"))
+while stream.cache.fill < 2048:
+    stream.push_text("word " * 300)
+round = 0
+while True:  # mostly writing: a file of about 13 MB per short message
+    round += 1
+    stream.push_text(str(round))
+    save_memory(stream, sys.argv[2])
+    print(stream.tokens_seen, flush=True)
+"""
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_writer_killed_mid_write_leaves_a_loadable_file(folders, tmp_path, seed):
+    path = tmp_path / "memory"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(folders["llama_small"]), str(path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        saved = [int(writer.stdout.readline())]  # one complete save, then a kill at a random moment
+        time.sleep(random.Random(seed).uniform(0.0, 0.3))
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.wait(10)
+        saved += [int(line) for line in writer.stdout.read().split()]
+    finally:
+        writer.kill()
+    adapter = load_model(folders["llama_small"], device="cpu", dtype="float32")
+    stream = KVStream(adapter, StreamConfig(capacity=2048, policy="inf_mllm", chunk_size=256, system_prompt="x"))
+    info = load_memory(stream, path)
+    save_memory(stream, path)
+    assert not list(tmp_path.glob(".*.tmp")), "the next save clears what a killed writer left"
+    # The last save reported, or the next one if its rename had happened when the kill came.
+    assert info.tokens_seen >= saved[-1], (info, saved)
+    assert not stream.cache.fill == 0
