@@ -71,7 +71,7 @@ SERVICE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000, reliabilit
 SHUTTING_DOWN = "node is shutting down"
 # Periods below this (other than 0, off) would keep an executor thread busy with timers.
 MIN_PERIOD = 0.05
-PERIODS = ("description_period", "stats_period")
+PERIODS = ("description_period", "stats_period", "checkpoint_period")
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ PARAMETERS = (
           constraints="one of: " + ", ".join(sorted(POLICIES))),
     Param("recent_size", 0, "Newest tokens always kept; 0: a quarter of cache_size.", low=0, high=1 << 20),
     Param("score_decay", INF_MLLM_DEFAULTS["score_decay"], "inf_mllm: memory of earlier prompts' attention in the "
-          "eviction score (bias-corrected moving average); 0: the newest prompt only.", low=0.0, high=0.999),
+          "eviction score (a moving average started from zero); 0: the newest prompt only.", low=0.0, high=0.999),
     Param("score_pool", INF_MLLM_DEFAULTS["score_pool"], "inf_mllm: a kept token keeps the tokens around it, in a "
           "centred window of this many slots (odd); 1: single tokens.", low=1, high=255, step=2),
     Param("chunk_size", 128, "Longest block of a prompt pushed before an eviction (bounds the peak).",
@@ -120,6 +120,9 @@ PARAMETERS = (
           low=0, high=1 << 28),
     Param("max_pending_texts", 64, "Texts waiting for the model at most; more are refused with a log.",
           low=1, high=100000),
+    Param("memory_file", "", "Where the memory is kept across restarts: restored at start when it matches the model "
+          "and cache settings (else set aside with the reason), saved atomically on ~/save_memory, every "
+          "checkpoint_period and at shutdown; empty: no file."),
     Param("max_pending_queries", 8, "Queries waiting for the model at most; more answer success=false.",
           low=1, high=64),
     # Changeable at run time.
@@ -144,6 +147,8 @@ PARAMETERS = (
           read_only=False, low=1, high=1 << 26),
     Param("query_timeout", 120.0, "Seconds a query or reset waits for the model before answering success=false.",
           read_only=False, low=1.0, high=3600.0),
+    Param("checkpoint_period", 60.0, f"Seconds between saves of a changed memory to memory_file; 0: only on "
+          f"~/save_memory and at shutdown, else at least {MIN_PERIOD}.", read_only=False, low=0.0, high=86400.0),
     Param("stats_period", 1.0, f"Seconds between ~/cache_stats messages; 0: only after each input, else at least "
           f"{MIN_PERIOD}.", read_only=False, low=0.0, high=3600.0),
 )
@@ -194,6 +199,8 @@ class InfMLLMNode(Node):
         waiting = ReentrantCallbackGroup()
         self.create_service(Query, "~/query", self._on_query, callback_group=waiting, qos_profile=SERVICE_QOS)
         self.create_service(Trigger, "~/reset", self._on_reset, callback_group=waiting, qos_profile=SERVICE_QOS)
+        self.create_service(Trigger, "~/save_memory", self._on_save_memory, callback_group=waiting,
+                            qos_profile=SERVICE_QOS)
         self.create_subscription(Image, "image", lambda m: self._offer_frame(m, image_msg_to_rgb, "image"), IMAGE_QOS)
         self.create_subscription(CompressedImage, "image/compressed",
                                  lambda m: self._offer_frame(m, self._decode_compressed, "compressed"), IMAGE_QOS)
@@ -225,6 +232,8 @@ class InfMLLMNode(Node):
             max_pending_texts=self._param("max_pending_texts"),
             max_pending_queries=self._param("max_pending_queries"),
             on_ingested=lambda kind: self._post("ingested", kind),
+            memory_file=self._param("memory_file") or None,
+            checkpoint_period=self._param("checkpoint_period"),
         )
         self._set_frame_period(self._param("frame_rate"))
         threading.Thread(target=self._watch_loading, name="inf_mllm_loading", daemon=True).start()
@@ -232,9 +241,9 @@ class InfMLLMNode(Node):
 
     @property
     def executor_threads(self) -> int:
-        # The running query and every waiting one hold a thread, a reset may hold one more, and two keep topics,
-        # timers and quick refusals going.
-        return self._param("max_pending_queries") + 4
+        # The running query and every waiting one hold a thread, a reset and a save may hold one more each, and
+        # two keep topics, timers and quick refusals going.
+        return self._param("max_pending_queries") + 5
 
     @property
     def services_busy(self) -> int:
@@ -250,6 +259,9 @@ class InfMLLMNode(Node):
         """
         self._stopping.set()
         self.engine.close(timeout=30.0)
+        saved = getattr(self.engine, "last_saved", None)
+        if saved is not None:
+            self.get_logger().info(f"memory saved to {saved.path}: {saved.fill} tokens held, {saved.tokens_seen} seen")
 
     @contextmanager
     def _serving(self):
@@ -291,12 +303,14 @@ class InfMLLMNode(Node):
                 self._set_timer("description", p.value)
             elif p.name == "stats_period":
                 self._set_timer("stats", p.value)
+            elif p.name == "checkpoint_period":
+                self.engine.checkpoint_period = p.value  # from the next save on
             elif p.name == "system_prompt":
                 self.engine.config.system_prompt = p.value
             elif p.name == "max_new_tokens":
                 self.engine.config.max_new_tokens = p.value
             if p.name in ("attention_bias", "frame_rate", "description_period", "system_prompt",
-                          "description_prompt", "max_new_tokens"):
+                          "description_prompt", "max_new_tokens", "checkpoint_period"):
                 self.get_logger().info(f"{p.name} set to {p.value!r}")
         return SetParametersResult(successful=True)
 
@@ -438,6 +452,9 @@ class InfMLLMNode(Node):
 
     def _handle_ready(self, seconds: float) -> None:
         self.get_logger().info(f"model ready in {seconds:.1f} s")
+        if getattr(self.engine, "memory_file", None) is not None:
+            refused = "refused" in self.engine.memory_status
+            (self.get_logger().warning if refused else self.get_logger().info)(self.engine.memory_status)
         notice = getattr(getattr(self.engine, "adapter", None), "notice", "")
         if notice:  # the embedded default: say plainly that its frame descriptions mean nothing
             self.get_logger().warning(notice)
@@ -582,6 +599,28 @@ class InfMLLMNode(Node):
             return response
         self._post("ingested", "reset")  # stats and descriptions follow the empty memory
         response.success, response.message = True, "memory cleared"
+        return response
+
+
+    def _on_save_memory(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        return self._served(self._save_memory, request, response)
+
+    def _save_memory(self, _request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        if self._stopping.is_set():
+            response.success, response.message = False, SHUTTING_DOWN
+            return response
+        timeout = self._param("query_timeout")
+        try:
+            info = self.engine.submit_save().result(timeout=timeout)
+        except FutureTimeoutError:
+            response.success, response.message = False, f"not saved within query_timeout ({timeout:g} s)"
+            return response
+        except Exception as exc:
+            response.success, response.message = False, f"not saved: {exc}"
+            return response
+        response.success = True
+        response.message = (f"saved {info.fill} tokens ({info.tokens_seen} seen) to {info.path}: "
+                            f"{info.bytes / 1e6:.1f} MB in {info.seconds:.2f} s")
         return response
 
 

@@ -417,6 +417,48 @@ def test_sigint_stops_a_node_cleanly(tmp_path):
     assert code == 0, process.log()[-3000:]
 
 
+def test_a_restart_keeps_the_memory(tmp_path):
+    """A fact told before a restart is recalled after it; a save on request reports what it wrote."""
+    params = dict(PARAMS, memory_file=str(tmp_path / "memory.safetensors"), checkpoint_period=0.0)
+    fqn = f"{NAMESPACE}/keeper"
+
+    def start(run: int):
+        process = NodeProcess(REPO_ROOT, dict(os.environ), tmp_path / str(run), params, "keeper")
+        probe = RosProbe(f"keeper_probe_{run}", alive=process.check_alive)
+        probe.stats = Latest(probe, CacheStats, f"{fqn}/cache_stats", RELIABLE)
+        probe.query = probe.node.create_client(Query, f"{fqn}/query")
+        probe.save = probe.node.create_client(Trigger, f"{fqn}/save_memory")
+        ready_stats(probe)
+        return process, probe
+
+    for run in (0, 1):
+        (tmp_path / str(run)).mkdir()
+    process, probe = start(0)
+    try:
+        text = probe.node.create_publisher(String, f"{NAMESPACE}/text", RELIABLE)
+        publish_until_matched(probe, text, String(data=FACT))
+        told = probe.stats.wait(lambda m: m.texts_ingested >= 1, timeout=60, what="the fact ingested")
+        before = ask(probe, PROBE, max_new_tokens=16)
+        assert before.success and "dock 3" in before.answer.lower(), before
+        saved = probe.call(probe.save, Trigger.Request(), timeout=60)
+        assert saved.success and "memory.safetensors" in saved.message, saved.message
+    finally:
+        probe.close()
+        assert process.stop(signal.SIGINT) == 0, process.log()[-3000:]
+    assert "memory.safetensors" in process.log() and "no memory file" in process.log()
+
+    process, probe = start(1)
+    try:
+        after = ask(probe, PROBE, max_new_tokens=16)
+        assert after.success and after.answer == before.answer, (before, after)
+        stats = probe.stats.wait(lambda m: m.model_ready, timeout=30, what="stats")
+        assert stats.texts_ingested == told.texts_ingested and stats.tokens_seen == told.tokens_seen
+    finally:
+        probe.close()
+        process.stop(signal.SIGINT)
+    assert "memory restored from" in process.log(), process.log()[-3000:]
+
+
 def test_a_tiny_stats_period_is_refused_at_start(tmp_path):
     process = NodeProcess(REPO_ROOT, dict(os.environ), tmp_path, dict(PARAMS, stats_period=1e-9), "tiny")
     try:

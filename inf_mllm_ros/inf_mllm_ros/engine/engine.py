@@ -28,6 +28,7 @@ existed between two inputs.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -109,7 +110,7 @@ class StreamingEngine:
         self._last_frame_taken = float("-inf")
         self._last_kind: str | None = None
         self._closed = False
-        self.memory_file = memory_file or None
+        self.memory_file = os.path.expanduser(memory_file) if memory_file else None
         self.checkpoint_period = checkpoint_period  # seconds; 0: only on submit_save and at close
         self.memory_status = "no memory file" if self.memory_file is None else "not restored yet"
         self.last_saved: MemoryFileInfo | None = None
