@@ -521,6 +521,10 @@ class InfMLLMNode(Node):
             msg.inputs_rejected = self._inputs_rejected
             msg.queries_failed = self._queries_failed + counters.queries_failed
         msg.queries_answered = counters.queries_answered
+        pending = getattr(self.engine, "pending", None)
+        if pending:
+            msg.texts_waiting, msg.queries_waiting = pending["texts"], pending["queries"]
+            msg.frame_waiting = pending["frame"]
         self._stats_pub.publish(msg)
 
     # --- services ----------------------------------------------------------------------------------------
