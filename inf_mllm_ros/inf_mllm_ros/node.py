@@ -1,16 +1,18 @@
 """The ROS 2 node: camera frames and text in, answers, descriptions and cache figures out.
 
-A thin adapter over `StreamingEngine`, which runs the model on its own worker thread:
+A thin lifecycle node over `StreamingEngine`, which runs the model on its own worker thread:
 
+- configure loads the model, activate takes input, deactivate stops input and saves the memory,
+  cleanup frees the model; with `autostart` (the default) the node configures and activates itself;
 - subscription and timer callbacks only convert messages and hand them to the engine (never block);
-- `~/query` and `~/reset` run in a reentrant callback group and wait for the engine there, so a
-  multi-threaded executor keeps serving topics, timers and parameters while the model works;
-- whatever the engine reports from its worker (an input done, a description, the model loaded) goes
-  through a queue and a guard condition, so that publishing and logging happen on the executor;
+- `~/query`, `~/reset` and `~/save_memory` run in a reentrant callback group and wait for the engine
+  there, so a multi-threaded executor keeps serving topics, timers and parameters while the model works;
+- whatever the engine reports from its worker (an input done, a description) goes through a queue
+  and a guard condition, so that publishing and logging happen on the executor;
 - the services keep up to SERVICE_QOS's depth of requests, so a burst of callers is answered (or
   refused at once with a reason) rather than dropped by the middleware;
-- on SIGINT or SIGTERM the node stops the model and answers every caller still waiting
-  ("node is shutting down") before it leaves the graph.
+- on SIGINT or SIGTERM the node stops the model, saves the memory and answers every caller still
+  waiting ("node is shutting down") before it leaves the graph.
 
 Runnable as `ros2 run inf_mllm_ros inf_mllm_node`.
 """
@@ -25,7 +27,6 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Callable
 
 import rclpy
@@ -34,8 +35,8 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.exceptions import InvalidParameterValueException, ParameterException
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.logging import get_logger
-from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image
@@ -47,15 +48,11 @@ from inf_mllm_interfaces.srv import Query
 
 from .engine.adapters import FramesNotSupportedError
 from .engine.engine import EngineBusyError, EngineNotReadyError, FrameDroppedError, StreamingEngine
-from .engine.loading import DEFAULT_MODEL
-from .engine.policies import INF_MLLM_DEFAULTS, POLICIES
-from .engine.stream import DEFAULT_DESCRIPTION_PROMPT, DEFAULT_SYSTEM_PROMPT, StreamConfig
 from .engine.text_rules import is_blank
-from .image_conversion import (DEFAULT_MAX_DECODED_PIXELS, ImageConversionError, compressed_msg_to_rgb,
-                               image_msg_to_rgb)
+from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
+from .settings import MAX_NEW_TOKENS_LIMIT, PARAMETERS, PERIODS, Param, period_problem, stream_config
 
 NODE_NAME = "inf_mllm"
-MAX_NEW_TOKENS_LIMIT = 4096
 
 # Camera: newest frame only. Text: reliable, never dropped by the middleware.
 IMAGE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.BEST_EFFORT,
@@ -69,100 +66,31 @@ STATS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=Re
 SERVICE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000, reliability=ReliabilityPolicy.RELIABLE,
                          durability=DurabilityPolicy.VOLATILE)
 SHUTTING_DOWN = "node is shutting down"
-# Periods below this (other than 0, off) would keep an executor thread busy with timers.
-MIN_PERIOD = 0.05
-PERIODS = ("description_period", "stats_period", "checkpoint_period")
+NOT_CONFIGURED = "node is not configured: no model is loaded (configure it through its lifecycle)"
 
 
-@dataclass(frozen=True)
-class Param:
-    name: str
-    default: object
-    description: str
-    read_only: bool = True
-    low: float | None = None
-    high: float | None = None
-    constraints: str = ""
-    step: int = 1  # integers only: 2 with an odd `low` allows odd values only
-
-    def descriptor(self) -> ParameterDescriptor:
-        d = ParameterDescriptor(name=self.name, description=self.description, read_only=self.read_only,
-                                additional_constraints=self.constraints)
-        if isinstance(self.default, bool) or self.low is None:
-            return d
-        if isinstance(self.default, int):
-            d.integer_range = [IntegerRange(from_value=int(self.low), to_value=int(self.high), step=self.step)]
-        else:
-            d.floating_point_range = [FloatingPointRange(from_value=float(self.low), to_value=float(self.high),
-                                                         step=0.0)]
+def descriptor(p: Param) -> ParameterDescriptor:
+    """The ROS descriptor of a parameter of the settings table (ranges enforced by rclpy)."""
+    d = ParameterDescriptor(name=p.name, description=p.description, read_only=p.read_only,
+                            additional_constraints=p.constraints)
+    if isinstance(p.default, bool) or p.low is None:
         return d
+    if isinstance(p.default, int):
+        d.integer_range = [IntegerRange(from_value=int(p.low), to_value=int(p.high), step=p.step)]
+    else:
+        d.floating_point_range = [FloatingPointRange(from_value=float(p.low), to_value=float(p.high), step=0.0)]
+    return d
 
 
-PARAMETERS = (
-    # Fixed at start: they shape the model and the memory.
-    Param("model", DEFAULT_MODEL, "A transformers model folder; 'smolvlm-smollm2' (the embedded default: real "
-          "SmolLM2 text answers, UNTRAINED vision, frame descriptions not meaningful); 'smollm2' (text only)."),
-    Param("device", "auto", "Where the model runs.", constraints="auto, cpu, cuda or cuda:N"),
-    Param("dtype", "auto", "Weights and cache precision; auto: bfloat16/float16 on GPU, float32 on CPU.",
-          constraints="auto, float32, bfloat16 or float16"),
-    Param("trust_remote_code", False, "Allow code shipped in the model folder to run."),
-    Param("cache_size", 1024, "Tokens the KV cache keeps (fixed memory).", low=16, high=1 << 20),
-    Param("eviction_policy", "inf_mllm", "How the cache chooses tokens to forget.",
-          constraints="one of: " + ", ".join(sorted(POLICIES))),
-    Param("recent_size", 0, "Newest tokens always kept; 0: a quarter of cache_size.", low=0, high=1 << 20),
-    Param("score_decay", INF_MLLM_DEFAULTS["score_decay"], "inf_mllm: memory of earlier prompts' attention in the "
-          "eviction score (a moving average started from zero); 0: the newest prompt only.", low=0.0, high=0.999),
-    Param("score_pool", INF_MLLM_DEFAULTS["score_pool"], "inf_mllm: a kept token keeps the tokens around it, in a "
-          "centred window of this many slots (odd); 1: single tokens.", low=1, high=255, step=2),
-    Param("chunk_size", 128, "Longest block of a prompt pushed before an eviction (bounds the peak).",
-          low=1, high=65536),
-    Param("max_frame_pixels", 0, "Bound on a frame's pixels before the vision encoder; 0: the model's own.",
-          low=0, high=1 << 28),
-    Param("max_pending_texts", 64, "Texts waiting for the model at most; more are refused with a log.",
-          low=1, high=100000),
-    Param("memory_file", "", "Where the memory is kept across restarts: restored at start when it matches the model "
-          "and cache settings (else set aside with the reason), saved atomically on ~/save_memory, every "
-          "checkpoint_period and at shutdown; empty: no file."),
-    Param("max_pending_queries", 8, "Queries waiting for the model at most; more answer success=false.",
-          low=1, high=64),
-    # Changeable at run time.
-    Param("attention_bias", INF_MLLM_DEFAULTS["attention_bias"], "inf_mllm: bias of the eviction score toward "
-          "newer tokens, in log attention: the oldest candidate keeps its slot against the newest only if it draws "
-          "exp(attention_bias) times more attention; 0: early winners hold the memory.",
-          read_only=False, low=0.0, high=100.0),
-    Param("frame_rate", 1.0, "Frames ingested per second at most (the newest is kept); 0: as fast as the model takes them.",
-          read_only=False, low=0.0, high=120.0),
-    Param("description_period", 10.0, f"Seconds between descriptions on ~/description; 0: off, else at least "
-          f"{MIN_PERIOD}.", read_only=False, low=0.0, high=86400.0),
-    Param("description_prompt", DEFAULT_DESCRIPTION_PROMPT, "The question asked for each description.",
-          read_only=False),
-    Param("system_prompt", DEFAULT_SYSTEM_PROMPT, "Opens the memory; a change applies from the next ~/reset.",
-          read_only=False),
-    Param("max_new_tokens", 64, "Longest answer or description, in tokens (a query may ask for its own).",
-          read_only=False, low=1, high=MAX_NEW_TOKENS_LIMIT),
-    Param("max_text_chars", 4000, "Longest text message accepted, in characters; longer ones are refused.",
-          read_only=False, low=1, high=1_000_000),
-    Param("max_decoded_pixels", DEFAULT_MAX_DECODED_PIXELS, "Largest compressed frame accepted, in pixels "
-          "(width x height read from its header before decoding); default: a 4K frame.",
-          read_only=False, low=1, high=1 << 26),
-    Param("query_timeout", 120.0, "Seconds a query or reset waits for the model before answering success=false.",
-          read_only=False, low=1.0, high=3600.0),
-    Param("checkpoint_period", 60.0, f"Seconds between saves of a changed memory to memory_file; 0: only on "
-          f"~/save_memory and at shutdown, else at least {MIN_PERIOD}.", read_only=False, low=0.0, high=86400.0),
-    Param("stats_period", 1.0, f"Seconds between ~/cache_stats messages; 0: only after each input, else at least "
-          f"{MIN_PERIOD}.", read_only=False, low=0.0, high=3600.0),
-)
+class InfMLLMNode(LifecycleNode):
+    """Camera and text into one bounded memory; questions answered from it. A lifecycle node:
 
-
-def period_problem(name: str, value: float) -> str | None:
-    """Why a period parameter is refused (0 turns it off; a tiny one would busy the executor), or None."""
-    if 0.0 < value < MIN_PERIOD:
-        return f"{name} must be 0 (off) or at least {MIN_PERIOD} s, got {value:g}"
-    return None
-
-
-class InfMLLMNode(Node):
-    """Camera and text into one bounded memory; questions answered from it.
+    - unconfigured: parameters and services only; a question is answered "not configured";
+    - configure: builds the engine and loads the model (services answer "model is still loading" meanwhile,
+      `~/cache_stats` says `model_ready` false); fails, with the reason logged, if the model cannot load;
+    - activate: subscribes to the camera and text and starts the frame and description timers;
+    - deactivate: stops taking input and saves the memory to `memory_file`; the memory stays loaded;
+    - cleanup: saves the memory and frees the model.
 
     engine_factory builds the engine from the parameters (StreamingEngine's signature); tests may
     pass their own.
@@ -172,11 +100,14 @@ class InfMLLMNode(Node):
                  **kwargs):
         super().__init__(node_name, **kwargs)
         for p in PARAMETERS:
-            self.declare_parameter(p.name, p.default, p.descriptor())
+            self.declare_parameter(p.name, p.default, descriptor(p))
         for name in PERIODS:
             problem = period_problem(name, self._param(name))
             if problem:
                 raise InvalidParameterValueException(name, self._param(name), problem)
+        self._engine_factory = engine_factory
+        self.engine: StreamingEngine | None = None
+        self._active = False
         self._lock = threading.Lock()  # the counters below, written from several threads
         self._stopping = threading.Event()  # set at shutdown: queries are answered "node is shutting down"
         self._in_service = 0  # query and reset callbacks running now
@@ -191,42 +122,31 @@ class InfMLLMNode(Node):
         self._described_at = -1
         self._describing = False
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._periodic: dict[str, object] = {}
+        self._subscriptions: list = []
+        self._stats_pub = self._description_pub = None
 
-        self._stats_pub = self.create_publisher(CacheStats, "~/cache_stats", STATS_QOS)
-        self._description_pub = self.create_publisher(Description, "~/description", LATCHED_QOS)
         self._wake = self.create_guard_condition(self._drain_outbox)
-        # Services exist before the model has loaded, so a caller hears "still loading" instead of nothing.
+        # Services exist in every state, so a caller always hears why not instead of nothing.
         waiting = ReentrantCallbackGroup()
         self.create_service(Query, "~/query", self._on_query, callback_group=waiting, qos_profile=SERVICE_QOS)
         self.create_service(Trigger, "~/reset", self._on_reset, callback_group=waiting, qos_profile=SERVICE_QOS)
         self.create_service(Trigger, "~/save_memory", self._on_save_memory, callback_group=waiting,
                             qos_profile=SERVICE_QOS)
-        self.create_subscription(Image, "image", lambda m: self._offer_frame(m, image_msg_to_rgb, "image"), IMAGE_QOS)
-        self.create_subscription(CompressedImage, "image/compressed",
-                                 lambda m: self._offer_frame(m, self._decode_compressed, "compressed"), IMAGE_QOS)
-        self.create_subscription(String, "text", self._on_text, TEXT_QOS)
-        self._periodic: dict[str, object] = {}
-        self._set_timer("frame", self._param("frame_rate"), rate=True)
-        self._set_timer("description", self._param("description_period"))
-        self._set_timer("stats", self._param("stats_period"))
+        self.add_on_set_parameters_callback(self._on_set_parameters)
 
-        config = StreamConfig(
-            capacity=self._param("cache_size"),
-            policy=self._param("eviction_policy"),
-            attention_bias=self._param("attention_bias"),
-            recent_size=self._param("recent_size") or None,
-            score_decay=self._param("score_decay"),
-            score_pool=self._param("score_pool"),
-            chunk_size=self._param("chunk_size"),
-            system_prompt=self._param("system_prompt"),
-            max_new_tokens=self._param("max_new_tokens"),
-            max_frame_pixels=self._param("max_frame_pixels") or None,
-        )
+    # --- lifecycle ------------------------------------------------------------------------------------------
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()  # what a failed configure left
+        self._stats_pub = self.create_publisher(CacheStats, "~/cache_stats", STATS_QOS)
+        self._description_pub = self.create_publisher(Description, "~/description", LATCHED_QOS)
+        self._set_timer("stats", self._param("stats_period"))
+        config = stream_config({p.name: self._param(p.name) for p in PARAMETERS})
         self.get_logger().info(
             f"loading model {self._param('model')!r} (cache {config.capacity} tokens, policy {config.policy}, "
             f"attention_bias {config.attention_bias:g})")
-        self._load_started = time.monotonic()
-        self.engine = engine_factory(
+        started = time.monotonic()
+        self.engine = self._engine_factory(
             self._param("model"), config, device=self._param("device"), dtype=self._param("dtype"),
             trust_remote_code=self._param("trust_remote_code"),
             max_pending_texts=self._param("max_pending_texts"),
@@ -236,8 +156,79 @@ class InfMLLMNode(Node):
             checkpoint_period=self._param("checkpoint_period"),
         )
         self._set_frame_period(self._param("frame_rate"))
-        threading.Thread(target=self._watch_loading, name="inf_mllm_loading", daemon=True).start()
-        self.add_on_set_parameters_callback(self._on_set_parameters)
+        self._publish_stats()
+        # The engine signals readiness; meanwhile the services answer "model is still loading".
+        try:
+            self.engine.wait_ready()
+        except EngineNotReadyError as exc:
+            self.get_logger().error(f"{exc}; configure failed (queries answer success=false with this reason)")
+            self._publish_stats()
+            return TransitionCallbackReturn.FAILURE
+        self._report_ready(time.monotonic() - started)
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._subscriptions = [
+            self.create_subscription(Image, "image", lambda m: self._offer_frame(m, image_msg_to_rgb, "image"),
+                                     IMAGE_QOS),
+            self.create_subscription(CompressedImage, "image/compressed",
+                                     lambda m: self._offer_frame(m, self._decode_compressed, "compressed"), IMAGE_QOS),
+            self.create_subscription(String, "text", self._on_text, TEXT_QOS),
+        ]
+        self._set_timer("frame", self._param("frame_rate"), rate=True)
+        self._set_timer("description", self._param("description_period"))
+        self._active = True
+        self.get_logger().info("active: taking camera frames and texts")
+        self._publish_stats()
+        return super().on_activate(state)
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._active = False
+        for sub in self._subscriptions:
+            self.destroy_subscription(sub)
+        self._subscriptions = []
+        self._pending_frame = None
+        for name in ("frame", "description"):
+            self._set_timer(name, 0.0)
+        self._publish_stats()
+        if self.engine is not None and getattr(self.engine, "memory_file", None) is not None:
+            try:
+                info = self.engine.submit_save().result(timeout=self._param("query_timeout"))
+                self.get_logger().info(f"inactive; memory saved to {info.path} ({info.fill} tokens held)")
+            except Exception as exc:
+                self.get_logger().error(f"inactive; saving the memory failed: {exc}")
+        else:
+            self.get_logger().info("inactive: input is no longer taken; the memory is kept")
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stopping.set()
+        self._release()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        return TransitionCallbackReturn.SUCCESS
+
+    def _release(self) -> None:
+        """Stop taking input, save and free the model, and drop the publishers (back to unconfigured)."""
+        self._active = False
+        for sub in self._subscriptions:
+            self.destroy_subscription(sub)
+        self._subscriptions = []
+        for name in list(self._periodic):
+            self._set_timer(name, 0.0)
+        if self.engine is not None:
+            self._close_engine()
+            self.engine = None
+        for pub in (self._stats_pub, self._description_pub):
+            if pub is not None:
+                self.destroy_publisher(pub)
+        self._stats_pub = self._description_pub = None
 
     @property
     def executor_threads(self) -> int:
@@ -258,6 +249,10 @@ class InfMLLMNode(Node):
         that the process never exits while the worker thread is inside the model.
         """
         self._stopping.set()
+        if self.engine is not None:
+            self._close_engine()
+
+    def _close_engine(self) -> None:
         self.engine.close(timeout=30.0)
         saved = getattr(self.engine, "last_saved", None)
         if saved is not None:
@@ -288,27 +283,30 @@ class InfMLLMNode(Node):
                 return SetParametersResult(successful=False, reason=(
                     f"attention_bias applies to the inf_mllm policy only; this node runs "
                     f"{self._param('eviction_policy')!r}"))
+        # Before configure the parameter alone changes: configure reads it. After, the engine takes it too.
+        engine = self.engine
         for p in params:
-            if p.name == "attention_bias":
+            if p.name == "attention_bias" and engine is not None:
                 try:
-                    self.engine.set_attention_bias(p.value)
+                    engine.set_attention_bias(p.value)
                 except ValueError as exc:
                     return SetParametersResult(successful=False, reason=str(exc))
             elif p.name == "frame_rate":
                 self._set_frame_period(p.value)
-                self._set_timer("frame", p.value, rate=True)
-                if p.value == 0.0:
-                    self._on_frame_timer()
-            elif p.name == "description_period":
+                if self._active:
+                    self._set_timer("frame", p.value, rate=True)
+                    if p.value == 0.0:
+                        self._on_frame_timer()
+            elif p.name == "description_period" and self._active:
                 self._set_timer("description", p.value)
-            elif p.name == "stats_period":
+            elif p.name == "stats_period" and self._stats_pub is not None:
                 self._set_timer("stats", p.value)
-            elif p.name == "checkpoint_period":
-                self.engine.checkpoint_period = p.value  # from the next save on
-            elif p.name == "system_prompt":
-                self.engine.config.system_prompt = p.value
-            elif p.name == "max_new_tokens":
-                self.engine.config.max_new_tokens = p.value
+            elif p.name == "checkpoint_period" and engine is not None:
+                engine.checkpoint_period = p.value  # from the next save on
+            elif p.name == "system_prompt" and engine is not None:
+                engine.config.system_prompt = p.value
+            elif p.name == "max_new_tokens" and engine is not None:
+                engine.config.max_new_tokens = p.value
             if p.name in ("attention_bias", "frame_rate", "description_period", "system_prompt",
                           "description_prompt", "max_new_tokens", "checkpoint_period"):
                 self.get_logger().info(f"{p.name} set to {p.value!r}")
@@ -316,7 +314,8 @@ class InfMLLMNode(Node):
 
     def _set_frame_period(self, frame_rate: float) -> None:
         """Under a flood of texts the engine still takes a waiting frame every 1 / frame_rate seconds."""
-        self.engine.frame_period = 1.0 / frame_rate if frame_rate > 0.0 else 0.0
+        if self.engine is not None:
+            self.engine.frame_period = 1.0 / frame_rate if frame_rate > 0.0 else 0.0
 
     def _set_timer(self, name: str, value: float, rate: bool = False) -> None:
         """(Re)create a periodic timer; value is a period in seconds, or a rate in Hz when rate=True; 0: none."""
@@ -450,7 +449,7 @@ class InfMLLMNode(Node):
         if exc is not None:
             self._reject(f"text_{type(exc).__name__}", f"text failed in the model: {exc}")
 
-    def _handle_ready(self, seconds: float) -> None:
+    def _report_ready(self, seconds: float) -> None:
         self.get_logger().info(f"model ready in {seconds:.1f} s")
         if getattr(self.engine, "memory_file", None) is not None:
             refused = "refused" in self.engine.memory_status
@@ -458,10 +457,6 @@ class InfMLLMNode(Node):
         notice = getattr(getattr(self.engine, "adapter", None), "notice", "")
         if notice:  # the embedded default: say plainly that its frame descriptions mean nothing
             self.get_logger().warning(notice)
-        self._publish_stats()
-
-    def _handle_load_failed(self, exc: Exception) -> None:
-        self.get_logger().error(f"{exc}; queries will answer success=false with this reason")
         self._publish_stats()
 
     def _handle_described(self, future: Future) -> None:
@@ -475,17 +470,10 @@ class InfMLLMNode(Node):
         msg = Description(text=answer.text, cache_fill=answer.cache_fill, generation_time=answer.latency)
         msg.header.stamp = self._ros_time(answer.newest_frame_stamp)
         msg.header.frame_id = self._frame_id
-        stats = self.engine.stats()
+        stats = self.engine.stats() if self.engine is not None else None
         msg.frames_seen = stats.frames_ingested if stats is not None else 0
-        self._description_pub.publish(msg)
-
-    def _watch_loading(self) -> None:
-        try:
-            self.engine.wait_ready()
-        except EngineNotReadyError as exc:
-            self._post("load_failed", exc)
-        else:
-            self._post("ready", time.monotonic() - self._load_started)
+        if self._description_pub is not None:
+            self._description_pub.publish(msg)
 
     # --- periodic output ---------------------------------------------------------------------------------
     def _on_description_timer(self) -> None:
@@ -506,9 +494,11 @@ class InfMLLMNode(Node):
         future.add_done_callback(lambda f: self._post("described", f))
 
     def _publish_stats(self) -> None:
+        if self._stats_pub is None or self.engine is None:
+            return
         msg = CacheStats(capacity=self._param("cache_size"), eviction_policy=self._param("eviction_policy"),
                          attention_bias=float(self.engine.config.attention_bias),
-                         model_ready=self.engine.ready.is_set())
+                         model_ready=self.engine.ready.is_set() and self._active)
         msg.header.stamp = self.get_clock().now().to_msg()
         s = self.engine.stats()
         if s is not None:
@@ -543,6 +533,10 @@ class InfMLLMNode(Node):
         start = time.monotonic()
         if self._stopping.is_set():
             return self._query_failed(response, SHUTTING_DOWN)
+        engine = self.engine
+        unusable = self._lifecycle_refusal(engine, ask=True)
+        if unusable:
+            return self._query_failed(response, unusable)
         question = request.question.strip()
         max_new = request.max_new_tokens or self._param("max_new_tokens")
         if is_blank(question):
@@ -551,7 +545,7 @@ class InfMLLMNode(Node):
             return self._query_failed(response, f"max_new_tokens {max_new} is above the limit {MAX_NEW_TOKENS_LIMIT}")
         timeout = self._param("query_timeout")
         try:
-            future = self.engine.submit_ask(question, max_new_tokens=max_new, keep_in_memory=request.keep_in_memory)
+            future = engine.submit_ask(question, max_new_tokens=max_new, keep_in_memory=request.keep_in_memory)
         except EngineNotReadyError as exc:
             return self._query_failed(response, str(exc))
         try:
@@ -574,6 +568,14 @@ class InfMLLMNode(Node):
         response.latency = time.monotonic() - start
         return response
 
+    def _lifecycle_refusal(self, engine: StreamingEngine | None, ask: bool = False) -> str | None:
+        """Why a service cannot be served in the node's lifecycle state, or None."""
+        if engine is None:
+            return NOT_CONFIGURED
+        if ask and not self._active and engine.ready.is_set():
+            return "node is inactive: it takes no input and answers no question until it is activated"
+        return None
+
     def _query_failed(self, response: Query.Response, reason: str) -> Query.Response:
         with self._lock:
             self._queries_failed += 1
@@ -587,14 +589,18 @@ class InfMLLMNode(Node):
         if self._stopping.is_set():
             response.success, response.message = False, SHUTTING_DOWN
             return response
-        if not self.engine.ready.is_set():
-            error = self.engine.load_error
+        engine = self.engine
+        if engine is None:
+            response.success, response.message = False, NOT_CONFIGURED
+            return response
+        if not engine.ready.is_set():
+            error = engine.load_error
             response.success = False
             response.message = f"model failed to load: {error}" if error else "model is still loading; nothing to clear yet"
             return response
         timeout = self._param("query_timeout")
         try:
-            self.engine.submit_reset().result(timeout=timeout)
+            engine.submit_reset().result(timeout=timeout)
         except FutureTimeoutError:
             response.success, response.message = False, f"not reset within query_timeout ({timeout:g} s)"
             return response
@@ -610,12 +616,13 @@ class InfMLLMNode(Node):
         return self._served(self._save_memory, request, response)
 
     def _save_memory(self, _request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
-        if self._stopping.is_set():
-            response.success, response.message = False, SHUTTING_DOWN
+        engine = self.engine
+        if self._stopping.is_set() or engine is None:
+            response.success, response.message = False, SHUTTING_DOWN if self._stopping.is_set() else NOT_CONFIGURED
             return response
         timeout = self._param("query_timeout")
         try:
-            info = self.engine.submit_save().result(timeout=timeout)
+            info = engine.submit_save().result(timeout=timeout)
         except FutureTimeoutError:
             response.success, response.message = False, f"not saved within query_timeout ({timeout:g} s)"
             return response
@@ -641,11 +648,25 @@ def shut_down(node: InfMLLMNode, executor: MultiThreadedExecutor, grace: float =
     executor.shutdown(timeout_sec=grace)
 
 
+def autostart(node: InfMLLMNode, stop: threading.Event, failed: threading.Event) -> None:
+    """Configure (load the model) and activate; a failed configure ends the process with code 1."""
+    result = node.trigger_configure()
+    if stop.is_set():
+        return
+    if result != TransitionCallbackReturn.SUCCESS:
+        node.get_logger().fatal("configure failed (see above); exiting with code 1")
+        failed.set()
+        stop.set()
+        return
+    node.trigger_activate()
+
+
 def main(args=None) -> int:
     # The node handles SIGINT and SIGTERM itself: rclpy's handler would shut the ROS context down at once,
-    # and callers waiting for an answer would never get their response.
+    # and callers waiting for an answer would never get their response. A second signal (a terminal and a
+    # launch file both send one) only repeats the request.
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
-    stop = threading.Event()
+    stop, failed = threading.Event(), threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     node = executor = None
@@ -653,6 +674,9 @@ def main(args=None) -> int:
         node = InfMLLMNode()
         executor = MultiThreadedExecutor(num_threads=node.executor_threads)
         executor.add_node(node)
+        if node.get_parameter("autostart").value:
+            threading.Thread(target=autostart, args=(node, stop, failed), name="inf_mllm_autostart",
+                             daemon=True).start()
         while not stop.is_set():
             executor.spin_once(timeout_sec=0.1)  # wakes up for a signal within 0.1 s
     except (KeyboardInterrupt, ExternalShutdownException):
@@ -668,7 +692,7 @@ def main(args=None) -> int:
                 node.close()
             node.destroy_node()
         rclpy.try_shutdown()
-    return 0
+    return 1 if failed.is_set() else 0
 
 
 if __name__ == "__main__":

@@ -23,10 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .bag_io import BagError
-from .engine.policies import INF_MLLM_DEFAULTS
 from .stream_inputs import (
-    MAX_DECODED_PIXELS,
-    MAX_TEXT_CHARS,
     Question,
     StreamClock,
     load_questions,
@@ -36,25 +33,13 @@ from .stream_inputs import (
     questions_due,
     stream_inputs,
 )
+from .settings import DEFAULTS, value_problem
+from .settings import stream_config as settings_stream_config
 
 PROG = "inf_mllm_offline"
-# The node's defaults, for settings neither the command line nor a params file gives.
-NODE_DEFAULTS = {
-    "model": "smolvlm-smollm2",
-    "device": "auto",
-    "dtype": "auto",
-    "cache_size": 1024,
-    "eviction_policy": "inf_mllm",
-    "attention_bias": INF_MLLM_DEFAULTS["attention_bias"],
-    "recent_size": 0,
-    "chunk_size": 128,
-    "max_frame_pixels": 0,
-    "max_new_tokens": 64,
-    "max_text_chars": MAX_TEXT_CHARS,
-    "max_decoded_pixels": MAX_DECODED_PIXELS,
-    "system_prompt": None,  # None: the engine's default
-    "frame_rate": 0.0,  # offline default: every frame (lockstep replay needs the node at 0.0 too)
-}
+# The node's defaults (its settings table), for settings neither the command line nor a params file gives;
+# offline, every frame is taken by default (a lockstep replay needs the node at frame_rate 0.0 too).
+NODE_DEFAULTS = dict(DEFAULTS, frame_rate=0.0)
 STATS_FIELDS = ("capacity", "fill", "tokens_seen", "tokens_evicted", "evictions", "frames_ingested",
                 "texts_ingested", "kv_bytes", "cache_bytes")
 
@@ -82,45 +67,35 @@ def read_params_file(path: str | Path) -> dict:
 
 
 def resolve_settings(args: argparse.Namespace) -> dict:
-    """Command line over params file over the node's defaults."""
+    """Command line over params file over the node's defaults, each value checked as the node checks it.
+
+    A params file key that is not a node parameter is refused: the node would ignore it, so taking it
+    here would build another engine from the same file.
+    """
     settings = dict(NODE_DEFAULTS)
+    given = {}
     if args.params:
-        settings.update(read_params_file(args.params))
+        given.update(read_params_file(args.params))
     cli = {"model": args.model, "device": args.device, "dtype": args.dtype, "cache_size": args.cache_size,
            "eviction_policy": args.policy, "attention_bias": args.attention_bias, "recent_size": args.recent_size,
            "score_decay": args.score_decay, "score_pool": args.score_pool, "chunk_size": args.chunk_size,
            "max_frame_pixels": args.max_frame_pixels, "max_new_tokens": args.max_new_tokens,
            "frame_rate": args.frame_rate}
-    settings.update({k: v for k, v in cli.items() if v is not None})
+    given.update({k: v for k, v in cli.items() if v is not None})
+    for key, value in given.items():
+        if isinstance(value, int) and not isinstance(value, bool) and isinstance(DEFAULTS.get(key), float):
+            value = float(value)
+        problem = value_problem(key, value)
+        if problem:
+            raise UsageError(f"{args.params + ': ' if args.params and key not in cli else ''}{problem}")
+        settings[key] = value
     return settings
 
 
-# Node parameters named differently in StreamConfig, and those where 0 means the engine's default.
-RENAMED = {"cache_size": "capacity", "eviction_policy": "policy"}
-ZERO_IS_DEFAULT = {"recent_size", "max_frame_pixels"}
-
-
 def stream_config(settings: dict):
-    """The StreamConfig the node builds from the same parameters, and the settings that were used.
-
-    Every node parameter named like a StreamConfig field is passed on, so new engine settings
-    reach the offline runner as they reach the node.
-    """
-    from dataclasses import fields
-
-    from .engine.stream import StreamConfig
-
-    names = {f.name for f in fields(StreamConfig)}
-    kwargs, used = {}, {}
-    for key, value in settings.items():
-        field_name = RENAMED.get(key, key)
-        if key in NODE_DEFAULTS or field_name in names:
-            used[key] = value
-        if field_name not in names or value is None:
-            continue
-        kwargs[field_name] = None if key in ZERO_IS_DEFAULT and not value else value
+    """The StreamConfig the node builds from the same parameters, and the settings that shape the run."""
     try:
-        return StreamConfig(**kwargs), used
+        return settings_stream_config(settings), {k: v for k, v in settings.items() if k in DEFAULTS}
     except (TypeError, ValueError) as exc:
         raise UsageError(f"bad settings: {exc}") from None
 

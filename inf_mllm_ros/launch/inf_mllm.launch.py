@@ -5,13 +5,16 @@
 
 Arguments left empty keep the value from the params file (or the node's default).
 `image_topic` remaps both `image` and `image/compressed` (image_transport's naming).
+With `autostart:=true` (the default) the node configures and activates itself, and the launch ends,
+with the node's error, if the model cannot load; `autostart:=false` leaves it unconfigured for a
+lifecycle manager.
 """
 
 import os
 
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.actions import DeclareLaunchArgument, OpaqueFunction, Shutdown
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
@@ -25,8 +28,24 @@ ARGUMENTS = {
     "params_file": "YAML file with the node's parameters (see config/)",
     "namespace": "Namespace of the node and its topics",
     "node_name": "Name of the node",
+    "autostart": "true: configure and activate at start, and end the launch if the model cannot load; "
+                 "false: wait unconfigured for a lifecycle manager",
 }
-DEFAULTS = {"image_topic": "image", "text_topic": "text", "node_name": "inf_mllm"}
+DEFAULTS = {"image_topic": "image", "text_topic": "text", "node_name": "inf_mllm", "autostart": "true"}
+
+
+def _typed(name: str, text: str, kind):
+    """An argument's value as its parameter's type, or an error that names the argument."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"launch argument {name}:={text!r} is not a valid {kind.__name__}") from None
+
+
+def _flag(name: str, text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise ValueError(f"launch argument {name}:={text!r} must be true or false")
+    return text.lower() == "true"
 
 
 def _fastdds_env():
@@ -39,14 +58,17 @@ def _fastdds_env():
 
 def _node(context):
     arg = {name: LaunchConfiguration(name).perform(context).strip() for name in ARGUMENTS}
+    if arg["params_file"] and not os.path.isfile(arg["params_file"]):
+        raise FileNotFoundError(f"launch argument params_file:={arg['params_file']!r}: no such file")
     parameters = [arg["params_file"]] if arg["params_file"] else []
-    overrides = {}
+    autostart = _flag("autostart", arg["autostart"])
+    overrides = {"autostart": autostart}
     if arg["model"]:
         overrides["model"] = arg["model"]
     if arg["cache_size"]:
-        overrides["cache_size"] = int(arg["cache_size"])
+        overrides["cache_size"] = _typed("cache_size", arg["cache_size"], int)
     if arg["attention_bias"]:
-        overrides["attention_bias"] = float(arg["attention_bias"])
+        overrides["attention_bias"] = _typed("attention_bias", arg["attention_bias"], float)
     if overrides:
         parameters.append(overrides)
     image = arg["image_topic"]
@@ -61,6 +83,9 @@ def _node(context):
             output="screen",
             emulate_tty=True,
             additional_env=_fastdds_env(),
+            # A node that exits (a model that cannot load ends it with code 1) ends the launch, so a
+            # supervisor sees it. Under a lifecycle manager the manager decides.
+            on_exit=Shutdown(reason="inf_mllm_node exited") if autostart else None,
         )
     ]
 

@@ -25,6 +25,10 @@ from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import String
 from std_srvs.srv import Trigger
 
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState
+from rclpy.lifecycle import TransitionCallbackReturn
+
 from inf_mllm_interfaces.msg import CacheStats, Description
 from inf_mllm_interfaces.srv import Query
 from inf_mllm_ros.engine.policies import INF_MLLM_DEFAULTS
@@ -403,14 +407,71 @@ def test_sigterm_answers_the_callers_waiting_then_exits_cleanly(probe, node):
     assert node.stop() == 0
 
 
-def test_sigint_stops_a_node_cleanly(tmp_path):
-    # A node of its own, whose model cannot load, so that it is up at once.
-    process = NodeProcess(REPO_ROOT, dict(os.environ), tmp_path, dict(PARAMS, model=str(tmp_path / "none")), "light")
+def test_sigint_twice_stops_a_node_cleanly(tmp_path):
+    # A node of its own that waits unconfigured for a lifecycle manager, so that it is up at once. A terminal
+    # and a launch file both send SIGINT: the second one must not break the shutdown.
+    process = NodeProcess(REPO_ROOT, dict(os.environ), tmp_path, dict(PARAMS, autostart=False), "light")
     probe = RosProbe("light_probe", alive=process.check_alive)
     try:
         query = probe.node.create_client(Query, f"{NAMESPACE}/light/query")
         response = probe.call(query, Query.Request(question="Anyone there?"), timeout=60)
-        assert not response.success and "load" in response.message, response.message
+        assert not response.success and "not configured" in response.message, response.message
+    finally:
+        probe.close()
+        process.proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+        code = process.stop(signal.SIGINT)
+    assert code == 0, process.log()[-3000:]
+    assert "Traceback" not in process.log(), process.log()[-3000:]
+
+
+def test_a_model_that_cannot_load_ends_the_process_with_code_1(tmp_path):
+    process = NodeProcess(REPO_ROOT, dict(os.environ), tmp_path, dict(PARAMS, model=str(tmp_path / "none")), "broken")
+    try:
+        code = process.proc.wait(120)
+    finally:
+        process.stop()
+    assert code == 1, process.log()[-3000:]
+    assert "configure failed" in process.log() and str(tmp_path / "none") in process.log()
+
+
+def change_state(probe, client, transition: int) -> bool:
+    return probe.call(client, ChangeState.Request(transition=Transition(id=transition)), timeout=180).success
+
+
+def test_the_lifecycle_keeps_the_memory_through_deactivate_and_cleanup(tmp_path):
+    params = dict(PARAMS, autostart=False, memory_file=str(tmp_path / "memory"), checkpoint_period=0.0)
+    process = NodeProcess(REPO_ROOT, dict(os.environ), tmp_path, params, "managed")
+    fqn = f"{NAMESPACE}/managed"
+    probe = RosProbe("managed_probe", alive=process.check_alive)
+    try:
+        probe.stats = Latest(probe, CacheStats, f"{fqn}/cache_stats", RELIABLE)
+        probe.query = probe.node.create_client(Query, f"{fqn}/query")
+        lifecycle = probe.node.create_client(ChangeState, f"{fqn}/change_state")
+        text = probe.node.create_publisher(String, f"{NAMESPACE}/text", RELIABLE)
+        assert "not configured" in ask(probe, PROBE).message
+        assert change_state(probe, lifecycle, Transition.TRANSITION_CONFIGURE)
+        assert "inactive" in ask(probe, PROBE).message
+        assert change_state(probe, lifecycle, Transition.TRANSITION_ACTIVATE)
+        publish_until_matched(probe, text, String(data=FACT))
+        told = probe.stats.wait(lambda m: m.texts_ingested >= 1, timeout=60, what="the fact ingested")
+        before = ask(probe, PROBE, max_new_tokens=16)
+        assert before.success and "dock 3" in before.answer.lower(), before
+
+        # Deactivate: no input is taken, the memory is saved and kept.
+        assert change_state(probe, lifecycle, Transition.TRANSITION_DEACTIVATE)
+        assert (tmp_path / "memory").exists()
+        probe.wait_for(lambda: text.get_subscription_count() == 0, 30, "the text subscription gone")
+        text.publish(String(data="Forklift F2 moved to dock 9."))
+        assert "inactive" in ask(probe, PROBE).message
+        # Cleanup frees the model; configure and activate bring the same memory back.
+        assert change_state(probe, lifecycle, Transition.TRANSITION_CLEANUP)
+        assert "not configured" in ask(probe, PROBE).message
+        assert change_state(probe, lifecycle, Transition.TRANSITION_CONFIGURE)
+        assert change_state(probe, lifecycle, Transition.TRANSITION_ACTIVATE)
+        stats = probe.stats.wait(lambda m: m.model_ready, timeout=30, what="active again")
+        assert stats.texts_ingested == told.texts_ingested and stats.tokens_seen == told.tokens_seen
+        assert ask(probe, PROBE, max_new_tokens=16).answer == before.answer
     finally:
         probe.close()
         code = process.stop(signal.SIGINT)
@@ -519,6 +580,9 @@ def local_node(request):
         node = InfMLLMNode(engine_factory=engine_factory, namespace=namespace, context=probe.context,
                            parameter_overrides=overrides)
         probe.executor.add_node(node)
+        # As autostart does: configure (waits for the model) and activate, beside the executor.
+        threading.Thread(target=lambda: node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+                         and node.trigger_activate(), daemon=True).start()
         made.append((probe, node))
         probe.query = probe.node.create_client(Query, f"{namespace}/inf_mllm/query")
         probe.reset = probe.node.create_client(Trigger, f"{namespace}/inf_mllm/reset")
@@ -547,12 +611,13 @@ def test_query_while_the_model_loads_then_fails_to_load(local_node, monkeypatch)
     monkeypatch.setattr(engine_module, "load_model", slow_failing_load)
     probe, node = local_node(StreamingEngine, model="/nonexistent/model", stats_period=0.2)
     try:
+        probe.wait_for(lambda: node.engine is not None, 10, "configure under way")
         loading = ask(probe, "What happened?")
         assert not loading.success and "still loading" in loading.message
         reset = probe.call(probe.reset, Trigger.Request())
         assert not reset.success and "still loading" in reset.message
-        stats = probe.stats.wait(timeout=10, what="cache_stats while loading")
-        assert not stats.model_ready and stats.queries_failed >= 1
+        stats = probe.stats.wait(lambda m: m.queries_failed >= 1, timeout=10, what="cache_stats while loading")
+        assert not stats.model_ready
     finally:
         release.set()
     probe.wait_for(lambda: node.engine.load_error is not None, 10, "the load error")
@@ -573,7 +638,8 @@ def test_busy_failing_and_slow_engine_answers_say_why(local_node):
         engines.append(StandInEngine(*args, **kwargs))
         return engines[-1]
 
-    probe, _node = local_node(factory, query_timeout=1.0)
+    probe, node = local_node(factory, query_timeout=1.0)
+    probe.wait_for(lambda: node._active, 10, "the node active")
     engine = engines[0]
 
     def failing(exc):

@@ -1,0 +1,145 @@
+"""The node's parameters, in one table that imports no ROS: names, types, defaults, ranges, whether they
+can change at run time, what they mean, and which engine setting each one is.
+
+The node declares its parameters from it, the offline runner takes its defaults and checks from it,
+the README's parameter table is checked against it (test_settings.py), and `stream_config` is the one
+place where parameter values become the engine's configuration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .engine.loading import DEFAULT_MODEL
+from .engine.policies import INF_MLLM_DEFAULTS, POLICIES
+from .engine.stream import DEFAULT_DESCRIPTION_PROMPT, DEFAULT_SYSTEM_PROMPT, StreamConfig
+from .image_conversion import DEFAULT_MAX_DECODED_PIXELS
+
+MAX_NEW_TOKENS_LIMIT = 4096
+
+# Periods below this (other than 0, off) would keep an executor thread busy with timers.
+MIN_PERIOD = 0.05
+PERIODS = ("description_period", "stats_period", "checkpoint_period")
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    default: object
+    description: str
+    read_only: bool = True
+    low: float | None = None
+    high: float | None = None
+    constraints: str = ""
+    step: int = 1  # integers only: 2 with an odd `low` allows odd values only
+
+    # The StreamConfig field this parameter sets, if any; with `zero_is_default`, 0 means the engine's default.
+    engine_field: str | None = None
+    zero_is_default: bool = False
+
+    @property
+    def type(self) -> type:
+        return type(self.default)
+
+
+PARAMETERS = (
+    # Fixed at start: they shape the model and the memory.
+    Param("autostart", True, "Configure and activate at start (a failed model load ends the process with code 1); "
+          "false: stay unconfigured for a lifecycle manager."),
+    Param("model", DEFAULT_MODEL, "A transformers model folder; 'smolvlm-smollm2' (the embedded default: real "
+          "SmolLM2 text answers, UNTRAINED vision, frame descriptions not meaningful); 'smollm2' (text only)."),
+    Param("device", "auto", "Where the model runs.", constraints="auto, cpu, cuda or cuda:N"),
+    Param("dtype", "auto", "Weights and cache precision; auto: bfloat16/float16 on GPU, float32 on CPU.",
+          constraints="auto, float32, bfloat16 or float16"),
+    Param("trust_remote_code", False, "Allow code shipped in the model folder to run."),
+    Param("cache_size", 1024, "Tokens the KV cache keeps (fixed memory).", low=16, high=1 << 20, engine_field="capacity"),
+    Param("eviction_policy", "inf_mllm", "How the cache chooses tokens to forget.",
+          constraints="one of: " + ", ".join(sorted(POLICIES)), engine_field="policy"),
+    Param("recent_size", 0, "Newest tokens always kept; 0: a quarter of cache_size.", low=0, high=1 << 20, engine_field="recent_size", zero_is_default=True),
+    Param("score_decay", INF_MLLM_DEFAULTS["score_decay"], "inf_mllm: memory of earlier prompts' attention in the "
+          "eviction score (a moving average started from zero); 0: the newest prompt only.", low=0.0, high=0.999, engine_field="score_decay"),
+    Param("score_pool", INF_MLLM_DEFAULTS["score_pool"], "inf_mllm: a kept token keeps the tokens around it, in a "
+          "centred window of this many slots (odd); 1: single tokens.", low=1, high=255, step=2, engine_field="score_pool"),
+    Param("chunk_size", 128, "Longest block of a prompt pushed before an eviction (bounds the peak).",
+          low=1, high=65536, engine_field="chunk_size"),
+    Param("max_frame_pixels", 0, "Bound on a frame's pixels before the vision encoder; 0: the model's own.",
+          low=0, high=1 << 28, engine_field="max_frame_pixels", zero_is_default=True),
+    Param("max_pending_texts", 64, "Texts waiting for the model at most; more are refused with a log.",
+          low=1, high=100000),
+    Param("max_pending_queries", 8, "Queries waiting for the model at most; more answer success=false.",
+          low=1, high=64),
+    Param("memory_file", "", "Where the memory is kept across restarts: restored at start when it matches the model "
+          "and cache settings (else set aside with the reason), saved atomically on ~/save_memory, every "
+          "checkpoint_period and at shutdown; empty: no file."),
+    # Changeable at run time.
+    Param("attention_bias", INF_MLLM_DEFAULTS["attention_bias"], "inf_mllm: bias of the eviction score toward "
+          "newer tokens, in log attention: the oldest candidate keeps its slot against the newest only if it draws "
+          "exp(attention_bias) times more attention; 0: early winners hold the memory.",
+          read_only=False, low=0.0, high=100.0, engine_field="attention_bias"),
+    Param("frame_rate", 1.0, "Frames ingested per second at most (the newest is kept); 0: as fast as the model takes them.",
+          read_only=False, low=0.0, high=120.0),
+    Param("description_period", 10.0, f"Seconds between descriptions on ~/description; 0: off, else at least "
+          f"{MIN_PERIOD}.", read_only=False, low=0.0, high=86400.0),
+    Param("description_prompt", DEFAULT_DESCRIPTION_PROMPT, "The question asked for each description.",
+          read_only=False),
+    Param("system_prompt", DEFAULT_SYSTEM_PROMPT, "Opens the memory; a change applies from the next ~/reset.",
+          read_only=False, engine_field="system_prompt"),
+    Param("max_new_tokens", 64, "Longest answer or description, in tokens (a query may ask for its own).",
+          read_only=False, low=1, high=MAX_NEW_TOKENS_LIMIT, engine_field="max_new_tokens"),
+    Param("max_text_chars", 4000, "Longest text message accepted, in characters; longer ones are refused.",
+          read_only=False, low=1, high=1_000_000),
+    Param("max_decoded_pixels", DEFAULT_MAX_DECODED_PIXELS, "Largest compressed frame accepted, in pixels "
+          "(width x height read from its header before decoding); default: a 4K frame.",
+          read_only=False, low=1, high=1 << 26),
+    Param("query_timeout", 120.0, "Seconds a query or reset waits for the model before answering success=false.",
+          read_only=False, low=1.0, high=3600.0),
+    Param("stats_period", 1.0, f"Seconds between ~/cache_stats messages; 0: only after each input, else at least "
+          f"{MIN_PERIOD}.", read_only=False, low=0.0, high=3600.0),
+    Param("checkpoint_period", 60.0, f"Seconds between saves of a changed memory to memory_file; 0: only on "
+          f"~/save_memory and at shutdown, else at least {MIN_PERIOD}.", read_only=False, low=0.0, high=86400.0),
+)
+
+
+def period_problem(name: str, value: float) -> str | None:
+    """Why a period parameter is refused (0 turns it off; a tiny one would busy the executor), or None."""
+    if 0.0 < value < MIN_PERIOD:
+        return f"{name} must be 0 (off) or at least {MIN_PERIOD} s, got {value:g}"
+    return None
+
+
+DEFAULTS = {p.name: p.default for p in PARAMETERS}
+BY_NAME = {p.name: p for p in PARAMETERS}
+
+
+def value_problem(name: str, value) -> str | None:
+    """Why a value is refused for a parameter (unknown name, type, range, period rule), or None; the
+    rules the node's parameter descriptors and callback apply."""
+    p = BY_NAME.get(name)
+    if p is None:
+        return f"{name!r} is not a parameter of inf_mllm_node"
+    expected = p.type
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if type(value) is not expected:
+        return f"{name} must be of type {expected.__name__}, got {value!r}"
+    if p.low is not None and not isinstance(value, (bool, str)):
+        if not p.low <= value <= p.high:
+            return f"{name} must be in [{p.low:g}, {p.high:g}], got {value!r}"
+        if expected is int and p.step > 1 and (value - int(p.low)) % p.step:
+            return f"{name} must be {int(p.low)} plus a multiple of {p.step}, got {value!r}"
+    if name in PERIODS:
+        return period_problem(name, value)
+    if name == "eviction_policy" and value not in POLICIES:
+        return f"eviction_policy must be one of {sorted(POLICIES)}, got {value!r}"
+    return None
+
+
+def stream_config(values: dict) -> StreamConfig:
+    """The engine configuration from parameter values (missing ones take their defaults)."""
+    kwargs = {}
+    for p in PARAMETERS:
+        if p.engine_field is None:
+            continue
+        value = values.get(p.name, p.default)
+        kwargs[p.engine_field] = None if p.zero_is_default and not value else value
+    return StreamConfig(**kwargs)

@@ -1,0 +1,89 @@
+"""The settings table is the one source: the README's parameter table matches it, and the node's
+parameters file builds the same engine in the node and in the offline runner."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+import yaml
+
+from inf_mllm_ros.offline import UsageError, build_parser, resolve_settings, stream_config
+from inf_mllm_ros.settings import DEFAULTS, PARAMETERS, value_problem
+from inf_mllm_ros.settings import stream_config as node_stream_config
+
+from conftest import REPO_ROOT
+
+ROS_TYPES = {bool: "bool", int: "int", float: "double", str: "string"}
+
+
+def readme_parameter_rows() -> list[list[str]]:
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("### Parameters"):]
+    section = section[: section.index("\n### ", 5)]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+
+
+def test_the_readme_parameter_table_is_the_settings_table():
+    rows = readme_parameter_rows()
+    assert [r[0].strip("`") for r in rows] == [p.name for p in PARAMETERS]
+    for row, p in zip(rows, PARAMETERS):
+        name, kind, default, allowed, run_time = row[:5]
+        assert kind == ROS_TYPES[p.type], p.name
+        assert run_time == ("no" if p.read_only else "yes"), p.name
+        if default.startswith("*"):  # a long text, shown shortened
+            assert p.default.startswith(default.strip("*").rstrip(". ").rstrip(".")), p.name
+        else:
+            shown = default.strip("`")
+            expected = {True: "true", False: "false"}.get(p.default, p.default) if p.type is bool else p.default
+            assert shown == ('""' if expected == "" else str(expected)), p.name
+        if p.low is not None:
+            numbers = [float(x) for x in re.findall(r"\d+(?:\.\d+)?", allowed)]
+            assert numbers[0] == p.low and numbers[-1] == p.high, (p.name, allowed)
+            assert ("odd" in allowed) == (p.step == 2), p.name
+        else:
+            assert allowed == "", p.name
+
+
+def offline_settings(tmp_path, params: dict, *cli: str) -> dict:
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({"/**": {"ros__parameters": params}}))
+    args = build_parser().parse_args(["bag", "--params", str(path), *cli])
+    return resolve_settings(args)
+
+
+def test_one_parameters_file_builds_one_engine(tmp_path):
+    params = {"cache_size": 300, "eviction_policy": "h2o", "recent_size": 0, "score_decay": 0.5, "score_pool": 5,
+              "chunk_size": 32, "attention_bias": 2, "system_prompt": "Remember.", "max_new_tokens": 9}
+    offline_config, _ = stream_config(offline_settings(tmp_path, params))
+    # What the node builds: its declared parameters, the file over the defaults.
+    node_config = node_stream_config(dict(DEFAULTS, **params))
+    assert offline_config == node_config
+    assert node_config.capacity == 300 and node_config.recent_size is None and node_config.attention_bias == 2.0
+
+
+@pytest.mark.parametrize("params, reason", [
+    ({"position_mode": "original"}, "not a parameter of inf_mllm_node"),  # an engine field the node does not declare
+    ({"cache_size": "big"}, "cache_size must be of type int"),
+    ({"score_pool": 4}, "score_pool must be 1 plus a multiple of 2"),
+    ({"stats_period": 1e-9}, "stats_period must be 0 (off) or at least 0.05 s"),
+    ({"attention_bias": 500.0}, "attention_bias must be in [0, 100]"),
+    ({"eviction_policy": "lru"}, "eviction_policy must be one of"),
+])
+def test_what_the_node_would_not_take_the_offline_runner_refuses(tmp_path, params, reason):
+    with pytest.raises(UsageError) as refused:
+        offline_settings(tmp_path, params)
+    assert reason in str(refused.value)
+
+
+def test_the_command_line_is_checked_like_the_file(tmp_path):
+    with pytest.raises(UsageError, match="score_pool"):
+        offline_settings(tmp_path, {}, "--score-pool", "6")
+    assert offline_settings(tmp_path, {"cache_size": 300}, "--cache-size", "400")["cache_size"] == 400
+
+
+def test_every_default_passes_its_own_checks():
+    assert all(value_problem(p.name, p.default) is None for p in PARAMETERS)
+    assert isinstance(build_parser(), argparse.ArgumentParser)
