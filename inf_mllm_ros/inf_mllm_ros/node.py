@@ -31,6 +31,7 @@ from typing import Callable
 
 import rclpy
 from builtin_interfaces.msg import Time
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.exceptions import InvalidParameterValueException, ParameterException
@@ -65,6 +66,9 @@ STATS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=Re
 # drop the requests of a burst while the executor is busy, and their callers never hear back.
 SERVICE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000, reliability=ReliabilityPolicy.RELIABLE,
                          durability=DurabilityPolicy.VOLATILE)
+DIAGNOSTICS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE)
+# Health: frames the model had no time for (a newer one replaced them while it worked), per second.
+WARN_MODEL_DROPS_PER_S = 0.5
 SHUTTING_DOWN = "node is shutting down"
 NOT_CONFIGURED = "node is not configured: no model is loaded (configure it through its lifecycle)"
 
@@ -125,6 +129,11 @@ class InfMLLMNode(LifecycleNode):
         self._periodic: dict[str, object] = {}
         self._subscriptions: list = []
         self._stats_pub = self._description_pub = None
+        self._last_error = ""
+        self._health_prev: tuple[float, int, int] | None = None  # (time, node drops, model drops)
+        self._diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", DIAGNOSTICS_QOS)
+        self._diagnostics_timer = None
+        self._set_diagnostics_period(self._param("diagnostics_period"))
 
         self._wake = self.create_guard_condition(self._drain_outbox)
         # Services exist in every state, so a caller always hears why not instead of nothing.
@@ -161,6 +170,7 @@ class InfMLLMNode(LifecycleNode):
         try:
             self.engine.wait_ready()
         except EngineNotReadyError as exc:
+            self._last_error = str(exc)
             self.get_logger().error(f"{exc}; configure failed (queries answer success=false with this reason)")
             self._publish_stats()
             return TransitionCallbackReturn.FAILURE
@@ -301,6 +311,8 @@ class InfMLLMNode(LifecycleNode):
                 self._set_timer("description", p.value)
             elif p.name == "stats_period" and self._stats_pub is not None:
                 self._set_timer("stats", p.value)
+            elif p.name == "diagnostics_period":
+                self._set_diagnostics_period(p.value)
             elif p.name == "checkpoint_period" and engine is not None:
                 engine.checkpoint_period = p.value  # from the next save on
             elif p.name == "system_prompt" and engine is not None:
@@ -316,6 +328,11 @@ class InfMLLMNode(LifecycleNode):
         """Under a flood of texts the engine still takes a waiting frame every 1 / frame_rate seconds."""
         if self.engine is not None:
             self.engine.frame_period = 1.0 / frame_rate if frame_rate > 0.0 else 0.0
+
+    def _set_diagnostics_period(self, period: float) -> None:
+        if self._diagnostics_timer is not None:
+            self.destroy_timer(self._diagnostics_timer)
+        self._diagnostics_timer = self.create_timer(period, self._publish_diagnostics) if period > 0.0 else None
 
     def _set_timer(self, name: str, value: float, rate: bool = False) -> None:
         """(Re)create a periodic timer; value is a period in seconds, or a rate in Hz when rate=True; 0: none."""
@@ -391,6 +408,7 @@ class InfMLLMNode(LifecycleNode):
             self._inputs_rejected += 1
             first = kind not in self._kinds_logged
             self._kinds_logged.add(kind)
+            self._last_error = message
         if first:
             self.get_logger().warning(f"{message} [further '{kind}' inputs are counted in ~/cache_stats, not logged]")
         # After every input the node is done with, so a lockstep player can move on.
@@ -517,6 +535,59 @@ class InfMLLMNode(LifecycleNode):
             msg.frame_waiting = pending["frame"]
         self._stats_pub.publish(msg)
 
+    def health(self) -> DiagnosticStatus:
+        """The node's health as robot monitors read it: a level, a one-line message and the figures."""
+        engine, now = self.engine, time.monotonic()
+        stats = engine.stats() if engine is not None else None
+        counters = engine.counters if engine is not None else None
+        with self._lock:
+            node_drops, rejected, failed = self._frames_dropped, self._inputs_rejected, self._queries_failed
+            last_error = self._last_error
+        model_drops = counters.frames_dropped if counters is not None else 0
+        prev, self._health_prev = self._health_prev, (now, node_drops, model_drops)
+        span = now - prev[0] if prev else 0.0
+        rate_limited = (node_drops - prev[1]) / span if span > 0 else 0.0
+        behind = (model_drops - prev[2]) / span if span > 0 else 0.0
+        pending = engine.pending if engine is not None else {"texts": 0, "queries": 0, "frame": False}
+        level, message = DiagnosticStatus.OK, "active: taking input and answering"
+        if engine is None:
+            level, message = DiagnosticStatus.WARN, "not configured: no model loaded"
+        elif engine.load_error is not None:
+            level, message = DiagnosticStatus.ERROR, f"model failed to load: {engine.load_error}"
+        elif not engine.ready.is_set():
+            level, message = DiagnosticStatus.WARN, "model is loading"
+        elif not self._active:
+            message = "inactive: the memory is kept, no input is taken"
+        elif behind > WARN_MODEL_DROPS_PER_S:
+            level, message = DiagnosticStatus.WARN, f"model behind the camera: {behind:.1f} frames/s replaced unseen"
+        elif pending["texts"] > self._param("max_pending_texts") // 2:
+            level, message = DiagnosticStatus.WARN, f"model behind the text topic: {pending['texts']} texts waiting"
+        elif pending["queries"] >= self._param("max_pending_queries"):
+            level, message = DiagnosticStatus.WARN, f"query queue full ({pending['queries']} waiting)"
+        values = {
+            "state": "unconfigured" if engine is None else ("active" if self._active else "inactive"),
+            "model": str(self._param("model")),
+            "model_ready": str(engine is not None and engine.ready.is_set()).lower(),
+            "cache_fill": f"{stats.fill if stats else 0}/{self._param('cache_size')}",
+            "tokens_seen": str(stats.tokens_seen if stats else 0),
+            "texts_waiting": str(pending["texts"]),
+            "queries_waiting": str(pending["queries"]),
+            "frame_waiting": str(pending["frame"]).lower(),
+            "frames_dropped_by_rate_per_s": f"{rate_limited:.2f}",
+            "frames_dropped_by_model_per_s": f"{behind:.2f}",
+            "inputs_rejected": str(rejected),
+            "queries_failed": str(failed + (counters.queries_failed if counters else 0)),
+            "last_error": last_error,
+        }
+        return DiagnosticStatus(level=level, name=f"{self.get_fully_qualified_name()}: memory", message=message,
+                                hardware_id=str(self._param("device")),
+                                values=[KeyValue(key=k, value=v) for k, v in values.items()])
+
+    def _publish_diagnostics(self) -> None:
+        msg = DiagnosticArray(status=[self.health()])
+        msg.header.stamp = self.get_clock().now().to_msg()
+        self._diagnostics_pub.publish(msg)
+
     # --- services ----------------------------------------------------------------------------------------
     def _served(self, handler, request, response):
         """Run a service handler counted as in flight; a failure during shutdown says so."""
@@ -559,6 +630,7 @@ class InfMLLMNode(LifecycleNode):
             return response
         except Exception as exc:
             response.success, response.message = False, f"model error: {type(exc).__name__}: {exc}"
+            self._last_error = response.message
             return response
         response.success = True
         response.answer = answer.text

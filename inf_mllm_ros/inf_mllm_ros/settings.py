@@ -19,7 +19,7 @@ MAX_NEW_TOKENS_LIMIT = 4096
 
 # Periods below this (other than 0, off) would keep an executor thread busy with timers.
 MIN_PERIOD = 0.05
-PERIODS = ("description_period", "stats_period", "checkpoint_period")
+PERIODS = ("description_period", "stats_period", "checkpoint_period", "diagnostics_period")
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,8 @@ PARAMETERS = (
           f"{MIN_PERIOD}.", read_only=False, low=0.0, high=3600.0),
     Param("checkpoint_period", 60.0, f"Seconds between saves of a changed memory to memory_file; 0: only on "
           f"~/save_memory and at shutdown, else at least {MIN_PERIOD}.", read_only=False, low=0.0, high=86400.0),
+    Param("diagnostics_period", 1.0, f"Seconds between health reports on /diagnostics; 0: none, else at least "
+          f"{MIN_PERIOD}.", read_only=False, low=0.0, high=3600.0),
 )
 
 

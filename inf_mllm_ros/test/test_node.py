@@ -25,6 +25,7 @@ from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import String
 from std_srvs.srv import Trigger
 
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState
 from rclpy.lifecycle import TransitionCallbackReturn
@@ -286,6 +287,23 @@ def test_frames_are_rate_limited_and_handled(probe, node):
     assert node.log().count("further 'frames_not_supported' inputs") <= 1
 
 
+def health(probe, fqn: str, level: int, timeout: float = 30) -> DiagnosticStatus:
+    """The node's next status on /diagnostics at the given level."""
+    mine = lambda m: [s for s in m.status if s.name == f"{fqn}: memory" and s.level == level]  # noqa: E731
+    return mine(probe.diagnostics.wait(lambda m: mine(m), timeout=timeout, what=f"/diagnostics level {level}"))[0]
+
+
+def test_health_on_diagnostics(probe):
+    ready_stats(probe)
+    probe.diagnostics = getattr(probe, "diagnostics", None) or Latest(probe, DiagnosticArray, "/diagnostics", RELIABLE)
+    status = health(probe, FQN, DiagnosticStatus.OK)
+    values = {kv.key: kv.value for kv in status.values}
+    assert values["state"] == "active" and values["model_ready"] == "true"
+    assert values["cache_fill"].endswith(f"/{PARAMS['cache_size']}")
+    assert {"texts_waiting", "queries_waiting", "frames_dropped_by_model_per_s", "inputs_rejected",
+            "last_error"} <= set(values)
+
+
 def test_query_errors_say_why(probe):
     ready_stats(probe)
     empty = ask(probe, "  ")
@@ -435,6 +453,25 @@ def test_a_model_that_cannot_load_ends_the_process_with_code_1(tmp_path):
     assert "configure failed" in process.log() and str(tmp_path / "none") in process.log()
 
 
+def test_a_failed_configure_is_an_error_on_diagnostics(tmp_path):
+    params = dict(PARAMS, autostart=False, model=str(tmp_path / "no_model"), diagnostics_period=0.2)
+    process = NodeProcess(REPO_ROOT, dict(os.environ), tmp_path, params, "monitored")
+    fqn = f"{NAMESPACE}/monitored"
+    probe = RosProbe("monitored_probe", alive=process.check_alive)
+    try:
+        probe.diagnostics = Latest(probe, DiagnosticArray, "/diagnostics", RELIABLE)
+        assert "not configured" in health(probe, fqn, DiagnosticStatus.WARN).message
+        lifecycle = probe.node.create_client(ChangeState, f"{fqn}/change_state")
+        assert not change_state(probe, lifecycle, Transition.TRANSITION_CONFIGURE)
+        error = health(probe, fqn, DiagnosticStatus.ERROR)
+        assert "failed to load" in error.message and "no_model" in error.message
+        assert "no_model" in {kv.key: kv.value for kv in error.values}["last_error"]
+    finally:
+        probe.close()
+        code = process.stop(signal.SIGINT)
+    assert code == 0, process.log()[-3000:]
+
+
 def change_state(probe, client, transition: int) -> bool:
     return probe.call(client, ChangeState.Request(transition=Transition(id=transition)), timeout=180).success
 
@@ -458,10 +495,12 @@ def test_the_lifecycle_keeps_the_memory_through_deactivate_and_cleanup(tmp_path)
         before = ask(probe, PROBE, max_new_tokens=16)
         assert before.success and "dock 3" in before.answer.lower(), before
 
-        # Deactivate: no input is taken, the memory is saved and kept.
+        # Deactivate: no input is taken, the memory is saved and kept. (Other nodes of this module may
+        # listen on the same topic: count this one's subscription only.)
+        listening = text.get_subscription_count()
         assert change_state(probe, lifecycle, Transition.TRANSITION_DEACTIVATE)
         assert (tmp_path / "memory").exists()
-        probe.wait_for(lambda: text.get_subscription_count() == 0, 30, "the text subscription gone")
+        probe.wait_for(lambda: text.get_subscription_count() == listening - 1, 30, "the text subscription gone")
         text.publish(String(data="Forklift F2 moved to dock 9."))
         assert "inactive" in ask(probe, PROBE).message
         # Cleanup frees the model; configure and activate bring the same memory back.
