@@ -73,8 +73,8 @@ PARAMETERS = (
           "checkpoint_period and at shutdown; empty: no file."),
     # Changeable at run time.
     Param("attention_bias", INF_MLLM_DEFAULTS["attention_bias"], "inf_mllm: bias of the eviction score toward "
-          "newer tokens, in log attention: the oldest candidate keeps its slot against the newest only if it draws "
-          "exp(attention_bias) times more attention; 0: early winners hold the memory.",
+          "newer tokens: a token twice as old keeps its slot against a younger one only if it draws "
+          "2^attention_bias times more attention; 0: early winners hold the memory.",
           read_only=False, low=0.0, high=100.0, engine_field="attention_bias"),
     Param("frame_rate", 1.0, "Frames ingested per second at most (the newest is kept); 0: as fast as the model takes them.",
           read_only=False, low=0.0, high=120.0),

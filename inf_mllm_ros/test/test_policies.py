@@ -148,6 +148,19 @@ def test_bias_means_the_same_at_any_attention_scale(variant):
         assert chosen[0] == chosen[1]
 
 
+@pytest.mark.parametrize("bias", [0.5, 1.0, 2.0])
+def test_a_token_twice_as_old_needs_two_to_the_bias_times_the_attention(bias):
+    """score = log A - bias * log(age): between two candidates, age and attention trade off as ratios."""
+    policy = make_policy("inf_mllm", capacity=9, recent_size=4, attention_bias=bias, **PLAIN)
+    seq = torch.tensor([0, 1, 2, 3, 101, 301, 496, 497, 498, 501]).expand(HEADS, 10)  # ages 400 and 200
+    for ratio, old_kept in ((0.95 * 2 ** bias, False), (1.05 * 2 ** bias, True)):
+        attn = torch.full((HEADS, 10), 1e-2)
+        attn[:, 4], attn[:, 5] = 1e-3 * ratio, 1e-3
+        v = SlotView(fill=10, num_heads=HEADS, seq=seq, window_attention=attn, window_queries=torch.ones(10))
+        idx = policy.select(v, 9)[0].tolist()
+        assert (4 in idx, 5 in idx) == (old_kept, not old_kept), (bias, ratio)
+
+
 def test_bias_is_validated_and_changeable():
     policy = make_policy("inf_mllm", capacity=KEEP)
     policy.attention_bias = 5e-3

@@ -144,16 +144,18 @@ class InfMLLMPolicy(EvictionPolicy):
     that for one prompt and counts (1 - d) of its attention, a token that has drawn attention for many
     prompts counts what it has drawn lately. So a newcomer takes an incumbent's slot only with about
     1 / (1 - d) times its attention (10x at 0.9) or by the bias, and a fact that drew attention once is
-    not washed out by the next paragraph. The score ranks candidates by log attention plus a bias toward
-    newer ones, and a kept token keeps its neighbours (each candidate scores as the best within
-    `score_pool` slots centred on it):
+    not washed out by the next paragraph. The score ranks candidates by log attention against log age, and
+    a kept token keeps its neighbours (each candidate scores as the best within `score_pool` slots
+    centred on it):
 
-        score = log A + attention_bias * rank / (candidates - 1)      (rank 0 = oldest candidate)
+        score = log A - attention_bias * log(age)      (age: tokens of the stream since the candidate)
 
-    Log attention makes the bias mean the same at any cache size, head count or pooling (they scale all
-    attention alike): an older candidate keeps its slot against the newest one only if it draws
-    exp(attention_bias) times more attention; half the candidates apart, exp(attention_bias / 2).
-    A bias of 0 lets early winners hold the cache; a very large bias turns the candidates into a window.
+    that is A / age^attention_bias: a token twice as old keeps its slot against a younger one only if it
+    draws 2^attention_bias times more attention (10 times as old: 10^attention_bias). Both terms are
+    ratios, so the bias means the same at any cache size, head count, pooling or stream length, and the
+    cache keeps moving however long the stream runs: a saddle stays as long as its attention outgrows
+    its age. A bias of 0 lets early winners hold the cache for good; a very large bias turns the
+    candidates into a window.
     `score_decay=0, score_pool=1` is the plain method (the newest window's attention alone).
     """
 
@@ -214,9 +216,10 @@ class InfMLLMPolicy(EvictionPolicy):
         if self.score_pool > 1 and n > 1:
             # A token that draws attention is usually part of a phrase: keep its neighbours with it.
             score = F.max_pool1d(score[:, None], self.score_pool, stride=1, padding=self.score_pool // 2)[:, 0]
-        if self._attention_bias > 0.0 and n > 1:
-            rank = torch.arange(n, device=score.device, dtype=score.dtype) / (n - 1)
-            score = score + self._attention_bias * rank
+        if self._attention_bias > 0.0 and n > 0:
+            # Age in tokens of the stream, from the newest token: the queries that will judge the cache next.
+            age = (view.seq[:, view.fill - 1 : view.fill] - view.seq[:, cand]).to(score.dtype)
+            score = score - self._attention_bias * torch.log(age.clamp(min=1.0))
         return score
 
     def select(self, view: SlotView, keep: int) -> Tensor:

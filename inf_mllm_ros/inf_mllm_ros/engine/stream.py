@@ -34,7 +34,7 @@ class StreamConfig:
 
     capacity: int = 1024
     policy: str = "inf_mllm"
-    attention_bias: float = INF_MLLM_DEFAULTS["attention_bias"]  # inf_mllm: log-attention bias toward newer tokens
+    attention_bias: float = INF_MLLM_DEFAULTS["attention_bias"]  # inf_mllm: score = log attention - bias * log age
     recent_size: int | None = None  # default: a quarter of the capacity
     sink_size: int = 4
     score_decay: float = INF_MLLM_DEFAULTS["score_decay"]  # inf_mllm: memory of earlier windows' attention
