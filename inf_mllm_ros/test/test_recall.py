@@ -14,8 +14,8 @@ from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 
 from conftest import SHARED_TEXT
 
-CACHE = 256
-DISTANCE = 1000  # tokens between the fact and the question: four times the cache
+CACHE = 512
+DISTANCE = 1000  # tokens between the fact and the question: about twice the cache
 TRIALS = 4
 COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple"]
 
@@ -76,6 +76,6 @@ def test_inf_mllm_recalls_facts_that_streaming_llm_loses(qwen, paragraphs):
     streaming = [recall(qwen, paragraphs, "streaming_llm", trial) for trial in range(2)]
     assert not any(r[0] for r in streaming), f"streaming_llm cannot hold a fact {DISTANCE} tokens back: {streaming}"
     assert all(r[1] == 0.0 for r in streaming)
-    # Measured here: every value kept in 10-15 % of layer-heads, one of four recalled.
-    assert all(r[1] > 0.05 for r in inf), f"inf_mllm keeps every fact's value in some layer-heads: {inf}"
-    assert sum(r[0] for r in inf) >= 1, f"inf_mllm recalls: {inf}"
+    # Measured here over six trials: every value kept in 19-62 % of layer-heads, five of six recalled.
+    assert all(r[1] > 0.1 for r in inf), f"inf_mllm keeps every fact's value in some layer-heads: {inf}"
+    assert sum(r[0] for r in inf) >= 2, f"inf_mllm recalls: {inf}"
