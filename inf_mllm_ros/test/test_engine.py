@@ -9,7 +9,7 @@ import torch
 
 from inf_mllm_ros.engine.engine import EngineBusyError, EngineNotReadyError, StreamingEngine
 from inf_mllm_ros.engine.loading import ModelLoadError, load_model
-from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+from inf_mllm_ros.engine.stream import AnswerCancelledError, KVStream, StreamConfig
 
 POLICIES = ["inf_mllm", "streaming_llm", "h2o", "window", "full"]
 TEXT = (
@@ -75,6 +75,37 @@ def test_a_kept_exchange_stays_in_memory_for_the_next_round(smollm2):
     first = stream.ask("Remember this: the password is tulip. Reply OK.", max_new_tokens=6, keep_in_memory=True)
     assert first.kept_in_memory and stream.tokens_seen > seen
     assert "tulip" in stream.ask("What is the password?", max_new_tokens=12).text.lower()
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_an_answer_streams_token_by_token_and_a_cancel_leaves_memory_as_it_was(smollm2, keep):
+    import threading
+
+    stream = KVStream(smollm2, StreamConfig(capacity=128, policy="inf_mllm", chunk_size=32))
+    stream.push_text(TEXT)
+    partial = []
+    whole = stream.ask("What does the keeper do at dusk?", max_new_tokens=8,
+                       on_token=lambda text, n: partial.append((text, n)))
+    assert [n for _, n in partial] == list(range(1, whole.tokens_generated + 1))
+    assert partial[-1][0] == whole.text and all(whole.text.startswith(t) for t, _ in partial)
+
+    layer = stream.cache.layers[3]
+    before = (stream.cache.fill, stream.cache.next_position, stream.tokens_seen, stream.cache.evictions,
+              layer.keys[:, :, : layer.fill].clone())
+    cancel = threading.Event()
+    seen = []
+
+    def cancel_after_three(text, n):
+        seen.append(n)
+        if n == 3:
+            cancel.set()
+
+    with pytest.raises(AnswerCancelledError):
+        stream.ask("Tell me everything about the keeper.", max_new_tokens=40, keep_in_memory=keep,
+                   on_token=cancel_after_three, cancel=cancel)
+    assert seen == [1, 2, 3], "stopped at the next token"
+    assert (stream.cache.fill, stream.cache.next_position, stream.tokens_seen, stream.cache.evictions) == before[:4]
+    assert torch.equal(layer.keys[:, :, : layer.fill], before[4])
 
 
 def test_stream_far_past_the_context_stays_bounded_and_answers(smollm2):

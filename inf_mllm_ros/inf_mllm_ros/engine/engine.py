@@ -146,12 +146,15 @@ class StreamingEngine:
             self._lock.notify()
         return future
 
-    def submit_ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False) -> Future:
+    def submit_ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
+                   on_token=None, cancel: threading.Event | None = None) -> Future:
+        """Queue a question; `on_token` and `cancel` as in KVStream.ask (on_token runs on the worker thread)."""
         if is_blank(question):
             with self._lock:
                 self.counters.queries_failed += 1
             return _failed(ValueError("empty question"))
-        return self._submit_query(lambda s: s.ask(question, max_new_tokens=max_new_tokens, keep_in_memory=keep_in_memory))
+        return self._submit_query(lambda s: s.ask(question, max_new_tokens=max_new_tokens, keep_in_memory=keep_in_memory,
+                                                  on_token=on_token, cancel=cancel))
 
     def submit_describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None) -> Future:
         return self._submit_query(lambda s: s.describe(prompt, max_new_tokens=max_new_tokens))

@@ -7,8 +7,10 @@ threaded `StreamingEngine` wraps it for concurrent callers.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -98,6 +100,14 @@ class StreamStoppedError(RuntimeError):
     """The stream was asked to stop (shutdown) in the middle of a prompt or an answer."""
 
 
+class AnswerCancelledError(RuntimeError):
+    """The caller cancelled the answer; the memory is as it was before the question."""
+
+
+# Called after each generated token with the answer so far (text) and the number of tokens generated.
+TokenCallback = Callable[[str, int], None]
+
+
 class KVStream:
     """Text, frames and questions into one model through a bounded KV cache.
 
@@ -106,6 +116,8 @@ class KVStream:
     """
 
     stop_requested = False
+    _on_token: TokenCallback | None = None
+    _cancel: threading.Event | None = None
 
     def __init__(self, adapter: ModelAdapter, config: StreamConfig | None = None):
         self.adapter = adapter
@@ -240,22 +252,60 @@ class KVStream:
         return logits if return_logits else None
 
     # --- questions --------------------------------------------------------------------------------------
-    def ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False) -> Answer:
-        """Answer greedily from what is in memory. Without keep_in_memory the cache is left as it was."""
+    def ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
+            on_token: TokenCallback | None = None, cancel: threading.Event | None = None) -> Answer:
+        """Answer greedily from what is in memory. Without keep_in_memory the cache is left as it was.
+
+        on_token gets the answer so far after each token. Setting `cancel` stops the answer at the next token
+        with AnswerCancelledError and leaves the memory as it was, also with keep_in_memory (the question
+        and answer are kept only once the answer is complete), unless the question is too long for the
+        headroom and has to be pushed into the memory before the answer.
+        """
         if is_blank(question):
             raise ValueError("empty question")
-        return self._exchange(self.adapter.chat.question_parts(question), max_new_tokens, keep_in_memory)
+        return self._exchange(self.adapter.chat.question_parts(question), max_new_tokens, keep_in_memory,
+                              on_token, cancel)
 
     def describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None) -> Answer:
         """A description of the scene so far; never stays in memory."""
         return self._exchange(self.adapter.chat.question_parts(prompt or DEFAULT_DESCRIPTION_PROMPT), max_new_tokens,
                               False)
 
-    def _exchange(self, question_parts: tuple[str, str, str], max_new_tokens: int | None, keep: bool) -> Answer:
+    def _exchange(self, question_parts: tuple[str, str, str], max_new_tokens: int | None, keep: bool,
+                  on_token: TokenCallback | None = None, cancel: threading.Event | None = None) -> Answer:
         start = time.monotonic()
         self._ensure_started()
         max_new = max_new_tokens or self.config.max_new_tokens
         ids = self.adapter.tokenize_turn(question_parts)
+        self._on_token, self._cancel = on_token, cancel
+        try:
+            tokens = self._answer_tokens(ids, max_new, keep)
+        finally:
+            self._on_token = self._cancel = None
+        text = self.adapter.decode([t for t in tokens if t not in self._stop_ids]).strip()
+        return Answer(
+            text=text,
+            tokens_generated=len(tokens),
+            latency=time.monotonic() - start,
+            tokens_seen=self.tokens_seen,
+            cache_fill=self.cache.fill,
+            newest_frame_stamp=self.newest_frame_stamp,
+            kept_in_memory=keep,
+        )
+
+    def _answer_tokens(self, ids: Tensor, max_new: int, keep: bool) -> list[int]:
+        # Room in the headroom for the question and the whole answer.
+        fits = self.cache.slots - self.cache.fill - ids.numel() >= max_new
+        if keep and fits:
+            # Answer as if not kept, then keep question and answer as one prompt: a cancelled answer
+            # leaves the memory as it was.
+            tokens = self._answer_tokens(ids, max_new, keep=False)
+            kept = [t for t in tokens if t not in self._stop_ids]
+            closing = self.adapter.tokenize(self.adapter.chat.assistant_suffix) if self.adapter.chat.assistant_suffix else None
+            prompt = torch.cat([ids, torch.tensor(kept, dtype=torch.long, device=ids.device)]
+                               + ([closing.to(ids.device)] if closing is not None else []))
+            self._push(self.adapter.text_prompt(prompt))
+            return tokens
         if keep:
             logits = self._push(self.adapter.text_prompt(ids), return_logits=True)[-1:]
             tokens = self._generate(logits, max_new, keep=True)
@@ -282,16 +332,7 @@ class KVStream:
             finally:
                 self.cache.truncate(snapshot[0], snapshot[1])
                 self.tokens_seen = snapshot[2]
-        text = self.adapter.decode([t for t in tokens if t not in self._stop_ids]).strip()
-        return Answer(
-            text=text,
-            tokens_generated=len(tokens),
-            latency=time.monotonic() - start,
-            tokens_seen=self.tokens_seen,
-            cache_fill=self.cache.fill,
-            newest_frame_stamp=self.newest_frame_stamp,
-            kept_in_memory=keep,
-        )
+        return tokens
 
     def _generate(self, logits: Tensor, max_new: int, *, keep: bool) -> list[int]:
         """Greedy decoding; the last token is returned but not pushed."""
@@ -299,8 +340,12 @@ class KVStream:
         for step in range(max_new):
             if self.stop_requested:
                 raise StreamStoppedError("stopped while answering")
+            if self._cancel is not None and self._cancel.is_set():
+                raise AnswerCancelledError("cancelled")
             token = int(logits[-1].argmax())
             tokens.append(token)
+            if self._on_token is not None:
+                self._on_token(self.adapter.decode([t for t in tokens if t not in self._stop_ids]).strip(), len(tokens))
             if token in self._stop_ids or step == max_new - 1:
                 break
             prompt = self.adapter.text_prompt(torch.tensor([token], dtype=torch.long))
@@ -362,4 +407,4 @@ class KVStream:
         return logits
 
 
-__all__ = ["Answer", "CacheOverflowError", "KVStream", "StreamConfig", "StreamStats", "StreamStoppedError"]
+__all__ = ["Answer", "AnswerCancelledError", "CacheOverflowError", "KVStream", "StreamConfig", "StreamStats", "StreamStoppedError"]
