@@ -33,6 +33,7 @@ import rclpy
 from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
+from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.exceptions import InvalidParameterValueException, ParameterException
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
@@ -45,10 +46,12 @@ from std_msgs.msg import String
 from std_srvs.srv import Trigger
 
 from inf_mllm_interfaces.msg import CacheStats, Description
+from inf_mllm_interfaces.action import Ask
 from inf_mllm_interfaces.srv import Query
 
 from .engine.adapters import FramesNotSupportedError
 from .engine.engine import EngineBusyError, EngineNotReadyError, FrameDroppedError, StreamingEngine
+from .engine.stream import AnswerCancelledError
 from .engine.text_rules import is_blank
 from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
 from .settings import MAX_NEW_TOKENS_LIMIT, PARAMETERS, PERIODS, Param, period_problem, stream_config
@@ -142,6 +145,10 @@ class InfMLLMNode(LifecycleNode):
         self.create_service(Trigger, "~/reset", self._on_reset, callback_group=waiting, qos_profile=SERVICE_QOS)
         self.create_service(Trigger, "~/save_memory", self._on_save_memory, callback_group=waiting,
                             qos_profile=SERVICE_QOS)
+        # Every goal is accepted, so that each one ends with a result that says why when it fails.
+        self._ask_server = ActionServer(
+            self, Ask, "~/ask", execute_callback=self._execute_ask, callback_group=waiting,
+            goal_callback=lambda _goal: GoalResponse.ACCEPT, cancel_callback=lambda _goal: CancelResponse.ACCEPT)
         self.add_on_set_parameters_callback(self._on_set_parameters)
 
     # --- lifecycle ------------------------------------------------------------------------------------------
@@ -261,6 +268,10 @@ class InfMLLMNode(LifecycleNode):
         self._stopping.set()
         if self.engine is not None:
             self._close_engine()
+
+    def destroy_node(self) -> None:
+        self._ask_server.destroy()
+        super().destroy_node()
 
     def _close_engine(self) -> None:
         self.engine.close(timeout=30.0)
@@ -601,6 +612,11 @@ class InfMLLMNode(LifecycleNode):
         return self._served(self._answer, request, response)
 
     def _answer(self, request: Query.Request, response: Query.Response) -> Query.Response:
+        return self._ask_engine(request, response)
+
+    def _ask_engine(self, request, response, on_token=None, cancel: threading.Event | None = None,
+                    cancelled=lambda: False):
+        """Answer a Query request or an Ask goal into its response or result (the same fields)."""
         start = time.monotonic()
         if self._stopping.is_set():
             return self._query_failed(response, SHUTTING_DOWN)
@@ -616,14 +632,31 @@ class InfMLLMNode(LifecycleNode):
             return self._query_failed(response, f"max_new_tokens {max_new} is above the limit {MAX_NEW_TOKENS_LIMIT}")
         timeout = self._param("query_timeout")
         try:
-            future = engine.submit_ask(question, max_new_tokens=max_new, keep_in_memory=request.keep_in_memory)
+            future = engine.submit_ask(question, max_new_tokens=max_new, keep_in_memory=request.keep_in_memory,
+                                       on_token=on_token, cancel=cancel)
         except EngineNotReadyError as exc:
             return self._query_failed(response, str(exc))
+        deadline = time.monotonic() + timeout
         try:
-            answer = future.result(timeout=timeout)
+            while True:
+                try:
+                    answer = future.result(timeout=0.05 if cancel is not None else timeout)
+                    break
+                except FutureTimeoutError:
+                    if cancel is not None and cancelled():
+                        cancel.set()  # a running answer stops at its next token
+                        if future.cancel():  # one still waiting never starts
+                            raise AnswerCancelledError("cancelled") from None
+                    elif time.monotonic() >= deadline:
+                        raise
         except FutureTimeoutError:
             future.cancel()  # if it has not started, the worker skips it
+            if cancel is not None:
+                cancel.set()
             return self._query_failed(response, f"no answer within query_timeout ({timeout:g} s): the model is busy")
+        except AnswerCancelledError:
+            response.success, response.message = False, "cancelled"
+            return response
         except (EngineNotReadyError, EngineBusyError, ValueError) as exc:
             # The engine counted these itself.
             response.success, response.message = False, str(exc)
@@ -639,6 +672,24 @@ class InfMLLMNode(LifecycleNode):
         response.cache_fill = answer.cache_fill
         response.latency = time.monotonic() - start
         return response
+
+    def _execute_ask(self, goal_handle) -> Ask.Result:
+        """The ~/ask action: the answer so far as feedback after each token; cancel stops it at the next one."""
+        with self._serving():
+            def feedback(text: str, n: int) -> None:
+                goal_handle.publish_feedback(Ask.Feedback(partial_answer=text, tokens_generated=n))
+
+            result = self._ask_engine(goal_handle.request, Ask.Result(), on_token=feedback, cancel=threading.Event(),
+                                      cancelled=lambda: goal_handle.is_cancel_requested)
+            if not result.success and self._stopping.is_set():
+                result.message = SHUTTING_DOWN
+            if result.success:
+                goal_handle.succeed()
+            elif result.message == "cancelled" and goal_handle.is_cancel_requested:
+                goal_handle.canceled()
+            else:
+                goal_handle.abort()
+            return result
 
     def _lifecycle_refusal(self, engine: StreamingEngine | None, ask: bool = False) -> str | None:
         """Why a service cannot be served in the node's lifecycle state, or None."""

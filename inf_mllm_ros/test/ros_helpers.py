@@ -58,6 +58,14 @@ class RosProbe:
         self.wait_for(future.done, timeout, f"an answer from {client.srv_name}")
         return future.result()
 
+    def send_goal(self, client, goal, timeout: float = 120.0):
+        """Send an action goal; returns (goal handle, feedback list that fills as it comes, result future)."""
+        self.wait_for(lambda: client.server_is_ready(), timeout, "the action server")
+        feedback = []
+        sent = client.send_goal_async(goal, feedback_callback=lambda msg: feedback.append(msg.feedback))
+        handle = self.wait_for(lambda: sent.done() and sent.result(), timeout, "the goal accepted or rejected")
+        return handle, feedback, handle.get_result_async()
+
     def set_parameters(self, node_fqn: str, timeout: float = 30.0, **values):
         """Set parameters on another node; returns its SetParametersResult list."""
         client = self.node.create_client(SetParameters, f"{node_fqn}/set_parameters")

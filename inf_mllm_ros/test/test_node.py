@@ -30,6 +30,10 @@ from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState
 from rclpy.lifecycle import TransitionCallbackReturn
 
+from action_msgs.msg import GoalStatus
+from rclpy.action import ActionClient
+
+from inf_mllm_interfaces.action import Ask
 from inf_mllm_interfaces.msg import CacheStats, Description
 from inf_mllm_interfaces.srv import Query
 from inf_mllm_ros.engine.policies import INF_MLLM_DEFAULTS
@@ -302,6 +306,50 @@ def test_health_on_diagnostics(probe):
     assert values["cache_fill"].endswith(f"/{PARAMS['cache_size']}")
     assert {"texts_waiting", "queries_waiting", "frames_dropped_by_model_per_s", "inputs_rejected",
             "last_error"} <= set(values)
+
+
+def ask_action(probe):
+    if not hasattr(probe, "ask_action"):
+        probe.ask_action = ActionClient(probe.node, Ask, f"{FQN}/ask")
+    return probe.ask_action
+
+
+def test_the_ask_action_streams_the_answer_then_gives_the_result(probe):
+    ready_stats(probe)
+    handle, feedback, result = probe.send_goal(ask_action(probe), Ask.Goal(question=PROBE, max_new_tokens=16))
+    assert handle.accepted
+    done = probe.wait_for(lambda: result.done() and result.result(), 180, "the result")
+    assert done.status == GoalStatus.STATUS_SUCCEEDED and done.result.success, done.result
+    assert feedback, "feedback arrives before the result"
+    assert [f.tokens_generated for f in feedback] == list(range(1, len(feedback) + 1))
+    assert feedback[-1].partial_answer == done.result.answer
+    # The same greedy answer as the service gives.
+    assert ask(probe, PROBE, max_new_tokens=16).answer == done.result.answer
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_cancelled_goal_stops_and_leaves_the_memory_as_it_was(probe, keep):
+    before = ready_stats(probe)
+    goal = Ask.Goal(question="Tell a very long story about the warehouse.", max_new_tokens=300, keep_in_memory=keep)
+    handle, feedback, result = probe.send_goal(ask_action(probe), goal)
+    probe.wait_for(lambda: feedback, 120, "the first tokens")
+    handle.cancel_goal_async()
+    done = probe.wait_for(lambda: result.done() and result.result(), 60, "the cancelled result")
+    assert done.status == GoalStatus.STATUS_CANCELED and done.result.message == "cancelled", done.result
+    assert len(feedback) < 300
+    after = probe.stats.wait(lambda m: m.header.stamp.sec > before.header.stamp.sec + 1, 30, "fresh stats")
+    assert (after.tokens_seen, after.fill) == (before.tokens_seen, before.fill)
+
+
+def test_concurrent_goals_each_end_with_a_result(probe):
+    ready_stats(probe)
+    client = ask_action(probe)
+    goals = [probe.send_goal(client, Ask.Goal(question=f"What happened at step {i}?", max_new_tokens=4))
+             for i in range(12)]  # more than max_pending_queries (8) at once
+    results = [probe.wait_for(lambda r=r: r.done() and r.result(), 240, "every result") for _, _, r in goals]
+    for done in results:
+        assert done.result.success or done.result.message, done
+    assert sum(d.status == GoalStatus.STATUS_SUCCEEDED for d in results) >= 1
 
 
 def test_query_errors_say_why(probe):
