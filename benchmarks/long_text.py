@@ -160,6 +160,51 @@ def sweep(args, out_name: str, runs: list[tuple[str, int, float | None, str]]) -
               f"({new[0]['ms_per_token']} ms/token, {time.time() - t:.0f} s)", flush=True)
 
 
+def plot_bias_sweep(out_name: str = "bias_sweep.json", png: str = "bias_sweep.png") -> None:
+    """Per cache size: perplexity per bin for each bias, and mean perplexity and cache age against the bias."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from common import RESULTS
+
+    records = [r for r in load_records(out_name) if r["policy"] == "inf_mllm"]
+    if not records:
+        return
+    caches = sorted({r["cache_size"] for r in records})
+    fig, axes = plt.subplots(len(caches), 2, figsize=(11, 4 * len(caches)), squeeze=False)
+    for row, cache in zip(axes, caches):
+        rs = [r for r in records if r["cache_size"] == cache]
+        biases = sorted({r["attention_bias"] for r in rs})
+        for i, bias in enumerate(biases):
+            run = sorted((r for r in rs if r["attention_bias"] == bias), key=lambda r: r["bin"])
+            row[0].plot([r["bin_last_token"] / 1000 for r in run], [r["ppl"] for r in run], marker="o", ms=3,
+                        color=plt.cm.viridis(i / max(1, len(biases) - 1)), label=f"bias {bias:g}")
+        row[0].set_title(f"inf_mllm, cache {cache}: perplexity per 4K-token bin")
+        row[0].set_xlabel("tokens streamed (thousands)")
+        row[0].set_ylabel("perplexity")
+        row[0].legend(fontsize=8)
+        row[0].grid(alpha=0.3)
+        xs = [max(b, 0.1) for b in biases]  # bias 0 drawn at 0.1 on the log axis
+        mean_ppl = [sum(r["ppl"] for r in rs if r["attention_bias"] == b) / sum(1 for r in rs if r["attention_bias"] == b)
+                    for b in biases]
+        last_age = [max((r for r in rs if r["attention_bias"] == b), key=lambda r: r["bin"])["mean_age_of_cached_non_recent"]
+                    for b in biases]
+        row[1].plot(xs, mean_ppl, marker="o", color="C0", label="mean perplexity")
+        row[1].set_xscale("log")
+        row[1].set_xlabel("attention_bias (0 drawn at 0.1)")
+        row[1].set_ylabel("mean perplexity", color="C0")
+        age_axis = row[1].twinx()
+        age_axis.plot(xs, last_age, marker="s", color="C3", label="mean age of kept candidates at the end")
+        age_axis.set_yscale("log")
+        age_axis.set_ylabel("mean age of kept candidates (tokens)", color="C3")
+        row[1].set_title(f"cache {cache}: perplexity and cache age against the bias")
+        row[1].grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(RESULTS / png, dpi=110)
+
+
 def plot(out_name: str, png: str, group_key: str) -> None:
     import matplotlib
 
@@ -249,7 +294,7 @@ def main() -> None:
         if not args.plot_only:
             runs = [("inf_mllm", c, b, "cache") for c in args.caches for b in args.biases]
             sweep(args, "bias_sweep.json", runs)
-        plot("bias_sweep.json", "bias_sweep.png", "cache_size")
+        plot_bias_sweep()
         return
     if not args.plot_only:
         runs = [("full", args.tokens, args.bias, "cache")] if "full" in args.policies else []
