@@ -179,6 +179,18 @@ def test_close_stops_a_long_answer_at_the_next_token(smollm2):
         future.result(0)
 
 
+def test_close_after_callers_gave_up_on_queued_questions(smollm2):
+    """A caller that timed out cancels its waiting question; closing the engine must still go cleanly."""
+    engine = StreamingEngine(adapter=smollm2, config=StreamConfig(capacity=256, chunk_size=64))
+    engine.wait_ready(60)
+    hold = _hold_worker(engine)
+    waiting = [engine.submit_ask(f"Question {i}?", max_new_tokens=2) for i in range(3)]
+    assert waiting[0].cancel() and waiting[1].cancel()
+    engine.close(timeout=30)
+    assert waiting[0].cancelled() and isinstance(waiting[2].exception(0), EngineNotReadyError)
+    assert hold.done() and not engine._worker.is_alive()
+
+
 def _hold_worker(engine):
     """Queue a long answer and wait until the worker runs it, so that what is submitted next waits."""
     import time

@@ -141,7 +141,7 @@ class StreamingEngine:
             self._check_open()
             if self._frame is not None:
                 self.counters.frames_dropped += 1
-                self._frame[2].set_exception(FrameDroppedError("a newer frame replaced this one"))
+                _fail(self._frame[2], FrameDroppedError("a newer frame replaced this one"))
             self._frame = ("frame", lambda s: s.push_frame(rgb, stamp), future)
             self._lock.notify()
         return future
@@ -264,7 +264,7 @@ class StreamingEngine:
             self._frame = None
             self._lock.notify_all()
         for _, _, future in waiting:
-            future.set_exception(EngineNotReadyError(self._closed_reason()))
+            _fail(future, EngineNotReadyError(self._closed_reason()))
         if threading.current_thread() is not self._worker:
             self._worker.join(timeout)
 
@@ -416,6 +416,12 @@ class StreamingEngine:
                     self.counters.queries_failed += 1
             elif not ok:
                 self.counters.jobs_failed += 1
+
+
+def _fail(future: Future, exc: Exception) -> None:
+    """Fail a future that may have been cancelled by its caller meanwhile (a timed-out query)."""
+    if future.set_running_or_notify_cancel():
+        future.set_exception(exc)
 
 
 def _failed(exc: Exception) -> Future:
