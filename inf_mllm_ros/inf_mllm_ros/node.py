@@ -170,6 +170,7 @@ class InfMLLMNode(LifecycleNode):
             on_ingested=lambda kind: self._post("ingested", kind),
             memory_file=self._param("memory_file") or None,
             checkpoint_period=self._param("checkpoint_period"),
+            torch_threads=self._param("torch_threads"),
         )
         self._set_frame_period(self._param("frame_rate"))
         self._publish_stats()

@@ -186,6 +186,7 @@ def test_close_after_callers_gave_up_on_queued_questions(smollm2):
     hold = _hold_worker(engine)
     waiting = [engine.submit_ask(f"Question {i}?", max_new_tokens=2) for i in range(3)]
     assert waiting[0].cancel() and waiting[1].cancel()
+    assert engine.pending["queries"] == 1, "a question given up frees its place in the queue at once"
     engine.close(timeout=30)
     assert waiting[0].cancelled() and isinstance(waiting[2].exception(0), EngineNotReadyError)
     assert hold.done() and not engine._worker.is_alive()

@@ -90,6 +90,7 @@ class StreamingEngine:
         frame_period: float | None = 0.0,
         memory_file: str | None = None,
         checkpoint_period: float = 0.0,
+        torch_threads: int = 0,
     ):
         self.config = config or StreamConfig()
         self.max_pending_texts = max_pending_texts
@@ -120,6 +121,7 @@ class StreamingEngine:
         loader = (lambda: adapter) if adapter is not None else (
             lambda: load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         )
+        self.torch_threads = torch_threads  # 0: torch's default
         self._worker = threading.Thread(target=self._run, args=(loader,), name="inf_mllm_engine", daemon=True)
         self._worker.start()
 
@@ -185,7 +187,20 @@ class StreamingEngine:
                 self.counters.queries_failed += 1
                 return _failed(EngineBusyError(f"query queue full ({self.max_pending_queries} waiting); try again later"))
             self._pending_queries += 1
-            return self._enqueue(self._messages, "query", fn)
+            future = self._enqueue(self._messages, "query", fn)
+        # A caller that gives up (cancels) frees its place at once, so dead questions never fill the queue.
+        future.add_done_callback(self._withdraw_if_cancelled)
+        return future
+
+    def _withdraw_if_cancelled(self, future: Future) -> None:
+        if not future.cancelled():
+            return
+        with self._lock:
+            for i, (kind, _, queued) in enumerate(self._messages):
+                if queued is future:
+                    del self._messages[i]
+                    self._pending_queries -= 1
+                    return
 
     def _enqueue(self, queue: deque, kind: str, fn) -> Future:
         future: Future = Future()
@@ -270,6 +285,10 @@ class StreamingEngine:
 
     # --- worker --------------------------------------------------------------------------------------
     def _run(self, loader) -> None:
+        if self.torch_threads > 0:
+            import torch
+
+            torch.set_num_threads(self.torch_threads)  # process-wide: the model is the process's main work
         try:
             self._stream = KVStream(loader(), self.config)
             if self.memory_file is not None:
@@ -400,8 +419,12 @@ class StreamingEngine:
             self._pending_queries -= 1
             self._last_kind = "query"
             return self._messages.popleft()
-        batch = []
-        while self._messages and self._messages[0][0] == "text":
+        # Waiting texts go in together, up to about a cache's worth (4 characters a token), so that a long
+        # backlog does not hold a question or a frame for many blocks of the model.
+        batch, chars = [], 0
+        limit = 4 * self.config.capacity
+        while self._messages and self._messages[0][0] == "text" and (not batch or chars < limit):
+            chars += len(self._messages[0][1][0])
             batch.append(self._messages.popleft())
         self._pending_texts -= len(batch)
         self._last_kind = "texts"
