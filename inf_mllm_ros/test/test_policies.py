@@ -17,14 +17,17 @@ VARIANTS = pytest.mark.parametrize("variant", [SHIPPED, PLAIN], ids=["shipped", 
 def view(window_attention=None, queries=8.0, new=0, policy=None) -> SlotView:
     zeros = torch.zeros(HEADS, FILL)
     names = policy.slot_stats if policy is not None else ()
+    seq = torch.arange(FILL).expand(HEADS, FILL)
+    # As if every token had come in a block of its own: each is one token older than the next.
+    stats = {name: (seq.float() + 1 if name == "born" else zeros.clone()) for name in names}
     return SlotView(
         fill=FILL,
         num_heads=HEADS,
-        seq=torch.arange(FILL).expand(HEADS, FILL),
+        seq=seq,
         window_attention=zeros.clone() if window_attention is None else window_attention,
         window_queries=torch.full((FILL,), queries),
         new=new,
-        stats={name: zeros.clone() for name in names},
+        stats=stats,
     )
 
 
@@ -156,7 +159,8 @@ def test_a_token_twice_as_old_needs_two_to_the_bias_times_the_attention(bias):
     for ratio, old_kept in ((0.95 * 2 ** bias, False), (1.05 * 2 ** bias, True)):
         attn = torch.full((HEADS, 10), 1e-2)
         attn[:, 4], attn[:, 5] = 1e-3 * ratio, 1e-3
-        v = SlotView(fill=10, num_heads=HEADS, seq=seq, window_attention=attn, window_queries=torch.ones(10))
+        v = SlotView(fill=10, num_heads=HEADS, seq=seq, window_attention=attn, window_queries=torch.ones(10),
+                     stats={"score_memory": torch.zeros(HEADS, 10), "born": seq.float() + 1})
         idx = policy.select(v, 9)[0].tolist()
         assert (4 in idx, 5 in idx) == (old_kept, not old_kept), (bias, ratio)
 

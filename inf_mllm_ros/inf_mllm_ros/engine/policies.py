@@ -148,20 +148,22 @@ class InfMLLMPolicy(EvictionPolicy):
     a kept token keeps its neighbours (each candidate scores as the best within `score_pool` slots
     centred on it):
 
-        score = log A - attention_bias * log(age)      (age: tokens of the stream since the candidate)
+        score = log A - attention_bias * log(age)      (age: tokens pushed since the candidate's block)
 
     that is A / age^attention_bias: a token twice as old keeps its slot against a younger one only if it
     draws 2^attention_bias times more attention (10 times as old: 10^attention_bias). Both terms are
     ratios, so the bias means the same at any cache size, head count, pooling or stream length, and the
     cache keeps moving however long the stream runs: a saddle stays as long as its attention outgrows
     its age. A bias of 0 lets early winners hold the cache for good; a very large bias turns the
-    candidates into a window.
+    candidates into a window. Age counts from the end of the block a token came in (`born`, stamped at
+    the first eviction that sees it), so the tokens of one block are equally old: the bias prefers newer
+    blocks, never the second half of a block.
     `score_decay=0, score_pool=1` is the plain method (the newest window's attention alone).
     """
 
     name = "inf_mllm"
     needs_attention = True
-    slot_stats = ("score_memory",)
+    slot_stats = ("score_memory", "born")
 
     def __init__(self, recent_size: int, attention_bias: float = 1.0, *, sink_size: int = 4,
                  score_decay: float = 0.0, score_pool: int = 1):
@@ -200,6 +202,9 @@ class InfMLLMPolicy(EvictionPolicy):
 
     def scores(self, view: SlotView, sinks: int, recent: int) -> Tensor:
         """Scores of the candidates (slots sinks .. fill - recent), updating their memory."""
+        now = view.seq[:, view.fill - 1 : view.fill].to(torch.float32) + 1.0  # one past the newest token
+        if view.new:
+            view.stats["born"][:, view.fill - view.new :] = now
         cand = slice(sinks, view.fill - recent)
         attention = view.window_attention[:, cand] / view.window_queries[cand].clamp(min=1.0)
         seen = view.window_queries[cand] > 0
@@ -217,9 +222,9 @@ class InfMLLMPolicy(EvictionPolicy):
             # A token that draws attention is usually part of a phrase: keep its neighbours with it.
             score = F.max_pool1d(score[:, None], self.score_pool, stride=1, padding=self.score_pool // 2)[:, 0]
         if self._attention_bias > 0.0 and n > 0:
-            # Age in tokens of the stream, from the newest token: the queries that will judge the cache next.
-            age = (view.seq[:, view.fill - 1 : view.fill] - view.seq[:, cand]).to(score.dtype)
-            score = score - self._attention_bias * torch.log(age.clamp(min=1.0))
+            # Tokens pushed since the candidate's block ended: the queries that will judge the cache next.
+            age = (now - view.stats["born"][:, cand]).clamp(min=1.0)
+            score = score - self._attention_bias * torch.log(age)
         return score
 
     def select(self, view: SlotView, keep: int) -> Tensor:
