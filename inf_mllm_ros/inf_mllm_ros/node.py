@@ -722,19 +722,23 @@ class InfMLLMNode(LifecycleNode):
             response.success = False
             response.message = f"model failed to load: {error}" if error else "model is still loading; nothing to clear yet"
             return response
-        timeout = self._param("query_timeout")
-        try:
-            engine.submit_reset().result(timeout=timeout)
-        except FutureTimeoutError:
-            response.success, response.message = False, f"not reset within query_timeout ({timeout:g} s)"
-            return response
-        except Exception as exc:
-            response.success, response.message = False, f"reset failed: {exc}"
+        done, _ = self._wait_control(engine.submit_reset, response, "reset")
+        if not done:
             return response
         self._post("ingested", "reset")  # stats and descriptions follow the empty memory
         response.success, response.message = True, "memory cleared"
         return response
 
+    def _wait_control(self, submit, response, verb: str) -> tuple[bool, object]:
+        """Run a control job of the engine (reset, save) within query_timeout; on failure `response` says why."""
+        timeout = self._param("query_timeout")
+        try:
+            return True, submit().result(timeout=timeout)
+        except FutureTimeoutError:
+            response.success, response.message = False, f"not {verb} within query_timeout ({timeout:g} s)"
+        except Exception as exc:
+            response.success, response.message = False, f"not {verb}: {exc}"
+        return False, None
 
     def _on_save_memory(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         return self._served(self._save_memory, request, response)
@@ -744,14 +748,8 @@ class InfMLLMNode(LifecycleNode):
         if self._stopping.is_set() or engine is None:
             response.success, response.message = False, SHUTTING_DOWN if self._stopping.is_set() else NOT_CONFIGURED
             return response
-        timeout = self._param("query_timeout")
-        try:
-            info = engine.submit_save().result(timeout=timeout)
-        except FutureTimeoutError:
-            response.success, response.message = False, f"not saved within query_timeout ({timeout:g} s)"
-            return response
-        except Exception as exc:
-            response.success, response.message = False, f"not saved: {exc}"
+        done, info = self._wait_control(engine.submit_save, response, "saved")
+        if not done:
             return response
         response.success = True
         response.message = (f"saved {info.fill} tokens ({info.tokens_seen} seen) to {info.path}: "
