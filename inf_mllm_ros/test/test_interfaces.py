@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from builtin_interfaces.msg import Time
+from inf_mllm_interfaces.action import Ask
 from inf_mllm_interfaces.msg import CacheStats, Description
 from inf_mllm_interfaces.srv import Query
 from rclpy import serialization
@@ -44,11 +45,19 @@ CACHE_STATS = {
     "inputs_rejected": "uint64",
     "queries_answered": "uint64",
     "queries_failed": "uint64",
+    "texts_waiting": "uint32",
+    "queries_waiting": "uint32",
+    "frame_waiting": "boolean",
     "kv_bytes": "uint64",
     "eviction_policy": "string",
     "attention_bias": "float",
     "model_ready": "boolean",
 }
+
+
+ASK_GOAL = dict(QUERY_REQUEST)
+ASK_RESULT = dict(QUERY_RESPONSE)  # the action's result has the fields of the service's response
+ASK_FEEDBACK = {"partial_answer": "string", "tokens_generated": "uint32"}
 
 
 @pytest.mark.parametrize(
@@ -58,8 +67,11 @@ CACHE_STATS = {
         (Query.Response, QUERY_RESPONSE),
         (Description, DESCRIPTION),
         (CacheStats, CACHE_STATS),
+        (Ask.Goal, ASK_GOAL),
+        (Ask.Result, ASK_RESULT),
+        (Ask.Feedback, ASK_FEEDBACK),
     ],
-    ids=["Query.Request", "Query.Response", "Description", "CacheStats"],
+    ids=["Query.Request", "Query.Response", "Description", "CacheStats", "Ask.Goal", "Ask.Result", "Ask.Feedback"],
 )
 def test_fields_and_types(cls, fields):
     # get_fields_and_field_types keeps declaration order: the wire format depends on it.
