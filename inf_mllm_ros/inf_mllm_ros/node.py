@@ -115,6 +115,8 @@ class InfMLLMNode(LifecycleNode):
         self._engine_factory = engine_factory
         self.engine: StreamingEngine | None = None
         self._active = False
+        # Set while autostart configures and activates: callers then hear "model is still loading".
+        self.autostarting = bool(self.get_parameter("autostart").value)
         self._lock = threading.Lock()  # the counters below, written from several threads
         self._stopping = threading.Event()  # set at shutdown: queries are answered "node is shutting down"
         self._in_service = 0  # query and reset callbacks running now
@@ -694,6 +696,8 @@ class InfMLLMNode(LifecycleNode):
 
     def _lifecycle_refusal(self, engine: StreamingEngine | None, ask: bool = False) -> str | None:
         """Why a service cannot be served in the node's lifecycle state, or None."""
+        if self.autostarting and (engine is None or (ask and not self._active and engine.ready.is_set())):
+            return "model is still loading"
         if engine is None:
             return NOT_CONFIGURED
         if ask and not self._active and engine.ready.is_set():
@@ -772,15 +776,18 @@ def shut_down(node: InfMLLMNode, executor: MultiThreadedExecutor, grace: float =
 
 def autostart(node: InfMLLMNode, stop: threading.Event, failed: threading.Event) -> None:
     """Configure (load the model) and activate; a failed configure ends the process with code 1."""
-    result = node.trigger_configure()
-    if stop.is_set():
-        return
-    if result != TransitionCallbackReturn.SUCCESS:
-        node.get_logger().fatal("configure failed (see above); exiting with code 1")
-        failed.set()
-        stop.set()
-        return
-    node.trigger_activate()
+    try:
+        result = node.trigger_configure()
+        if stop.is_set():
+            return
+        if result != TransitionCallbackReturn.SUCCESS:
+            node.get_logger().fatal("configure failed (see above); exiting with code 1")
+            failed.set()
+            stop.set()
+            return
+        node.trigger_activate()
+    finally:
+        node.autostarting = False
 
 
 def main(args=None) -> int:
