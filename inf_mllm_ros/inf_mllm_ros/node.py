@@ -562,7 +562,7 @@ class InfMLLMNode(LifecycleNode):
         span = now - prev[0] if prev else 0.0
         rate_limited = (node_drops - prev[1]) / span if span > 0 else 0.0
         behind = (model_drops - prev[2]) / span if span > 0 else 0.0
-        pending = engine.pending if engine is not None else {"texts": 0, "queries": 0, "frame": False}
+        pending = getattr(engine, "pending", None) or {"texts": 0, "queries": 0, "frame": False}
         level, message = DiagnosticStatus.OK, "active: taking input and answering"
         if engine is None:
             level, message = DiagnosticStatus.WARN, "not configured: no model loaded"
@@ -598,7 +598,12 @@ class InfMLLMNode(LifecycleNode):
                                 values=[KeyValue(key=k, value=v) for k, v in values.items()])
 
     def _publish_diagnostics(self) -> None:
-        msg = DiagnosticArray(status=[self.health()])
+        try:
+            status = self.health()
+        except Exception as exc:  # a health report must never take the executor down
+            self.get_logger().error(f"health report failed: {type(exc).__name__}: {exc}", throttle_duration_sec=60.0)
+            return
+        msg = DiagnosticArray(status=[status])
         msg.header.stamp = self.get_clock().now().to_msg()
         self._diagnostics_pub.publish(msg)
 
@@ -606,7 +611,11 @@ class InfMLLMNode(LifecycleNode):
     def _served(self, handler, request, response):
         """Run a service handler counted as in flight; a failure during shutdown says so."""
         with self._serving():
-            response = handler(request, response)
+            try:
+                response = handler(request, response)
+            except Exception as exc:  # every caller gets a response, whatever went wrong
+                self.get_logger().error(f"request failed: {type(exc).__name__}: {exc}")
+                response.success, response.message = False, f"internal error: {type(exc).__name__}: {exc}"
             if not response.success and self._stopping.is_set():
                 response.message = SHUTTING_DOWN
             return response
@@ -641,17 +650,19 @@ class InfMLLMNode(LifecycleNode):
             return self._query_failed(response, str(exc))
         deadline = time.monotonic() + timeout
         try:
-            while True:
+            while cancel is not None:  # an action goal: watch for a cancel request while waiting
                 try:
-                    answer = future.result(timeout=0.05 if cancel is not None else timeout)
+                    answer = future.result(timeout=0.05)
                     break
                 except FutureTimeoutError:
-                    if cancel is not None and cancelled():
+                    if cancelled():
                         cancel.set()  # a running answer stops at its next token
                         if future.cancel():  # one still waiting never starts
                             raise AnswerCancelledError("cancelled") from None
                     elif time.monotonic() >= deadline:
                         raise
+            else:
+                answer = future.result(timeout=timeout)
         except FutureTimeoutError:
             future.cancel()  # if it has not started, the worker skips it
             if cancel is not None:

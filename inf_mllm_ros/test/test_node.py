@@ -639,7 +639,7 @@ class StandInEngine:
     def stats(self):
         return None
 
-    def submit_ask(self, question, *, max_new_tokens=None, keep_in_memory=False):
+    def submit_ask(self, question, *, max_new_tokens=None, keep_in_memory=False, on_token=None, cancel=None):
         return self.answer()
 
     def submit_text(self, text, stamp=None):
