@@ -40,6 +40,8 @@ PROG = "inf_mllm_offline"
 # The node's defaults (its settings table), for settings neither the command line nor a params file gives;
 # offline, every frame is taken by default (a lockstep replay needs the node at frame_rate 0.0 too).
 NODE_DEFAULTS = dict(DEFAULTS, frame_rate=0.0)
+# Parameters rclpy declares on every node: accepted in a params file, not the engine's.
+ROS_NODE_PARAMETERS = {"use_sim_time", "start_type_description_service"}
 STATS_FIELDS = ("capacity", "fill", "tokens_seen", "tokens_evicted", "evictions", "frames_ingested",
                 "texts_ingested", "kv_bytes", "cache_bytes")
 
@@ -83,6 +85,8 @@ def resolve_settings(args: argparse.Namespace) -> dict:
            "frame_rate": args.frame_rate}
     given.update({k: v for k, v in cli.items() if v is not None})
     for key, value in given.items():
+        if key in ROS_NODE_PARAMETERS or key.startswith("qos_overrides"):
+            continue  # every ROS node has these; they do not shape the engine
         if isinstance(value, int) and not isinstance(value, bool) and isinstance(DEFAULTS.get(key), float):
             value = float(value)
         problem = value_problem(key, value)
