@@ -597,7 +597,7 @@ def summarize(samples: list[dict], questions: list[dict], extras: dict, *, durat
     summary["max_queries_waiting"] = max((s["queries_waiting"] or 0 for s in samples), default=None)
     summary["fastdds_profile"] = Path(os.environ.get("FASTDDS_DEFAULT_PROFILES_FILE") or "none").name
     summary["machine"] = machine()
-    param_threads = (node_params or {}).get("torch_threads")
+    param_threads = (params or {}).get("torch_threads")
     summary["node_torch_threads"] = (param_threads or torch_threads
                                      or f"default ({os.environ.get('OMP_NUM_THREADS') or os.cpu_count()})")
     summary["cpu_cores"] = os.cpu_count()
