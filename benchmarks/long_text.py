@@ -36,8 +36,9 @@ def cached_age_stats(stream, chunk: int) -> tuple[float, float, float]:
     half of their chunk (0.5 when the score is fair to every offset)."""
     import torch
 
-    recent = getattr(stream.policy, "recent_size", 0)
-    sinks = getattr(stream.policy, "sink_size", 0) if stream.policy.name == "inf_mllm" else 0
+    sinks, recent = stream.policy.protected(stream.cache.capacity)
+    if stream.policy.name == "streaming_llm":
+        sinks, recent = 0, 0  # it keeps no old tokens: its figures are the whole cache's
     ages, early, late = [], [], []
     seen = stream.tokens_seen
     for layer_idx in range(len(stream.cache.layers)):
@@ -69,10 +70,13 @@ def run_one(args) -> list[dict]:
         n_tokens = min(n_tokens, adapter.max_context - args.chunk)
         capacity = n_tokens
     ids = ids[:n_tokens]
-    bias = {} if args.bias is None else {"attention_bias": args.bias}
+    from inf_mllm_ros.engine.policies import POLICIES
+
+    knobs = {k: v for k, v in (("attention_bias", args.bias), ("recent_size", args.recent))
+             if v is not None and k in POLICIES[args.policy].knobs()}
     config = StreamConfig(
         capacity=capacity, policy=args.policy, chunk_size=args.chunk, headroom=args.chunk, system_prompt="",
-        position_mode=args.position_mode, recent_size=args.recent, **bias,
+        position_mode=args.position_mode, policy_settings=knobs,
     )
     stream = KVStream(adapter, config)
     bin_nll, records = [], []
@@ -273,9 +277,9 @@ def main() -> None:
     args = p.parse_args()
     args.policies = args.policies or policies()
     if args.bias is None:
-        from inf_mllm_ros.engine.policies import INF_MLLM_DEFAULTS
+        from inf_mllm_ros.engine.policies import policy_defaults
 
-        args.bias = INF_MLLM_DEFAULTS["attention_bias"]
+        args.bias = policy_defaults("inf_mllm")["attention_bias"]
     if args.one:
         print(json.dumps(run_one(args)))
         return

@@ -77,7 +77,7 @@ def run_one(args) -> list[dict]:
         capacity = limit
     knobs = {k: v for k, v in (("attention_bias", args.bias), ("score_decay", args.decay),
                                ("score_pool", args.pool)) if v is not None}
-    stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=64, **knobs))
+    stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=64, policy_settings=knobs))
     planted: dict[int, int] = {}  # fact -> tokens seen when it was stated
     last_mention: dict[int, int] = {}
     pending = list(facts)

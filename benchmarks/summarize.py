@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 from common import load_records
-from inf_mllm_ros.engine.policies import INF_MLLM_DEFAULTS
+from inf_mllm_ros.engine.policies import policy_defaults
 
-SHIPPED_BIAS = INF_MLLM_DEFAULTS["attention_bias"]
+SHIPPED_BIAS = policy_defaults("inf_mllm")["attention_bias"]
 
 
 def perplexity_table() -> str:

@@ -54,7 +54,7 @@ from .engine.engine import EngineBusyError, EngineNotReadyError, FrameDroppedErr
 from .engine.stream import AnswerCancelledError
 from .engine.text_rules import is_blank
 from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
-from .settings import MAX_NEW_TOKENS_LIMIT, PARAMETERS, PERIODS, Param, period_problem, stream_config
+from .settings import BY_NAME, MAX_NEW_TOKENS_LIMIT, PARAMETERS, PERIODS, Param, knob_problem, period_problem, stream_config
 
 NODE_NAME = "inf_mllm"
 
@@ -161,8 +161,8 @@ class InfMLLMNode(LifecycleNode):
         self._set_timer("stats", self._param("stats_period"))
         config = stream_config({p.name: self._param(p.name) for p in PARAMETERS})
         self.get_logger().info(
-            f"loading model {self._param('model')!r} (cache {config.capacity} tokens, policy {config.policy}, "
-            f"attention_bias {config.attention_bias:g})")
+            f"loading model {self._param('model')!r} (cache {config.capacity} tokens, policy {config.policy}"
+            + "".join(f", {k} {v:g}" for k, v in config.policy_settings.items()) + ")")
         started = time.monotonic()
         self.engine = self._engine_factory(
             self._param("model"), config, device=self._param("device"), dtype=self._param("dtype"),
@@ -302,19 +302,21 @@ class InfMLLMNode(LifecycleNode):
             problem = period_problem(p.name, p.value) if p.name in PERIODS else None
             if problem:
                 return SetParametersResult(successful=False, reason=problem)
-        for p in params:
-            if p.name == "attention_bias" and self._param("eviction_policy") != "inf_mllm":
-                return SetParametersResult(successful=False, reason=(
-                    f"attention_bias applies to the inf_mllm policy only; this node runs "
-                    f"{self._param('eviction_policy')!r}"))
+        # Read-only parameters were refused already, so these are the policy's live settings.
+        knobs = {p.name for p in params if p.name in BY_NAME and BY_NAME[p.name].policy_knob}
+        for name in knobs:
+            problem = knob_problem(name, self._param("eviction_policy"))
+            if problem:
+                return SetParametersResult(successful=False, reason=problem)
         # Before configure the parameter alone changes: configure reads it. After, the engine takes it too.
         engine = self.engine
         for p in params:
-            if p.name == "attention_bias" and engine is not None:
-                try:
-                    engine.set_attention_bias(p.value)
-                except ValueError as exc:
-                    return SetParametersResult(successful=False, reason=str(exc))
+            if p.name in knobs:
+                if engine is not None:
+                    try:
+                        engine.set_policy_knob(p.name, p.value)
+                    except ValueError as exc:
+                        return SetParametersResult(successful=False, reason=str(exc))
             elif p.name == "frame_rate":
                 self._set_frame_period(p.value)
                 if self._active:
@@ -333,7 +335,7 @@ class InfMLLMNode(LifecycleNode):
                 engine.config.system_prompt = p.value
             elif p.name == "max_new_tokens" and engine is not None:
                 engine.config.max_new_tokens = p.value
-            if p.name in ("attention_bias", "frame_rate", "description_period", "system_prompt",
+            if p.name in knobs or p.name in ("frame_rate", "description_period", "system_prompt",
                           "description_prompt", "max_new_tokens", "checkpoint_period"):
                 self.get_logger().info(f"{p.name} set to {p.value!r}")
         return SetParametersResult(successful=True)
@@ -529,7 +531,7 @@ class InfMLLMNode(LifecycleNode):
         if self._stats_pub is None or self.engine is None:
             return
         msg = CacheStats(capacity=self._param("cache_size"), eviction_policy=self._param("eviction_policy"),
-                         attention_bias=float(self.engine.config.attention_bias),
+                         attention_bias=float(self.engine.config.policy_settings.get("attention_bias", 0.0)),
                          model_ready=self.engine.ready.is_set() and self._active)
         msg.header.stamp = self.get_clock().now().to_msg()
         s = self.engine.stats()

@@ -33,7 +33,7 @@ from .stream_inputs import (
     questions_due,
     stream_inputs,
 )
-from .settings import DEFAULTS, value_problem
+from .settings import DEFAULTS, PARAMETERS, value_problem
 from .settings import stream_config as settings_stream_config
 
 PROG = "inf_mllm_offline"
@@ -79,10 +79,10 @@ def resolve_settings(args: argparse.Namespace) -> dict:
     if args.params:
         given.update(read_params_file(args.params))
     cli = {"model": args.model, "device": args.device, "dtype": args.dtype, "cache_size": args.cache_size,
-           "eviction_policy": args.policy, "attention_bias": args.attention_bias, "recent_size": args.recent_size,
-           "score_decay": args.score_decay, "score_pool": args.score_pool, "chunk_size": args.chunk_size,
+           "eviction_policy": args.policy, "chunk_size": args.chunk_size,
            "max_frame_pixels": args.max_frame_pixels, "max_new_tokens": args.max_new_tokens,
            "frame_rate": args.frame_rate}
+    cli.update({p.name: getattr(args, p.name) for p in PARAMETERS if p.policy_knob})
     given.update({k: v for k, v in cli.items() if v is not None})
     for key, value in given.items():
         if key in ROS_NODE_PARAMETERS or key.startswith("qos_overrides"):
@@ -392,10 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", help="auto, float32, bfloat16 or float16")
     p.add_argument("--cache-size", type=int, help="tokens the KV cache keeps")
     p.add_argument("--policy", help="eviction policy: inf_mllm, streaming_llm, h2o, window or full")
-    p.add_argument("--attention-bias", type=float, help="eviction bias toward newer tokens (inf_mllm)")
-    p.add_argument("--recent-size", type=int, help="newest tokens always kept; 0: a quarter of the cache")
-    p.add_argument("--score-decay", type=float, help="inf_mllm: weight of earlier prompts' attention in the score")
-    p.add_argument("--score-pool", type=int, help="inf_mllm: tokens scored and kept together in groups")
+    for knob in (p for p in PARAMETERS if p.policy_knob):  # every policy's settings, as the node has them
+        p.add_argument("--" + knob.name.replace("_", "-"), type=knob.type, help=knob.description)
     p.add_argument("--chunk-size", type=int, help="longest block pushed before an eviction")
     p.add_argument("--max-frame-pixels", type=int, help="bound on a frame's pixels; 0: the model's own")
     p.add_argument("--max-new-tokens", type=int, help="longest answer in tokens")
@@ -433,6 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             questions = load_questions(beside) if beside.is_file() else []
         # Check the bag before the minutes a model may take to load.
         open_selected(bag_path, remaps, args.topics)[0].close()
+        config, _ = stream_config(settings)
         out.mkdir(parents=True, exist_ok=True)
     except (UsageError, ValueError, BagError) as exc:
         return fail(str(exc))
@@ -442,7 +441,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .engine.loading import ModelLoadError
 
     print(f"{PROG}: {bag_path} -> {out}/ (model {settings['model']}, cache {settings['cache_size']} tokens, "
-          f"policy {settings['eviction_policy']}, attention_bias {settings['attention_bias']:g}, "
+          f"policy {settings['eviction_policy']}"
+          + "".join(f", {k} {v:g}" for k, v in config.policy_settings.items()) + ", "
           f"{len(questions)} questions)", flush=True)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     try:

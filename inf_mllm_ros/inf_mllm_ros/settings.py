@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .engine.loading import DEFAULT_MODEL
-from .engine.policies import INF_MLLM_DEFAULTS, POLICIES
+from .engine.policies import POLICIES
 from .engine.stream import DEFAULT_DESCRIPTION_PROMPT, DEFAULT_SYSTEM_PROMPT, StreamConfig
 from .image_conversion import DEFAULT_MAX_DECODED_PIXELS
 
@@ -36,10 +36,27 @@ class Param:
     # The StreamConfig field this parameter sets, if any; with `zero_is_default`, 0 means the engine's default.
     engine_field: str | None = None
     zero_is_default: bool = False
+    # A setting of the eviction policies that have a knob of this name (see policies.knob).
+    policy_knob: bool = False
 
     @property
     def type(self) -> type:
         return type(self.default)
+
+
+def knob_params(*, live: bool) -> list[Param]:
+    """One parameter per policy setting (a knob shared by several policies is one parameter), fixed or live,
+    each described with the policies it applies to."""
+    owners: dict[str, list[str]] = {}
+    knobs = {}
+    for name in sorted(POLICIES):
+        for knob_name, f in POLICIES[name].knobs().items():
+            if f.metadata["live"] == live:
+                owners.setdefault(knob_name, []).append(name)
+                knobs[knob_name] = f
+    return [Param(n, f.default, f"{', '.join(owners[n])}: {f.metadata['doc']}", read_only=not live,
+                  low=f.metadata["low"], high=f.metadata["high"], step=f.metadata["step"], policy_knob=True)
+            for n, f in knobs.items()]
 
 
 PARAMETERS = (
@@ -57,11 +74,7 @@ PARAMETERS = (
     Param("cache_size", 1024, "Tokens the KV cache keeps (fixed memory).", low=16, high=1 << 20, engine_field="capacity"),
     Param("eviction_policy", "inf_mllm", "How the cache chooses tokens to forget.",
           constraints="one of: " + ", ".join(sorted(POLICIES)), engine_field="policy"),
-    Param("recent_size", 0, "Newest tokens always kept; 0: a quarter of cache_size.", low=0, high=1 << 20, engine_field="recent_size", zero_is_default=True),
-    Param("score_decay", INF_MLLM_DEFAULTS["score_decay"], "inf_mllm: memory of earlier prompts' attention in the "
-          "eviction score (a moving average started from zero); 0: the newest prompt only.", low=0.0, high=0.999, engine_field="score_decay"),
-    Param("score_pool", INF_MLLM_DEFAULTS["score_pool"], "inf_mllm: a kept token keeps the tokens around it, in a "
-          "centred window of this many slots (odd); 1: single tokens.", low=1, high=255, step=2, engine_field="score_pool"),
+    *knob_params(live=False),
     Param("chunk_size", 128, "Longest block of a prompt pushed before an eviction (bounds the peak).",
           low=1, high=65536, engine_field="chunk_size"),
     Param("max_frame_pixels", 0, "Bound on a frame's pixels before the vision encoder; 0: the model's own.",
@@ -74,10 +87,7 @@ PARAMETERS = (
           "and cache settings (else set aside with the reason), saved atomically on ~/save_memory, every "
           "checkpoint_period and at shutdown; empty: no file."),
     # Changeable at run time.
-    Param("attention_bias", INF_MLLM_DEFAULTS["attention_bias"], "inf_mllm: bias of the eviction score toward "
-          "newer tokens: a token twice as old keeps its slot against a younger one only if it draws "
-          "2^attention_bias times more attention; 0: early winners hold the memory.",
-          read_only=False, low=0.0, high=100.0, engine_field="attention_bias"),
+    *knob_params(live=True),
     Param("frame_rate", 1.0, "Frames ingested per second at most (the newest is kept); 0: as fast as the model takes them.",
           read_only=False, low=0.0, high=120.0),
     Param("description_period", 10.0, f"Seconds between descriptions on ~/description; 0: off, else at least "
@@ -138,6 +148,27 @@ def value_problem(name: str, value) -> str | None:
     return None
 
 
+def value_from_text(name: str, text: str):
+    """A parameter's value from its text (a launch argument or a command line), checked as the node checks
+    it; ValueError naming the parameter if it is not one, or the text is not a valid value."""
+    p = BY_NAME.get(name)
+    if p is None:
+        raise ValueError(f"{name!r} is not a parameter of inf_mllm_node")
+    try:
+        if p.type is bool:
+            if text.strip().lower() not in ("true", "false"):
+                raise ValueError
+            value = text.strip().lower() == "true"
+        else:
+            value = p.type(text.strip() if p.type is not str else text)
+    except ValueError:
+        raise ValueError(f"{name}:={text!r} is not a valid {p.type.__name__}") from None
+    problem = value_problem(name, value)
+    if problem:
+        raise ValueError(f"{name}:={text!r}: {problem}")
+    return value
+
+
 def stream_config(values: dict) -> StreamConfig:
     """The engine configuration from parameter values (missing ones take their defaults)."""
     kwargs = {}
@@ -146,4 +177,14 @@ def stream_config(values: dict) -> StreamConfig:
             continue
         value = values.get(p.name, p.default)
         kwargs[p.engine_field] = None if p.zero_is_default and not value else value
+    knobs = POLICIES[kwargs["policy"]].knobs()
+    kwargs["policy_settings"] = {name: values.get(name, BY_NAME[name].default) for name in knobs}
     return StreamConfig(**kwargs)
+
+
+def knob_problem(name: str, policy: str) -> str | None:
+    """Why a policy setting cannot be changed for a node that runs `policy`, or None."""
+    if name not in POLICIES[policy].knobs():
+        having = sorted(p for p, cls in POLICIES.items() if name in cls.knobs())
+        return f"{name} applies to the {', '.join(having)} policy only; this node runs {policy!r}"
+    return None

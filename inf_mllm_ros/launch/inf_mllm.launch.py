@@ -1,10 +1,12 @@
 """Start inf_mllm_node.
 
-    ros2 launch inf_mllm_ros inf_mllm.launch.py params_file:=$(ros2 pkg prefix inf_mllm_ros)/share/inf_mllm_ros/config/jetson_orin.yaml \
-        image_topic:=/camera/image_raw text_topic:=/robot/events namespace:=robot1
+    ros2 launch inf_mllm_ros inf_mllm.launch.py params_file:=$(ros2 pkg prefix inf_mllm_ros)/share/inf_mllm_ros/config/jetson_orin.yaml \\
+        image_topic:=/camera/image_raw text_topic:=/robot/events namespace:=robot1 cache_size:=2048
 
-Arguments left empty keep the value from the params file (or the node's default).
-`image_topic` remaps both `image` and `image/compressed` (image_transport's naming).
+Every node parameter is also a launch argument of the same name (`ros2 launch inf_mllm_ros
+inf_mllm.launch.py --show-args` lists them); left empty, it keeps the value from the params file (or
+the node's default). A value that is not valid for its parameter ends the launch with an error that
+names the argument. `image_topic` remaps both `image` and `image/compressed` (image_transport's naming).
 With `autostart:=true` (the default) the node configures and activates itself, and the launch ends,
 with the node's error, if the model cannot load; `autostart:=false` leaves it unconfigured for a
 lifecycle manager.
@@ -18,34 +20,17 @@ from launch.actions import DeclareLaunchArgument, OpaqueFunction, Shutdown
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-ARGUMENTS = {
-    "model": "Model folder, 'smolvlm-smollm2' (embedded default, untrained vision) or 'smollm2' (text only); "
-             "empty: from the params file",
-    "cache_size": "KV cache size in tokens; empty: from the params file",
-    "attention_bias": "Eviction bias toward newer tokens; empty: from the params file",
-    "image_topic": "Camera topic (sensor_msgs/Image); its '/compressed' sibling is used for CompressedImage",
-    "text_topic": "Text topic (std_msgs/String)",
-    "params_file": "YAML file with the node's parameters (see config/)",
-    "namespace": "Namespace of the node and its topics",
-    "node_name": "Name of the node",
-    "autostart": "true: configure and activate at start, and end the launch if the model cannot load; "
-                 "false: wait unconfigured for a lifecycle manager",
+from inf_mllm_ros.settings import PARAMETERS, value_from_text
+
+LAUNCH_ONLY = {
+    "image_topic": ("image", "Camera topic (sensor_msgs/Image); its '/compressed' sibling is used for CompressedImage"),
+    "text_topic": ("text", "Text topic (std_msgs/String)"),
+    "params_file": ("", "YAML file with the node's parameters (see config/)"),
+    "namespace": ("", "Namespace of the node and its topics"),
+    "node_name": ("inf_mllm", "Name of the node"),
 }
-DEFAULTS = {"image_topic": "image", "text_topic": "text", "node_name": "inf_mllm", "autostart": "true"}
-
-
-def _typed(name: str, text: str, kind):
-    """An argument's value as its parameter's type, or an error that names the argument."""
-    try:
-        return kind(text)
-    except ValueError:
-        raise ValueError(f"launch argument {name}:={text!r} is not a valid {kind.__name__}") from None
-
-
-def _flag(name: str, text: str) -> bool:
-    if text.lower() not in ("true", "false"):
-        raise ValueError(f"launch argument {name}:={text!r} must be true or false")
-    return text.lower() == "true"
+# autostart is given its default here: the launch decides from it whether the node's exit ends the launch.
+PARAMETER_DEFAULTS = {"autostart": "true"}
 
 
 def _fastdds_env():
@@ -57,29 +42,29 @@ def _fastdds_env():
 
 
 def _node(context):
-    arg = {name: LaunchConfiguration(name).perform(context).strip() for name in ARGUMENTS}
-    if arg["params_file"] and not os.path.isfile(arg["params_file"]):
-        raise FileNotFoundError(f"launch argument params_file:={arg['params_file']!r}: no such file")
-    parameters = [arg["params_file"]] if arg["params_file"] else []
-    autostart = _flag("autostart", arg["autostart"])
-    overrides = {"autostart": autostart}
-    if arg["model"]:
-        overrides["model"] = arg["model"]
-    if arg["cache_size"]:
-        overrides["cache_size"] = _typed("cache_size", arg["cache_size"], int)
-    if arg["attention_bias"]:
-        overrides["attention_bias"] = _typed("attention_bias", arg["attention_bias"], float)
-    if overrides:
-        parameters.append(overrides)
-    image = arg["image_topic"]
+    arg = {name: LaunchConfiguration(name).perform(context) for name in LAUNCH_ONLY}
+    params_file = arg["params_file"].strip()
+    if params_file and not os.path.isfile(params_file):
+        raise FileNotFoundError(f"launch argument params_file:={params_file!r}: no such file")
+    overrides = {}
+    for p in PARAMETERS:
+        text = LaunchConfiguration(p.name).perform(context)
+        if text.strip():
+            try:
+                overrides[p.name] = value_from_text(p.name, text)
+            except ValueError as exc:
+                raise ValueError(f"launch argument {exc}") from None
+    autostart = overrides["autostart"]
+    image = arg["image_topic"].strip()
     return [
         Node(
             package="inf_mllm_ros",
             executable="inf_mllm_node",
-            name=arg["node_name"],
-            namespace=arg["namespace"],
-            parameters=parameters,
-            remappings=[("image", image), ("image/compressed", image + "/compressed"), ("text", arg["text_topic"])],
+            name=arg["node_name"].strip(),
+            namespace=arg["namespace"].strip(),
+            parameters=([params_file] if params_file else []) + [overrides],
+            remappings=[("image", image), ("image/compressed", image + "/compressed"),
+                        ("text", arg["text_topic"].strip())],
             output="screen",
             emulate_tty=True,
             additional_env=_fastdds_env(),
@@ -91,8 +76,9 @@ def _node(context):
 
 
 def generate_launch_description():
-    return LaunchDescription(
-        [DeclareLaunchArgument(name, default_value=DEFAULTS.get(name, ""), description=text)
-         for name, text in ARGUMENTS.items()]
-        + [OpaqueFunction(function=_node)]
-    )
+    launch_only = [DeclareLaunchArgument(name, default_value=default, description=text)
+                   for name, (default, text) in LAUNCH_ONLY.items()]
+    parameters = [DeclareLaunchArgument(p.name, default_value=PARAMETER_DEFAULTS.get(p.name, ""),
+                                        description=p.description + " Empty: from params_file, else the node's default.")
+                  for p in PARAMETERS]
+    return LaunchDescription(launch_only + parameters + [OpaqueFunction(function=_node)])

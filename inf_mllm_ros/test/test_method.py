@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from inf_mllm_ros.engine.loading import load_model
-from inf_mllm_ros.engine.policies import INF_MLLM_DEFAULTS
+from inf_mllm_ros.engine.policies import policy_defaults
 from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 
 from conftest import SHARED_TEXT
@@ -34,7 +34,7 @@ def novel(smollm2) -> torch.Tensor:
 
 def stream_over(adapter, ids: torch.Tensor, *, chunk: int = 64, **settings) -> KVStream:
     stream = KVStream(adapter, StreamConfig(capacity=CACHE, policy="inf_mllm", chunk_size=chunk, system_prompt="",
-                                            **settings))
+                                            policy_settings=settings))
     for pos in range(0, len(ids), chunk):
         stream.push_tokens(ids[pos : pos + chunk])
     return stream
@@ -43,7 +43,8 @@ def stream_over(adapter, ids: torch.Tensor, *, chunk: int = 64, **settings) -> K
 def candidates(stream: KVStream) -> list[torch.Tensor]:
     """Stream indices of the kept tokens between the sinks and the recent window (at least two blocks),
     per layer."""
-    sinks, recent = stream.policy.sink_size, max(stream.policy.recent_size, 2 * stream.config.chunk_size)
+    sinks, recent = stream.policy.protected(stream.cache.capacity)
+    recent = max(recent, 2 * stream.config.chunk_size)
     return [stream.cache.cached_seq(i)[:, sinks : stream.cache.fill - recent] for i in range(len(stream.cache.layers))]
 
 
@@ -83,7 +84,7 @@ def mean_age(stream: KVStream) -> float:
 def test_the_bias_moves_the_cache_on_real_attention(smollm2, novel, settings):
     ids = novel[5_000 : 5_000 + TOKENS]
     ages, first_half = [], []
-    for bias in (0.0, INF_MLLM_DEFAULTS["attention_bias"], 8.0):
+    for bias in (0.0, policy_defaults("inf_mllm")["attention_bias"], 8.0):
         stream = stream_over(smollm2, ids, attention_bias=bias, **settings)
         ages.append(mean_age(stream))
         first_half.append(float(torch.cat([c.flatten() for c in candidates(stream)]).lt(TOKENS // 2).float().mean()))

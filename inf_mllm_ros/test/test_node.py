@@ -36,7 +36,7 @@ from rclpy.action import ActionClient
 from inf_mllm_interfaces.action import Ask
 from inf_mllm_interfaces.msg import CacheStats, Description
 from inf_mllm_interfaces.srv import Query
-from inf_mllm_ros.engine.policies import INF_MLLM_DEFAULTS
+from inf_mllm_ros.engine.policies import policy_defaults
 from inf_mllm_ros.image_conversion import DEFAULT_MAX_DECODED_PIXELS, rgb_to_compressed_fields, rgb_to_image_fields
 from image_bombs import jpeg_bomb, png_bomb, png_header_only
 from ros_helpers import Latest, RosProbe
@@ -179,7 +179,7 @@ def test_query_answers_from_published_text(probe):
 def test_cache_stats(probe):
     stats = ready_stats(probe)
     assert stats.eviction_policy == "inf_mllm"
-    assert stats.attention_bias == pytest.approx(INF_MLLM_DEFAULTS["attention_bias"])
+    assert stats.attention_bias == pytest.approx(policy_defaults("inf_mllm")["attention_bias"])
     assert stats.kv_bytes > 0 and stats.fill > 0 and stats.tokens_seen >= stats.fill
     probe.stats.wait(lambda m: m.queries_answered >= 1, timeout=10, what="the answered query counted")
     # Published periodically too, not only after inputs.
@@ -645,8 +645,8 @@ class StandInEngine:
     def submit_text(self, text, stamp=None):
         return Future()
 
-    def set_attention_bias(self, value):
-        self.config.attention_bias = value
+    def set_policy_knob(self, name, value):
+        self.config.policy_settings = {**self.config.policy_settings, name: value}
 
     def close(self, timeout=None):
         pass

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import pytest
 import torch
 
@@ -165,22 +168,57 @@ def test_a_token_twice_as_old_needs_two_to_the_bias_times_the_attention(bias):
         assert (4 in idx, 5 in idx) == (old_kept, not old_kept), (bias, ratio)
 
 
-def test_bias_is_validated_and_changeable():
+def test_settings_are_validated_and_live_ones_changeable():
     policy = make_policy("inf_mllm", capacity=KEEP)
-    policy.attention_bias = 5e-3
+    policy.set_knob("attention_bias", 5e-3)
     assert policy.describe()["attention_bias"] == 5e-3
-    with pytest.raises(ValueError):
-        policy.attention_bias = -1.0
-    with pytest.raises(ValueError):
+    for name, value, reason in (("attention_bias", -1.0, r"attention_bias must be in \[0, 100\]"),
+                                ("attention_bias", "high", "must be of type float"),
+                                ("score_pool", 5, "fixed when the stream starts"),
+                                ("recency", 1.0, "has no setting 'recency'")):
+        with pytest.raises(ValueError, match=reason):
+            policy.set_knob(name, value)
+    assert policy.describe()["attention_bias"] == 5e-3 and policy.score_pool == 13  # unchanged
+    with pytest.raises(ValueError, match="unknown eviction policy"):
         make_policy("lru", capacity=KEEP)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="larger than the cache"):
         make_policy("h2o", capacity=8, recent_size=9)
-    with pytest.raises(ValueError, match="odd"):
+    with pytest.raises(ValueError, match="score_pool must be 1 plus a multiple of 2"):
         make_policy("inf_mllm", capacity=KEEP, score_pool=4)
+    with pytest.raises(ValueError, match="has no setting attention_bias"):
+        make_policy("streaming_llm", capacity=KEEP, attention_bias=1.0)
 
 
 def test_registry_lists_all_policies():
     assert set(POLICIES) == {"inf_mllm", "streaming_llm", "h2o", "window", "full"}
+
+
+def test_a_new_policy_with_one_knob_is_one_class(monkeypatch):
+    """Registered by name, built with its setting, and its setting is a node parameter, checked like the others."""
+    import inf_mllm_ros.engine.policies as policies
+    from inf_mllm_ros import settings
+
+    monkeypatch.setitem(policies.POLICIES, "every_other", None)  # taken out of the registry after the test
+
+    @policies.register
+    @dataclass
+    class EveryOther(policies.EvictionPolicy):
+        """Keeps every `stride`-th slot from the newest back."""
+
+        name: ClassVar[str] = "every_other"
+        stride: int = policies.knob(2, "Keep one slot in this many.", low=1, high=8, live=True)
+
+        def select(self, view, keep):
+            idx = torch.arange(view.fill - 1, -1, -self.stride)[:keep].flip(0)
+            return idx.expand(view.num_heads, -1).contiguous()
+
+    policy = policies.make_policy("every_other", capacity=KEEP, stride=3)
+    assert policy.describe() == {"policy": "every_other", "stride": 3}
+    params = {p.name: p for p in settings.knob_params(live=True)}
+    assert params["stride"].description.startswith("every_other:") and not params["stride"].read_only
+    assert params["stride"].default == 2 and (params["stride"].low, params["stride"].high) == (1, 8)
+    with pytest.raises(ValueError, match="stride must be in"):
+        policy.set_knob("stride", 9)
 
 
 def test_score_pool_keeps_a_saddle_with_the_tokens_around_it():

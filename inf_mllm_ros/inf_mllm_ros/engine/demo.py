@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"loading {args.model} ...", flush=True)
     adapter = load_model(args.model, device=args.device, dtype=args.dtype)
     bias = {} if args.attention_bias is None else {"attention_bias": args.attention_bias}
-    stream = KVStream(adapter, StreamConfig(capacity=args.cache_size, policy=args.policy, chunk_size=64, **bias))
+    stream = KVStream(adapter, StreamConfig(capacity=args.cache_size, policy=args.policy, chunk_size=64,
+                                            policy_settings=bias))
     start = time.monotonic()
     kv_bytes = set()
     for n, (stamp, text) in enumerate(shift_log(args.events), 1):

@@ -41,6 +41,7 @@ import numpy as np
 from .adapters import ModelAdapter
 from .loading import DEFAULT_MODEL, load_model
 from .memory_file import MemoryFileError, MemoryFileInfo, load_memory, model_fingerprint, save_memory, set_aside
+from .policies import make_policy
 from .stream import Answer, KVStream, StreamConfig, StreamStats
 from .text_rules import is_blank
 
@@ -244,14 +245,19 @@ class StreamingEngine:
         return True
 
     # --- state ---------------------------------------------------------------------------------------
-    def set_attention_bias(self, value: float) -> None:
-        """Takes effect at the next eviction; raises ValueError for a bad value or a policy without bias."""
-        value = float(value)
-        if not value >= 0.0:
-            raise ValueError(f"attention_bias must be >= 0, got {value}")
-        self.config.attention_bias = value
-        if self._stream is not None:
-            self._stream.set_attention_bias(value)
+    def set_policy_knob(self, name: str, value) -> None:
+        """Change one of the policy's live settings (see `knob`); it applies from the next eviction. Before
+        the model is loaded the configuration takes it and the policy is built with it. Raises ValueError
+        for a setting the policy lacks or cannot change at run time, or a bad value: nothing changes then."""
+        with self._lock:
+            stream = self._stream
+            if stream is not None:
+                stream.set_policy_knob(name, value)
+            else:
+                # Checked the way the policy will take it, so a refused value never enters the configuration.
+                make_policy(self.config.policy, capacity=self.config.capacity,
+                            **{**self.config.policy_settings, name: value}).set_knob(name, value)
+                self.config.policy_settings = {**self.config.policy_settings, name: value}
 
     def stats(self) -> StreamStats | None:
         """The stream's figures after the last finished job (None until the model is loaded)."""
@@ -290,7 +296,9 @@ class StreamingEngine:
 
             torch.set_num_threads(self.torch_threads)  # process-wide: the model is the process's main work
         try:
-            self._stream = KVStream(loader(), self.config)
+            adapter = loader()
+            with self._lock:  # a policy setting changed during the load is in the configuration by now
+                self._stream = KVStream(adapter, self.config)
             if self.memory_file is not None:
                 self._restore(self._stream)
             with self._lock:

@@ -9,7 +9,7 @@ them with the slots, and the policy updates them in `select`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field, fields
 from typing import ClassVar
 
 import torch
@@ -30,8 +30,25 @@ class SlotView:
     stats: dict[str, Tensor] = field(default_factory=dict)  # the policy's `slot_stats`, [heads, fill], in place
 
 
+def knob(default, doc: str, *, low: float, high: float, step: int = 1, live: bool = False):
+    """A policy setting: a dataclass field whose metadata says what it means, its range and whether it may
+    change while the stream runs (`live`). The node turns each knob into a parameter of the same name."""
+    return field(default=default, metadata={"doc": doc, "low": low, "high": high, "step": step, "live": live})
+
+
+# Knobs that several policies share, defined once so that they mean the same everywhere.
+def _sink_size():
+    return knob(4, "The stream's first tokens (attention sinks), always kept.", low=0, high=1024)
+
+
+def _recent_size():
+    return knob(0, "Newest tokens always kept; 0: a quarter of cache_size.", low=0, high=1 << 20)
+
+
+@dataclass
 class EvictionPolicy(ABC):
-    """Chooses the slots to keep. Subclasses set `name` and implement `select`."""
+    """Chooses the slots to keep. Subclasses are dataclasses whose fields are their settings (made with
+    `knob`); they set `name`, implement `select` and join `POLICIES` with `@register`."""
 
     name: ClassVar[str]
     # Whether the cache must compute retrieval-window attention scores for this policy.
@@ -41,12 +58,63 @@ class EvictionPolicy(ABC):
     # Per-slot float32 figures this policy keeps across evictions (zero for a new token).
     slot_stats: ClassVar[tuple[str, ...]] = ()
 
+    def __post_init__(self):
+        for f in fields(self):
+            setattr(self, f.name, _checked(f, getattr(self, f.name)))
+
+    @classmethod
+    def knobs(cls) -> dict[str, Field]:
+        """The policy's settings by name."""
+        return {f.name: f for f in fields(cls)}
+
+    def set_knob(self, name: str, value) -> None:
+        """Change a live setting; it applies from the next eviction. Raises ValueError for a setting this
+        policy lacks, one that is fixed at start, or a value out of range (the policy is then unchanged)."""
+        f = self.knobs().get(name)
+        if f is None:
+            raise ValueError(f"policy {self.name!r} has no setting {name!r}")
+        if not f.metadata["live"]:
+            raise ValueError(f"{name} of policy {self.name!r} is fixed when the stream starts")
+        setattr(self, name, _checked(f, value))
+
+    def check_capacity(self, capacity: int) -> None:
+        """Raise ValueError if the settings cannot work with a cache of `capacity` tokens."""
+
+    def protected(self, capacity: int) -> tuple[int, int]:
+        """(first, last): how many of the oldest and of the newest slots a full cache of `capacity` keeps
+        whatever their score (the sinks and the recent window)."""
+        return 0, 0
+
     @abstractmethod
     def select(self, view: SlotView, keep: int) -> Tensor:
         """Indices [heads, keep] of the slots to keep, ascending in each row."""
 
     def describe(self) -> dict:
-        return {"policy": self.name}
+        return {"policy": self.name, **{name: getattr(self, name) for name in self.knobs()}}
+
+
+def _checked(f: Field, value):
+    """The value for knob `f`, or ValueError naming it (ints stay ints; an int is taken for a float)."""
+    expected = type(f.default)
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if type(value) is not expected:
+        raise ValueError(f"{f.name} must be of type {expected.__name__}, got {value!r}")
+    low, high, step = f.metadata["low"], f.metadata["high"], f.metadata["step"]
+    if not low <= value <= high:
+        raise ValueError(f"{f.name} must be in [{low:g}, {high:g}], got {value!r}")
+    if step > 1 and (value - low) % step:
+        raise ValueError(f"{f.name} must be {low:g} plus a multiple of {step}, got {value!r}")
+    return value
+
+
+POLICIES: dict[str, type[EvictionPolicy]] = {}
+
+
+def register(cls: type[EvictionPolicy]) -> type[EvictionPolicy]:
+    """Make a policy selectable by its name (the node's eviction_policy, the benchmarks' policy lists)."""
+    POLICIES[cls.name] = cls
+    return cls
 
 
 def _keep_ends_and_best(view: SlotView, keep: int, head: int, tail: int, score: Tensor) -> Tensor:
@@ -64,68 +132,83 @@ def _keep_ends_and_best(view: SlotView, keep: int, head: int, tail: int, score: 
     return torch.cat([first, torch.sort(top, dim=-1).values, last], dim=-1)
 
 
+@register
+@dataclass
 class FullPolicy(EvictionPolicy):
     """No eviction: every token stays until the storage is exhausted."""
 
-    name = "full"
-    evicts = False
+    name: ClassVar[str] = "full"
+    evicts: ClassVar[bool] = False
 
     def select(self, view: SlotView, keep: int) -> Tensor:
         raise RuntimeError("the full cache never evicts")
 
 
+@register
+@dataclass
 class WindowPolicy(EvictionPolicy):
     """Sliding window: keep the newest tokens only."""
 
-    name = "window"
+    name: ClassVar[str] = "window"
 
     def select(self, view: SlotView, keep: int) -> Tensor:
         start = view.fill - keep
         return torch.arange(start, view.fill, device=view.seq.device).expand(view.num_heads, keep).contiguous()
 
 
+@register
+@dataclass
 class StreamingLLMPolicy(EvictionPolicy):
     """StreamingLLM: the first `sink_size` tokens of the stream (attention sinks) plus a recent window."""
 
-    name = "streaming_llm"
+    name: ClassVar[str] = "streaming_llm"
+    sink_size: int = _sink_size()
 
-    def __init__(self, sink_size: int = 4):
-        if sink_size < 0:
-            raise ValueError(f"sink_size must be >= 0, got {sink_size}")
-        self.sink_size = sink_size
+    def protected(self, capacity: int) -> tuple[int, int]:
+        sinks = min(self.sink_size, capacity)
+        return sinks, capacity - sinks
 
     def select(self, view: SlotView, keep: int) -> Tensor:
         # Sinks are the oldest slots: the stream's first tokens are never evicted, so they stay in front.
         sinks = min(self.sink_size, keep)
         return _keep_ends_and_best(view, keep, sinks, keep - sinks, view.window_attention[:, :0])
 
-    def describe(self) -> dict:
-        return {"policy": self.name, "sink_size": self.sink_size}
+
+def _recent(recent_size: int, capacity: int) -> int:
+    return min(recent_size or capacity // 4, capacity)
 
 
+def _check_recent(recent_size: int, capacity: int) -> None:
+    if recent_size > capacity:
+        raise ValueError(f"recent_size {recent_size} is larger than the cache capacity {capacity}")
+
+
+@register
+@dataclass
 class H2OPolicy(EvictionPolicy):
     """H2O: a recent window plus the heavy hitters by attention accumulated over every step."""
 
-    name = "h2o"
-    needs_attention = True
-    slot_stats = ("accumulated",)
+    name: ClassVar[str] = "h2o"
+    needs_attention: ClassVar[bool] = True
+    slot_stats: ClassVar[tuple[str, ...]] = ("accumulated",)
+    recent_size: int = _recent_size()
 
-    def __init__(self, recent_size: int):
-        if recent_size < 0:
-            raise ValueError(f"recent_size must be >= 0, got {recent_size}")
-        self.recent_size = recent_size
+    def check_capacity(self, capacity: int) -> None:
+        _check_recent(self.recent_size, capacity)
+
+    def protected(self, capacity: int) -> tuple[int, int]:
+        return 0, _recent(self.recent_size, capacity)
 
     def select(self, view: SlotView, keep: int) -> Tensor:
         # The window's attention is every step's since the last eviction: adding it here once equals
         # adding each step's as it happens.
         accumulated = view.stats["accumulated"].add_(view.window_attention)
-        recent = min(self.recent_size, keep)
+        recent = self.protected(keep)[1]
         return _keep_ends_and_best(view, keep, 0, recent, accumulated[:, : view.fill - recent])
 
-    def describe(self) -> dict:
-        return {"policy": self.name, "recent_size": self.recent_size}
 
-
+@register
+@dataclass
 class InfMLLMPolicy(EvictionPolicy):
     """Inf-MLLM: attention sinks, a recent window, and the attention saddles between, with a recency bias.
 
@@ -161,44 +244,35 @@ class InfMLLMPolicy(EvictionPolicy):
     `score_decay=0, score_pool=1` is the plain method (the newest window's attention alone).
     """
 
-    name = "inf_mllm"
-    needs_attention = True
-    slot_stats = ("score_memory", "born")
+    name: ClassVar[str] = "inf_mllm"
+    needs_attention: ClassVar[bool] = True
+    slot_stats: ClassVar[tuple[str, ...]] = ("score_memory", "born")
+    recent_size: int = _recent_size()
+    sink_size: int = _sink_size()
+    attention_bias: float = knob(
+        1.0, "Bias of the eviction score toward newer tokens: a token twice as old keeps its slot against a "
+        "younger one only if it draws 2^attention_bias times more attention; 0: early winners hold the memory.",
+        low=0.0, high=100.0, live=True)
+    score_decay: float = knob(
+        0.9, "Memory of earlier prompts' attention in the eviction score (a moving average started from "
+        "zero); 0: the newest prompt only.", low=0.0, high=0.999)
+    score_pool: int = knob(
+        13, "A kept token keeps the tokens around it, in a centred window of this many slots (odd); "
+        "1: single tokens.", low=1, high=255, step=2)
 
-    def __init__(self, recent_size: int, attention_bias: float = 1.0, *, sink_size: int = 4,
-                 score_decay: float = 0.0, score_pool: int = 1):
-        if recent_size < 0:
-            raise ValueError(f"recent_size must be >= 0, got {recent_size}")
-        if sink_size < 0:
-            raise ValueError(f"sink_size must be >= 0, got {sink_size}")
-        if not 0.0 <= score_decay < 1.0:
-            raise ValueError(f"score_decay must be in [0, 1), got {score_decay}")
-        if score_pool < 1 or score_pool % 2 == 0:
-            raise ValueError(f"score_pool must be an odd number >= 1 (a window centred on the token), got {score_pool}")
-        self.recent_size = recent_size
-        self.sink_size = sink_size
-        self.attention_bias = attention_bias
-        self.score_decay = score_decay
-        self.score_pool = score_pool
+    def check_capacity(self, capacity: int) -> None:
+        _check_recent(self.recent_size, capacity)
 
-    @property
-    def attention_bias(self) -> float:
-        return self._attention_bias
-
-    @attention_bias.setter
-    def attention_bias(self, value: float) -> None:
-        value = float(value)
-        if not 0.0 <= value <= 1e4:
-            raise ValueError(f"attention_bias must be in [0, 10000], got {value}")
-        self._attention_bias = value
+    def protected(self, capacity: int) -> tuple[int, int]:
+        sinks = min(self.sink_size, capacity)
+        return sinks, min(_recent(self.recent_size, capacity), capacity - sinks)
 
     def regions(self, view: SlotView, keep: int) -> tuple[int, int]:
-        """(sinks, recent): the slots kept at the front and at the back whatever their score."""
-        sinks = min(self.sink_size, keep)
-        # The block just pushed, and the one before it: the queries right after a block are the ones
-        # whose local attention favours its last tokens, so a block is first judged by the block after next.
-        recent = min(max(self.recent_size, 2 * view.new), keep - sinks)
-        return sinks, recent
+        """(sinks, recent) at this eviction: the protected slots, and at least the block just pushed and the
+        one before it in the recent window: the queries right after a block are the ones whose local
+        attention favours its last tokens, so a block is first judged by the block after next."""
+        sinks, recent = self.protected(keep)
+        return sinks, min(max(recent, 2 * view.new), keep - sinks)
 
     def scores(self, view: SlotView, sinks: int, recent: int) -> Tensor:
         """Scores of the candidates (slots sinks .. fill - recent), updating their memory."""
@@ -221,55 +295,34 @@ class InfMLLMPolicy(EvictionPolicy):
         if self.score_pool > 1 and n > 1:
             # A token that draws attention is usually part of a phrase: keep its neighbours with it.
             score = F.max_pool1d(score[:, None], self.score_pool, stride=1, padding=self.score_pool // 2)[:, 0]
-        if self._attention_bias > 0.0 and n > 0:
+        if self.attention_bias > 0.0 and n > 0:
             # Tokens pushed since the candidate's block ended: the queries that will judge the cache next.
             age = (now - view.stats["born"][:, cand]).clamp(min=1.0)
-            score = score - self._attention_bias * torch.log(age)
+            score = score - self.attention_bias * torch.log(age)
         return score
 
     def select(self, view: SlotView, keep: int) -> Tensor:
         sinks, recent = self.regions(view, keep)
         return _keep_ends_and_best(view, keep, sinks, recent, self.scores(view, sinks, recent))
 
-    def describe(self) -> dict:
-        return {"policy": self.name, "recent_size": self.recent_size, "sink_size": self.sink_size,
-                "attention_bias": self._attention_bias, "score_decay": self.score_decay,
-                "score_pool": self.score_pool}
 
-
-POLICIES: dict[str, type[EvictionPolicy]] = {
-    cls.name: cls for cls in (InfMLLMPolicy, StreamingLLMPolicy, H2OPolicy, WindowPolicy, FullPolicy)
-}
-
-# The settings that ship for inf_mllm (StreamConfig and the node take their defaults from here).
-INF_MLLM_DEFAULTS = {"attention_bias": 1.0, "score_decay": 0.9, "score_pool": 13}
-
-
-def make_policy(
-    name: str,
-    *,
-    capacity: int,
-    recent_size: int | None = None,
-    sink_size: int = 4,
-    attention_bias: float = INF_MLLM_DEFAULTS["attention_bias"],
-    score_decay: float = INF_MLLM_DEFAULTS["score_decay"],
-    score_pool: int = INF_MLLM_DEFAULTS["score_pool"],
-) -> EvictionPolicy:
-    """Build a policy by name, with the shipped settings unless given. `recent_size` defaults to a quarter
-    of the capacity."""
+def make_policy(name: str, *, capacity: int, **settings) -> EvictionPolicy:
+    """Build a policy by name with the given settings (the others take their shipped defaults), checked
+    against a cache of `capacity` tokens."""
     if name not in POLICIES:
         raise ValueError(f"unknown eviction policy {name!r}; choose one of {sorted(POLICIES)}")
-    recent = capacity // 4 if recent_size is None else recent_size
-    if recent > capacity:
-        raise ValueError(f"recent_size {recent} is larger than the cache capacity {capacity}")
-    if name == "inf_mllm":
-        return InfMLLMPolicy(recent, attention_bias, sink_size=sink_size, score_decay=score_decay,
-                             score_pool=score_pool)
-    if name == "h2o":
-        return H2OPolicy(recent)
-    if name == "streaming_llm":
-        return StreamingLLMPolicy(sink_size)
-    return POLICIES[name]()
+    cls = POLICIES[name]
+    unknown = sorted(set(settings) - set(cls.knobs()))
+    if unknown:
+        raise ValueError(f"policy {name!r} has no setting {', '.join(unknown)}; its settings: {sorted(cls.knobs())}")
+    policy = cls(**settings)
+    policy.check_capacity(capacity)
+    return policy
 
 
-__all__ = ["EvictionPolicy", "INF_MLLM_DEFAULTS", "POLICIES", "SlotView", "make_policy"]
+def policy_defaults(name: str) -> dict:
+    """The shipped settings of a policy."""
+    return {n: f.default for n, f in POLICIES[name].knobs().items()}
+
+
+__all__ = ["EvictionPolicy", "POLICIES", "SlotView", "knob", "make_policy", "policy_defaults", "register"]

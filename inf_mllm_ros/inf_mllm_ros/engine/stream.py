@@ -20,7 +20,7 @@ from .adapters import ModelAdapter, Prompt
 from .attention import cache_observing
 from .cache import BoundedKVCache, CacheOverflowError, PromptPositions
 from .chat import clock as _clock
-from .policies import INF_MLLM_DEFAULTS, make_policy
+from .policies import make_policy
 from .text_rules import is_blank
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -36,11 +36,8 @@ class StreamConfig:
 
     capacity: int = 1024
     policy: str = "inf_mllm"
-    attention_bias: float = INF_MLLM_DEFAULTS["attention_bias"]  # inf_mllm: score = log attention - bias * log age
-    recent_size: int | None = None  # default: a quarter of the capacity
-    sink_size: int = 4
-    score_decay: float = INF_MLLM_DEFAULTS["score_decay"]  # inf_mllm: memory of earlier windows' attention
-    score_pool: int = INF_MLLM_DEFAULTS["score_pool"]  # inf_mllm: a kept token keeps this many slots around it
+    # The policy's own settings by name (see its knobs in policies.py); the ones left out take its defaults.
+    policy_settings: dict = field(default_factory=dict)
     chunk_size: int = 128  # longest block pushed before an eviction
     headroom: int | None = None  # slots beyond capacity; default max(chunk_size, 256)
     position_mode: str = "cache"  # "cache": positions re-packed inside the cache; "original"
@@ -86,11 +83,10 @@ class StreamStats:
     kv_bytes: int
     cache_bytes: int
     policy: str
-    attention_bias: float
+    policy_settings: dict  # the policy's name and every setting, as it runs now
     position_mode: str
     next_position: int
     newest_frame_stamp: float | None
-    extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -123,15 +119,7 @@ class KVStream:
         self.adapter = adapter
         self.config = config or StreamConfig()
         cfg = self.config
-        self.policy = make_policy(
-            cfg.policy,
-            capacity=cfg.capacity,
-            recent_size=cfg.recent_size,
-            sink_size=cfg.sink_size,
-            attention_bias=cfg.attention_bias,
-            score_decay=cfg.score_decay,
-            score_pool=cfg.score_pool,
-        )
+        self.policy = make_policy(cfg.policy, capacity=cfg.capacity, **cfg.policy_settings)
         max_context = adapter.max_context
         if cfg.position_mode == "cache" and max_context and cfg.capacity + cfg.slots_headroom > max_context:
             raise ValueError(
@@ -174,14 +162,10 @@ class KVStream:
         self.newest_frame_stamp = None if stamp is None else float(stamp)
         self._started = bool(state["started"])
 
-    @property
-    def attention_bias(self) -> float:
-        return getattr(self.policy, "attention_bias", 0.0)
-
-    def set_attention_bias(self, value: float) -> None:
-        if not hasattr(self.policy, "attention_bias"):
-            raise ValueError(f"policy {self.policy.name!r} has no attention bias")
-        self.policy.attention_bias = value
+    def set_policy_knob(self, name: str, value) -> None:
+        """Change one of the policy's live settings (from the next eviction); ValueError if it cannot."""
+        self.policy.set_knob(name, value)
+        self.config.policy_settings = {**self.config.policy_settings, name: getattr(self.policy, name)}
 
     def stats(self) -> StreamStats:
         return StreamStats(
@@ -195,7 +179,7 @@ class KVStream:
             kv_bytes=self.cache.kv_nbytes(),
             cache_bytes=self.cache.nbytes(),
             policy=self.policy.name,
-            attention_bias=self.attention_bias,
+            policy_settings=self.policy.describe(),
             position_mode=self.cache.position_mode,
             next_position=self.cache.next_position,
             newest_frame_stamp=self.newest_frame_stamp,
