@@ -54,6 +54,7 @@ from .engine.engine import EngineBusyError, EngineNotReadyError, FrameDroppedErr
 from .engine.stream import AnswerCancelledError
 from .engine.text_rules import is_blank
 from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
+from .input_rules import FrameGate, StreamClock, stamp_seconds, text_refusal
 from .settings import BY_NAME, MAX_NEW_TOKENS_LIMIT, PARAMETERS, PERIODS, Param, knob_problem, period_problem, stream_config
 
 NODE_NAME = "inf_mllm"
@@ -121,11 +122,11 @@ class InfMLLMNode(LifecycleNode):
         self._stopping = threading.Event()  # set at shutdown: queries are answered "node is shutting down"
         self._in_service = 0  # query and reset callbacks running now
         self._inputs_rejected = 0
-        self._frames_dropped = 0  # replaced while waiting for the rate limit
+        self._frames_dropped = 0  # held back by frame_rate
         self._queries_failed = 0  # failed before or after the engine (empty, timed out)
         self._kinds_logged: set[str] = set()
-        self._origin: float | None = None  # ROS time of the first input; the model sees times since then
-        self._pending_frame: tuple | None = None
+        self._stream_clock = StreamClock()  # the model sees times since the first input
+        self._frame_gate = FrameGate(self.get_parameter("frame_rate").value)
         self._frame_id = ""
         self._inputs_done = 0  # bumped per ingested input and reset, so descriptions skip an unchanged memory
         self._described_at = -1
@@ -195,7 +196,6 @@ class InfMLLMNode(LifecycleNode):
                                      lambda m: self._offer_frame(m, self._decode_compressed, "compressed"), IMAGE_QOS),
             self.create_subscription(String, "text", self._on_text, TEXT_QOS),
         ]
-        self._set_timer("frame", self._param("frame_rate"), rate=True)
         self._set_timer("description", self._param("description_period"))
         self._active = True
         self.get_logger().info("active: taking camera frames and texts")
@@ -207,9 +207,7 @@ class InfMLLMNode(LifecycleNode):
         for sub in self._subscriptions:
             self.destroy_subscription(sub)
         self._subscriptions = []
-        self._pending_frame = None
-        for name in ("frame", "description"):
-            self._set_timer(name, 0.0)
+        self._set_timer("description", 0.0)
         self._publish_stats()
         if self.engine is not None and getattr(self.engine, "memory_file", None) is not None:
             try:
@@ -273,7 +271,9 @@ class InfMLLMNode(LifecycleNode):
             self._close_engine()
 
     def destroy_node(self) -> None:
-        self._ask_server.destroy()
+        server = getattr(self, "_ask_server", None)  # absent if the constructor failed before it
+        if server is not None:
+            server.destroy()
         super().destroy_node()
 
     def _close_engine(self) -> None:
@@ -318,11 +318,8 @@ class InfMLLMNode(LifecycleNode):
                     except ValueError as exc:
                         return SetParametersResult(successful=False, reason=str(exc))
             elif p.name == "frame_rate":
+                self._frame_gate.rate = p.value
                 self._set_frame_period(p.value)
-                if self._active:
-                    self._set_timer("frame", p.value, rate=True)
-                    if p.value == 0.0:
-                        self._on_frame_timer()
             elif p.name == "description_period" and self._active:
                 self._set_timer("description", p.value)
             elif p.name == "stats_period" and self._stats_pub is not None:
@@ -350,34 +347,30 @@ class InfMLLMNode(LifecycleNode):
             self.destroy_timer(self._diagnostics_timer)
         self._diagnostics_timer = self.create_timer(period, self._publish_diagnostics) if period > 0.0 else None
 
-    def _set_timer(self, name: str, value: float, rate: bool = False) -> None:
-        """(Re)create a periodic timer; value is a period in seconds, or a rate in Hz when rate=True; 0: none."""
+    def _set_timer(self, name: str, period: float) -> None:
+        """(Re)create a periodic timer of `period` seconds; 0: none."""
         old = self._periodic.pop(name, None)
         if old is not None:
             self.destroy_timer(old)
-        if value > 0.0:
-            callback = {"frame": self._on_frame_timer, "description": self._on_description_timer,
-                        "stats": self._publish_stats}[name]
-            self._periodic[name] = self.create_timer(1.0 / value if rate else value, callback)
+        if period > 0.0:
+            callback = {"description": self._on_description_timer, "stats": self._publish_stats}[name]
+            self._periodic[name] = self.create_timer(period, callback)
 
     # --- input -------------------------------------------------------------------------------------------
     def _offer_frame(self, msg, convert, source: str) -> None:
-        if self._param("frame_rate") == 0.0:
-            self._ingest_frame(msg, convert, source)
-            return
-        if self._pending_frame is not None:
-            with self._lock:
+        # frame_rate is judged by the frame's time before decoding, so a frame held back costs nothing.
+        seconds = stamp_seconds(msg.header.stamp, self.get_clock().now().nanoseconds)
+        with self._lock:
+            admitted = self._frame_gate.admit(seconds)
+            if not admitted:
                 self._frames_dropped += 1
-        # Decoded only when its turn comes, so frames that get replaced cost nothing.
-        self._pending_frame = (msg, convert, source)
+        if admitted:
+            self._ingest_frame(msg, convert, source)
+        else:
+            self._publish_stats()  # as for a frame the model had no time for: a lockstep replay waits on it
 
     def _decode_compressed(self, msg):
         return compressed_msg_to_rgb(msg, max_pixels=self._param("max_decoded_pixels"))
-
-    def _on_frame_timer(self) -> None:
-        pending, self._pending_frame = self._pending_frame, None
-        if pending is not None:
-            self._ingest_frame(*pending)
 
     def _ingest_frame(self, msg, convert, source: str) -> None:
         try:
@@ -395,13 +388,9 @@ class InfMLLMNode(LifecycleNode):
 
     def _on_text(self, msg: String) -> None:
         text = msg.data
-        limit = self._param("max_text_chars")
-        if is_blank(text):
-            self._reject("text_empty", "empty text message refused (no visible character)")
-            return
-        if len(text) > limit:
-            self._reject("text_too_long", f"text of {len(text)} characters refused: longer than max_text_chars "
-                                          f"({limit}); split it into shorter messages")
+        refusal = text_refusal(text, self._param("max_text_chars"))
+        if refusal is not None:
+            self._reject(*refusal)
             return
         try:
             future = self.engine.submit_text(text, self._stream_time(None))
@@ -432,17 +421,12 @@ class InfMLLMNode(LifecycleNode):
 
     def _stream_time(self, stamp) -> float:
         """Seconds since the first input; a zero stamp means now."""
-        seconds = stamp.sec + stamp.nanosec * 1e-9 if stamp is not None else 0.0
-        if seconds == 0.0:
-            seconds = self.get_clock().now().nanoseconds * 1e-9
-        if self._origin is None:
-            self._origin = seconds
-        return seconds - self._origin
+        return self._stream_clock(stamp, self.get_clock().now().nanoseconds)
 
     def _ros_time(self, stream_time: float | None) -> Time:
-        if stream_time is None or self._origin is None:
+        if stream_time is None or self._stream_clock.origin is None:
             return Time()
-        seconds = self._origin + stream_time
+        seconds = self._stream_clock.origin + stream_time
         sec = math.floor(seconds)
         return Time(sec=int(sec), nanosec=min(int(round((seconds - sec) * 1e9)), 999_999_999))
 

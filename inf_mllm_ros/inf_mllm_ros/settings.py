@@ -88,7 +88,8 @@ PARAMETERS = (
           "checkpoint_period and at shutdown; empty: no file."),
     # Changeable at run time.
     *knob_params(live=True),
-    Param("frame_rate", 1.0, "Frames ingested per second at most (the newest is kept); 0: as fast as the model takes them.",
+    Param("frame_rate", 1.0, "Frames ingested per second at most: a frame goes in when 1 / frame_rate seconds (by "
+          "its stamp) have passed since the last one, the others are counted as dropped; 0: every frame.",
           read_only=False, low=0.0, high=120.0),
     Param("description_period", 10.0, f"Seconds between descriptions on ~/description; 0: off, else at least "
           f"{MIN_PERIOD}.", read_only=False, low=0.0, high=86400.0),

@@ -29,7 +29,8 @@ LAUNCH_ONLY = {
     "namespace": ("", "Namespace of the node and its topics"),
     "node_name": ("inf_mllm", "Name of the node"),
 }
-# autostart is given its default here: the launch decides from it whether the node's exit ends the launch.
+# autostart has its default here, and so wins over a params file: the launch decides from it whether the
+# node's exit ends the launch.
 PARAMETER_DEFAULTS = {"autostart": "true"}
 
 
@@ -39,6 +40,14 @@ def _fastdds_env():
         return {}
     profile = os.path.join(get_package_share_directory("inf_mllm_ros"), "config", "fastdds_large_frames.xml")
     return {"FASTDDS_DEFAULT_PROFILES_FILE": profile}
+
+
+def _node_exited(event, context):
+    """The node's exit ends the launch; an exit with an error code (a model that cannot load) also makes
+    the launch's result non-zero, which a Shutdown alone does not. Exits during a shutdown are expected."""
+    if event.returncode and not context.is_shutdown:
+        raise RuntimeError(f"inf_mllm_node exited with code {event.returncode}")
+    return Shutdown(reason="inf_mllm_node exited")
 
 
 def _node(context):
@@ -54,6 +63,8 @@ def _node(context):
                 overrides[p.name] = value_from_text(p.name, text)
             except ValueError as exc:
                 raise ValueError(f"launch argument {exc}") from None
+    if "autostart" not in overrides:  # the launch decides from it what the node's exit does
+        raise ValueError("launch argument autostart:='' must be true or false")
     autostart = overrides["autostart"]
     image = arg["image_topic"].strip()
     return [
@@ -70,7 +81,7 @@ def _node(context):
             additional_env=_fastdds_env(),
             # A node that exits (a model that cannot load ends it with code 1) ends the launch, so a
             # supervisor sees it. Under a lifecycle manager the manager decides.
-            on_exit=Shutdown(reason="inf_mllm_node exited") if autostart else None,
+            on_exit=_node_exited if autostart else None,
         )
     ]
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
-from inf_mllm_ros.bag_io import BagError, iter_messages, open_bag, stamp_seconds, to_frame, to_text
-from inf_mllm_ros.sample_bag import (
+from inf_mllm_ros.bags.bag_io import BagError, iter_messages, open_bag, stamp_seconds, to_frame, to_text
+from inf_mllm_ros.bags.sample_bag import (
     CAMERA_TOPIC_COMPRESSED,
     CAMERA_TOPIC_RAW,
     NARRATION_TOPIC,

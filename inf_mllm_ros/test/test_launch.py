@@ -59,3 +59,27 @@ def test_launch_arguments_reach_the_node():
         stats.wait(lambda m: m.texts_ingested >= 1, timeout=120, what="the text ingested")
     finally:
         probe.close()
+
+
+def _run_launch(**arguments) -> int:
+    """Runs the launch file to its end in this process; LaunchService.run()'s result."""
+    share = get_package_share_directory("inf_mllm_ros")
+    service = launch.LaunchService()
+    service.include_launch_description(launch.LaunchDescription([
+        IncludeLaunchDescription(
+            PythonLaunchDescriptionSource(os.path.join(share, "launch", "inf_mllm.launch.py")),
+            launch_arguments=arguments.items(),
+        ),
+    ]))
+    return service.run()
+
+
+@pytest.mark.parametrize("arguments", [{"cache_size": "abc"}, {"score_pool": "4"},
+                                       {"params_file": "/nonexistent.yaml"}])
+def test_a_bad_argument_fails_the_launch(arguments):
+    assert _run_launch(**arguments) != 0
+
+
+def test_a_model_that_cannot_load_fails_the_launch():
+    # The node exits with code 1; a Shutdown alone would end the launch with 0.
+    assert _run_launch(model="/nonexistent/folder", device="cpu") != 0

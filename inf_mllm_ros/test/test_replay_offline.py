@@ -1,8 +1,9 @@
 """inf_mllm_replay and inf_mllm_offline, as installed.
 
 A short generated bag is replayed in lockstep into a running node (bag time on /clock), then the
-node is asked a question; inf_mllm_offline over the same bag, with the node's parameters file,
-must give the same greedy answer from the same memory. Timed replay at a high rate feeds the
+node is asked a question; inf_mllm_offline over the same bag, with the node's parameters file (whose
+frame_rate holds one frame back), must take in the same inputs and give the same greedy answer from the
+same memory. Timed replay at a high rate feeds the
 node too, and broken bags make both tools fail with a clear message and a non-zero status.
 """
 
@@ -22,9 +23,11 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy
 from std_srvs.srv import Trigger
 
 from inf_mllm_interfaces.msg import CacheStats
-from inf_mllm_ros.bag_io import iter_messages
-from inf_mllm_ros.sample_bag import write_sample_bag
-from inf_mllm_ros.stream_inputs import Question, StreamClock, input_kind, parse_ask, questions_due
+from inf_mllm_ros.bags.bag_io import iter_messages
+from inf_mllm_ros.bags.sample_bag import write_sample_bag
+from inf_mllm_ros.bags.stream_inputs import Question, input_kind, parse_ask, questions_due, stream_inputs
+from inf_mllm_ros.input_rules import FrameGate, StreamClock
+from inf_mllm_ros.settings import DEFAULTS
 from ros_helpers import Latest, RosProbe
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +44,7 @@ PARAMS = {
     "device": "cpu",
     "dtype": "float32",
     "cache_size": 256,
-    "frame_rate": 0.0,
+    "frame_rate": 0.4,  # frames 2.5 s apart at most: of the bag's frames at 0, 2 and 4 s, the one at 2 s is held back
     "description_period": 0.0,
     "max_new_tokens": 12,
 }
@@ -108,8 +111,10 @@ def test_lockstep_replay_answers_as_the_offline_runner(node, short_bag, params, 
     assert offline_answer["answer"] == from_node["answer"]
     assert (offline_answer["tokens_seen"], offline_answer["fill"]) == (from_node["tokens_seen"],
                                                                         from_node["cache_fill"])
-    assert [r["type"] for r in records if r["type"] in ("frame", "text")] == [
-        "frame", "text", "frame", "frame", "text"]
+    assert [r["type"] for r in records if r["type"] in ("frame", "text", "frame_dropped")] == [
+        "frame", "text", "frame_dropped", "frame", "text"]
+    # The node held back the same frame: what it took in is what the offline runner took in.
+    assert "frames 2 ingested, 1 dropped" in replay.stdout, replay.stdout
     assert offline_answer["tokens_evicted"] > 0  # the bag is longer than the cache
     assert (out / "plot.png").stat().st_size > 10_000
     report = (out / "report.md").read_text()
@@ -210,8 +215,6 @@ def test_stream_inputs_refuse_what_the_node_refuses() -> None:
 
     from image_bombs import jpeg_bomb
     from inf_mllm_ros.image_conversion import rgb_to_compressed_fields
-    from inf_mllm_ros.stream_inputs import stream_inputs
-
     def message(topic: str, seconds: float, msg) -> SimpleNamespace:
         return SimpleNamespace(topic=topic, timestamp_ns=int(seconds * 1e9), msg=msg)
 
@@ -226,11 +229,40 @@ def test_stream_inputs_refuse_what_the_node_refuses() -> None:
         message("/narration", 4.0, SimpleNamespace(data="Forklift F2 parked at dock 3.")),
     ]
     kinds = {"/narration": "text", "/camera/image_raw/compressed": "frame"}
-    out = list(stream_inputs(items, kinds, 0))
+    rules = {"max_text_chars": DEFAULTS["max_text_chars"], "max_decoded_pixels": DEFAULTS["max_decoded_pixels"],
+             "frame_rate": 0.0}
+    out = list(stream_inputs(items, kinds, 0, **rules))
     assert [i.kind for i in out] == ["rejected", "rejected", "rejected", "frame", "text"]
-    assert out[0].data == "empty text"
+    assert out[0].data.startswith("empty text message refused")
     assert out[1].data.startswith("too_large:") and out[2].data.startswith("format_mismatch:")
-    small = list(stream_inputs(items[3:4], kinds, 0, max_decoded_pixels=63))
+    small = list(stream_inputs(items[3:4], kinds, 0, **dict(rules, max_decoded_pixels=63)))
     assert small[0].kind == "rejected" and small[0].data.startswith("too_large:")
     with pytest.raises(ValueError, match="SECONDS:question"):
         parse_ask("3: \u200b\u2060")
+
+
+@pytest.mark.parametrize("camera_hz, frame_rate, start", [(10.0, 2.0, 0.0), (30.0, 1.0, 0.37), (7.0, 3.0, 12.5)])
+def test_the_frame_gate_takes_one_frame_per_period_by_the_frames_own_times(camera_hz, frame_rate, start) -> None:
+    gate = FrameGate(frame_rate)
+    times = [start + i / camera_hz for i in range(int(5 * camera_hz))]
+    taken = [t for t in times if gate.admit(t)]
+    gaps = np.diff(taken)
+    assert taken[0] == times[0] and (gaps >= 1.0 / frame_rate - 1e-6).all()
+    assert (gaps < 1.0 / frame_rate + 1.0 / camera_hz).all()  # the first frame of each period, never later
+    gate.rate = 0.0
+    assert all(gate.admit(t) for t in times)  # 0: every frame
+    gate.rate = frame_rate
+    assert gate.admit(times[0])  # an earlier time (a bag played again) starts the gate afresh
+
+
+def test_offline_inputs_follow_the_frame_gate_before_decoding() -> None:
+    """A frame held back by frame_rate is never decoded (a broken one is not refused), as in the node."""
+    from types import SimpleNamespace
+
+    header = lambda s: SimpleNamespace(stamp=SimpleNamespace(sec=int(s), nanosec=int(round(s % 1 * 1e9))))
+    broken = [SimpleNamespace(topic="/camera/image_raw/compressed", timestamp_ns=int(s * 1e9),
+                              msg=SimpleNamespace(header=header(s), format="jpeg", data=b"not a jpeg"))
+              for s in (1.0, 1.1, 1.2, 1.6)]
+    kinds = {"/camera/image_raw/compressed": "frame"}
+    out = list(stream_inputs(broken, kinds, 0, max_text_chars=10, max_decoded_pixels=10**6, frame_rate=2.0))
+    assert [i.kind for i in out] == ["rejected", "frame_dropped", "frame_dropped", "rejected"]

@@ -9,8 +9,8 @@ import re
 import pytest
 import yaml
 
-from inf_mllm_ros.offline import UsageError, build_parser, resolve_settings, stream_config
-from inf_mllm_ros.settings import DEFAULTS, PARAMETERS, value_problem
+from inf_mllm_ros.bags.offline import UsageError, build_parser, resolve_settings, stream_config
+from inf_mllm_ros.settings import DEFAULTS, PARAMETERS, value_from_text, value_problem
 from inf_mllm_ros.settings import stream_config as node_stream_config
 
 from conftest import REPO_ROOT
@@ -88,3 +88,23 @@ def test_the_command_line_is_checked_like_the_file(tmp_path):
 def test_every_default_passes_its_own_checks():
     assert all(value_problem(p.name, p.default) is None for p in PARAMETERS)
     assert isinstance(build_parser(), argparse.ArgumentParser)
+
+
+@pytest.mark.parametrize("name, text, expected", [("cache_size", "2048", 2048), ("attention_bias", "2", 2.0),
+                                                  ("autostart", "False", False), ("model", " a b ", " a b ")])
+def test_launch_arguments_become_typed_parameter_values(name, text, expected):
+    value = value_from_text(name, text)
+    assert value == expected and type(value) is type(expected)
+
+
+@pytest.mark.parametrize("name, text, reason", [
+    ("cache_size", "abc", "cache_size:='abc' is not a valid int"),
+    ("score_pool", "4", "score_pool must be 1 plus a multiple of 2"),
+    ("autostart", "yes", "autostart:='yes' is not a valid bool"),
+    ("frame_rate", "500", "frame_rate must be in [0, 120]"),
+    ("cache", "1", "'cache' is not a parameter of inf_mllm_node"),
+])
+def test_a_bad_launch_argument_names_itself(name, text, reason):
+    with pytest.raises(ValueError) as refused:
+        value_from_text(name, text)
+    assert reason in str(refused.value)

@@ -25,7 +25,6 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import ATTENTION_NAME
-from ..cache import PromptPositions
 from ..chat import ChatFormat, clock
 
 

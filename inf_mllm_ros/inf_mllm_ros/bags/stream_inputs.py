@@ -20,15 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+from ..engine.text_rules import is_blank
+from ..image_conversion import ImageConversionError, msg_to_rgb
+from ..input_rules import FrameGate, StreamClock, stamp_seconds, text_refusal
 from .bag_io import Bag, BagError, BagMessage
-from .engine.text_rules import is_blank
-from .image_conversion import DEFAULT_MAX_DECODED_PIXELS, ImageConversionError, msg_to_rgb
 
 __all__ = [
     "DEFAULT_REMAPS",
-    "MAX_TEXT_CHARS",
     "Question",
-    "StreamClock",
     "StreamInput",
     "input_kind",
     "load_questions",
@@ -52,8 +51,6 @@ NODE_INPUTS = {
     "image/compressed": ("sensor_msgs/msg/CompressedImage", "frame"),
     "text": ("std_msgs/msg/String", "text"),
 }
-MAX_TEXT_CHARS = 4000  # the node's default max_text_chars
-MAX_DECODED_PIXELS = DEFAULT_MAX_DECODED_PIXELS  # the node's default max_decoded_pixels
 
 
 def parse_remaps(items: Iterable[str], *, defaults: bool = True) -> dict[str, str]:
@@ -98,26 +95,10 @@ def select_inputs(topics: dict[str, str], remaps: dict[str, str]) -> dict[str, s
     return out
 
 
-class StreamClock:
-    """The node's stream time: seconds since the first input it took in."""
-
-    def __init__(self) -> None:
-        self.origin: float | None = None
-
-    def __call__(self, header_stamp: Any | None, now_ns: int) -> float:
-        """Stream time of an input; ``header_stamp`` None or zero means ``now_ns`` (node clock)."""
-        # The same arithmetic as the node, so stamps print the same to the last digit.
-        seconds = header_stamp.sec + header_stamp.nanosec * 1e-9 if header_stamp is not None else 0.0
-        if seconds == 0.0:
-            seconds = now_ns * 1e-9
-        if self.origin is None:
-            self.origin = seconds
-        return seconds - self.origin
-
-
 @dataclass
 class StreamInput:
-    """One bag message as the node takes it: 'frame' (RGB array), 'text', or 'rejected' (reason)."""
+    """One bag message as the node takes it: 'frame' (RGB array), 'text', 'rejected' (data: the reason) or
+    'frame_dropped' (held back by frame_rate; data None)."""
 
     kind: str
     topic: str
@@ -127,15 +108,17 @@ class StreamInput:
 
 
 def stream_inputs(messages: Iterable[BagMessage], kinds: dict[str, str], start_ns: int, *,
-                  max_text_chars: int = MAX_TEXT_CHARS, max_decoded_pixels: int = MAX_DECODED_PIXELS,
+                  max_text_chars: int, max_decoded_pixels: int, frame_rate: float,
                   clock: StreamClock | None = None) -> Iterator[StreamInput]:
-    """The node's inputs from bag messages in bag order; messages on other topics are skipped.
+    """The node's inputs from bag messages in bag order, by the node's rules (input_rules) and settings;
+    messages on other topics are skipped.
 
-    Refusals follow the node: an image that does not decode or declares more than
-    ``max_decoded_pixels``, an empty text (no visible character), a text longer than
-    ``max_text_chars``; a refused input does not start the stream clock.
+    A frame first passes `frame_rate` (by its time, before decoding), then is refused if it does not
+    decode or declares more than ``max_decoded_pixels``; a text is refused if empty or longer than
+    ``max_text_chars``. A refused input does not start the stream clock.
     """
     clock = clock or StreamClock()
+    gate = FrameGate(frame_rate)
     for item in messages:
         kind = kinds.get(item.topic)
         if kind is None:
@@ -143,6 +126,9 @@ def stream_inputs(messages: Iterable[BagMessage], kinds: dict[str, str], start_n
         bag_time = (item.timestamp_ns - start_ns) / 1e9
         msg = item.msg
         if kind == "frame":
+            if not gate.admit(stamp_seconds(msg.header.stamp, item.timestamp_ns)):
+                yield StreamInput("frame_dropped", item.topic, bag_time, None, None)
+                continue
             try:
                 data = msg_to_rgb(msg, max_decoded_pixels=max_decoded_pixels)
             except ImageConversionError as exc:
@@ -150,14 +136,11 @@ def stream_inputs(messages: Iterable[BagMessage], kinds: dict[str, str], start_n
                 continue
             yield StreamInput("frame", item.topic, bag_time, clock(msg.header.stamp, item.timestamp_ns), data)
         else:
-            text = msg.data
-            if is_blank(text):
-                yield StreamInput("rejected", item.topic, bag_time, None, "empty text")
-            elif len(text) > max_text_chars:
-                yield StreamInput("rejected", item.topic, bag_time, None,
-                                  f"text of {len(text)} characters is longer than max_text_chars ({max_text_chars})")
+            refusal = text_refusal(msg.data, max_text_chars)
+            if refusal is not None:
+                yield StreamInput("rejected", item.topic, bag_time, None, refusal[1])
             else:
-                yield StreamInput("text", item.topic, bag_time, clock(None, item.timestamp_ns), text)
+                yield StreamInput("text", item.topic, bag_time, clock(None, item.timestamp_ns), msg.data)
 
 
 # --- questions at bag times -------------------------------------------------------------------

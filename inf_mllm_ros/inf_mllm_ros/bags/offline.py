@@ -4,7 +4,7 @@
                      [--model M] [--cache-size N] [--policy P] [--attention-bias B] [--out DIR]
 
 Messages are taken in bag-time order and mapped to the model exactly as the node maps them when
-the bag is replayed into it in lockstep (see :mod:`inf_mllm_ros.stream_inputs`), so with the same
+the bag is replayed into it in lockstep (see :mod:`inf_mllm_ros.bags.stream_inputs`), so with the same
 settings (``--params`` reads the node's own parameters file) the greedy answers are the node's.
 Writes ``log.jsonl`` (one record per input and per answer, with cache figures), ``report.md``
 (answers against the expected words, memory, settings) and ``plot.png`` into ``--out``.
@@ -22,10 +22,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..input_rules import StreamClock
+from ..settings import DEFAULTS, PARAMETERS, value_problem
+from ..settings import stream_config as settings_stream_config
 from .bag_io import BagError
+from .report import mib, write_plot, write_report
 from .stream_inputs import (
     Question,
-    StreamClock,
     load_questions,
     open_selected,
     parse_ask,
@@ -33,13 +36,8 @@ from .stream_inputs import (
     questions_due,
     stream_inputs,
 )
-from .settings import DEFAULTS, PARAMETERS, value_problem
-from .settings import stream_config as settings_stream_config
 
 PROG = "inf_mllm_offline"
-# The node's defaults (its settings table), for settings neither the command line nor a params file gives;
-# offline, every frame is taken by default (a lockstep replay needs the node at frame_rate 0.0 too).
-NODE_DEFAULTS = dict(DEFAULTS, frame_rate=0.0)
 # Parameters rclpy declares on every node: accepted in a params file, not the engine's.
 ROS_NODE_PARAMETERS = {"use_sim_time", "start_type_description_service"}
 STATS_FIELDS = ("capacity", "fill", "tokens_seen", "tokens_evicted", "evictions", "frames_ingested",
@@ -74,7 +72,7 @@ def resolve_settings(args: argparse.Namespace) -> dict:
     A params file key that is not a node parameter is refused: the node would ignore it, so taking it
     here would build another engine from the same file.
     """
-    settings = dict(NODE_DEFAULTS)
+    settings = dict(DEFAULTS)  # the node's defaults, for what neither the command line nor a params file gives
     given = {}
     if args.params:
         given.update(read_params_file(args.params))
@@ -140,8 +138,8 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
     ``adapter``: a model already loaded (otherwise ``settings['model']`` is loaded). ``echo`` is
     called with a line for each answer and notice. Raises BagError, ModelLoadError, UsageError.
     """
-    from .engine.adapters import FramesNotSupportedError
-    from .engine.stream import KVStream
+    from ..engine.adapters import FramesNotSupportedError
+    from ..engine.stream import KVStream
 
     echo = echo or (lambda line: None)
     started = time.monotonic()
@@ -160,7 +158,7 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
     try:
         config, result.settings = stream_config(settings)
         if adapter is None:
-            from .engine.loading import load_model
+            from ..engine.loading import load_model
 
             adapter = load_model(settings["model"], device=str(settings["device"]), dtype=str(settings["dtype"]))
         stream = KVStream(adapter, config)
@@ -197,14 +195,13 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
             bar = tqdm(total=total, unit="msg", desc=Path(bag_path).name, file=sys.stderr, dynamic_ncols=True)
             echo_plain, echo = echo, (lambda line: bar.write(line, file=sys.stdout))
         asked, bag_time = 0, 0.0
-        frame_period = 1.0 / float(settings["frame_rate"]) if float(settings["frame_rate"]) > 0 else 0.0
-        last_frame: float | None = None
         frames_ok = True
         clock = StreamClock()
         emit({"type": "start", "bag_time": 0.0, **stats()})
         for item in stream_inputs(bag.messages(list(kinds)), kinds, bag.start_ns,
                                   max_text_chars=int(settings["max_text_chars"]),
-                                  max_decoded_pixels=int(settings["max_decoded_pixels"]), clock=clock):
+                                  max_decoded_pixels=int(settings["max_decoded_pixels"]),
+                                  frame_rate=float(settings["frame_rate"]), clock=clock):
             for q in questions_due(questions, asked, item.bag_time):
                 answer(q, bag_time)
                 asked += 1
@@ -215,15 +212,12 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
             if item.kind == "rejected":
                 counts["rejected"] += 1
                 record["reason"] = item.data
-            elif item.kind == "frame" and frame_period and last_frame is not None \
-                    and item.bag_time < last_frame + frame_period - 1e-6:
+            elif item.kind == "frame_dropped":
                 counts["frames_dropped"] += 1
-                record["type"] = "frame_dropped"
             elif item.kind == "frame" and not frames_ok:
                 counts["frames_skipped"] += 1
                 record["type"] = "frame_skipped"
             elif item.kind == "frame":
-                last_frame = item.bag_time
                 try:
                     record["tokens"] = stream.push_frame(item.data, item.stamp)
                     counts["frames"] += 1
@@ -256,120 +250,6 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
             log.close()
     result.seconds = time.monotonic() - started
     return result
-
-
-# --- report and plot ------------------------------------------------------------------------------
-
-def _mb(n: float) -> str:
-    return f"{n / 2**20:.1f} MiB"
-
-
-def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def write_plot(result: RunResult, path: str | Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in result.records if "fill" in r]
-    t = [r["bag_time"] for r in rows]
-    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
-    ax = axes[0]
-    ax.step(t, [r["fill"] for r in rows], where="post", label="cache fill")
-    ax.step(t, [r["capacity"] for r in rows], where="post", linestyle="--", color="grey", label="capacity")
-    ax.step(t, [r["tokens_seen"] for r in rows], where="post", alpha=0.6, label="tokens seen")
-    ax.set_ylabel("tokens")
-    ax.legend(loc="upper left")
-    ax.set_title("KV cache over the bag")
-    ax = axes[1]
-    ax.step(t, [r["tokens_evicted"] for r in rows], where="post", color="tab:red", label="tokens evicted")
-    ax.set_ylabel("tokens evicted")
-    twin = ax.twinx()
-    twin.step(t, [r["evictions"] for r in rows], where="post", color="tab:purple", alpha=0.6, label="evictions")
-    twin.set_ylabel("evictions")
-    ax.legend(loc="upper left")
-    twin.legend(loc="lower right")
-    ax = axes[2]
-    ax.step(t, [r["kv_bytes"] / 2**20 for r in rows], where="post", label="keys and values (allocated)")
-    ax.step(t, [r["cache_bytes"] / 2**20 for r in rows], where="post", label="cache with scoring state")
-    ax.set_ylabel("MiB")
-    twin = ax.twinx()
-    twin.plot(t, [r["rss_bytes"] / 2**20 for r in rows], color="tab:green", alpha=0.7, label="process RSS")
-    twin.set_ylabel("process RSS (MiB)")
-    ax.legend(loc="center left")
-    twin.legend(loc="lower right")
-    ax.set_xlabel("bag time (s)")
-    for a in axes:
-        for q in result.answers:
-            a.axvline(q["time_s"], color="black", alpha=0.15, linestyle=":")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def write_report(result: RunResult, path: str | Path, plot_name: str | None = "plot.png") -> None:
-    s, c = result.settings, result.counts
-    rows = [r for r in result.records if "fill" in r]
-    last = rows[-1] if rows else {}
-    lines = [f"# Offline run: `{Path(result.bag.get('path', '')).name}`", ""]
-    for notice in result.notices:
-        lines += [f"> **Note:** {notice}", ""]
-    lines += ["## Answers", ""]
-    if result.answers:
-        right = [a for a in result.answers if a["correct"] is not None]
-        if right:
-            lines += [f"{sum(a['correct'] for a in right)} of {len(right)} answers hold the expected words.", ""]
-        lines += ["| Bag time (s) | Question | Expected | Answer | |", "|---:|---|---|---|---|"]
-        for a in result.answers:
-            mark = {True: "yes", False: "no", None: ""}[a["correct"]]
-            lines.append(f"| {a['time_s']:.1f} | {_cell(a['question'])} | {_cell(a['expected'])} | "
-                         f"{_cell(a['answer'])} | {mark} |")
-    else:
-        lines.append("No questions were asked.")
-    peak_fill = max((r["fill"] for r in rows), default=0)
-    lines += [
-        "", "## Memory", "",
-        "| Figure | Value |", "|---|---:|",
-        f"| Cache capacity | {last.get('capacity', 0)} tokens |",
-        f"| Fill at the end (peak between inputs) | {last.get('fill', 0)} ({peak_fill}) tokens |",
-        f"| Tokens seen | {last.get('tokens_seen', 0)} |",
-        f"| Tokens evicted | {last.get('tokens_evicted', 0)} in {last.get('evictions', 0)} evictions |",
-        f"| Keys and values, allocated once (capacity + headroom) | {_mb(last.get('kv_bytes', 0))} |",
-        f"| Cache with its scoring state | {_mb(last.get('cache_bytes', 0))} |",
-        f"| Process RSS at the start / end / peak | {_mb(rows[0]['rss_bytes']) if rows else '-'} / "
-        f"{_mb(last.get('rss_bytes', 0))} / {_mb(last.get('peak_rss_bytes', 0))} |",
-        "", "## Stream", "",
-        f"Bag `{result.bag.get('path', '')}`: {result.bag.get('messages', 0)} messages over "
-        f"{result.bag.get('duration_s', 0):.1f} s.", "",
-        "| Topic | Type | Messages | Node input |", "|---|---|---:|---|",
-    ]
-    for topic, info in result.bag.get("topics", {}).items():
-        lines.append(f"| `{topic}` | {info['type']} | {info['count']} | {info['input'] or '-'} |")
-    frame_times = [r["seconds"] for r in result.records if r["type"] == "frame"]
-    text_times = [r["seconds"] for r in result.records if r["type"] == "text"]
-    answer_times = [a["seconds"] for a in result.answers]
-
-    def mean(v):
-        return f"{sum(v) / len(v):.2f} s" if v else "-"
-
-    lines += [
-        "",
-        f"Frames ingested {c['frames']} (mean {mean(frame_times)}), skipped {c['frames_skipped']}, "
-        f"dropped by frame_rate {c['frames_dropped']}; texts ingested {c['texts']} (mean {mean(text_times)}); "
-        f"refused {c['rejected']}; answers {c['answers']} (mean {mean(answer_times)}). "
-        f"Whole run {result.seconds:.1f} s.",
-        "", "## Settings", "", "| Setting | Value |", "|---|---|",
-    ]
-    for key, value in s.items():
-        lines.append(f"| {key} | {_cell(value if value is not None else '(default)')} |")
-    for key, value in result.model.items():
-        lines.append(f"| model {key} | {_cell(value)} |")
-    if plot_name:
-        lines += ["", "## Cache fill, evictions and memory over the run", "", f"![cache over the run]({plot_name})"]
-    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 # --- command line ---------------------------------------------------------------------------------
@@ -438,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         return fail(f"cannot write {out}: {exc}")
 
-    from .engine.loading import ModelLoadError
+    from ..engine.loading import ModelLoadError
 
     print(f"{PROG}: {bag_path} -> {out}/ (model {settings['model']}, cache {settings['cache_size']} tokens, "
           f"policy {settings['eviction_policy']}"
@@ -457,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     last = next((r for r in reversed(result.records) if "fill" in r), {})
     print(f"{PROG}: {c['frames']} frames, {c['texts']} texts, {c['answers']} answers in {result.seconds:.1f} s; "
           f"cache {last.get('fill', 0)}/{last.get('capacity', 0)} tokens, {last.get('tokens_evicted', 0)} evicted, "
-          f"KV storage {_mb(last.get('kv_bytes', 0))}, RSS {_mb(last.get('rss_bytes', 0))}")
+          f"KV storage {mib(last.get('kv_bytes', 0))}, RSS {mib(last.get('rss_bytes', 0))}")
     print(f"{PROG}: log    {out / 'log.jsonl'}")
     print(f"{PROG}: report {out / 'report.md'}")
     print(f"{PROG}: plot   {out / 'plot.png'}")

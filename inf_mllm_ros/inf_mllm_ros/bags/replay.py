@@ -111,9 +111,9 @@ class Player:
 
     @property
     def progress(self) -> int | None:
-        """Inputs the node is done with (taken in or refused); None before any stats arrived."""
+        """Inputs the node is done with (taken in, refused or held back by frame_rate); None before any stats."""
         s = self.stats
-        return None if s is None else s.frames_ingested + s.texts_ingested + s.inputs_rejected
+        return None if s is None else s.frames_ingested + s.texts_ingested + s.inputs_rejected + s.frames_dropped
 
     def spin(self, seconds: float) -> None:
         self.executor.spin_once(timeout_sec=max(0.0, seconds))
@@ -293,8 +293,7 @@ def _send_in_lockstep(player: Player, item, timeout: float) -> None:
 
     player.wait(taken, timeout, (
         f"{player.node_name} to take in the {item.topic} message at bag time {item.timestamp_ns / 1e9:.3f} "
-        "(lockstep needs the node to ingest frames as they come: frame_rate:=0.0, and use_sim_time:=true "
-        "for bag-time stamps)"))
+        "(lockstep needs use_sim_time:=true for bag-time stamps)"))
 
 
 def _ask(player: Player, q: Question, args, out) -> AnswerRecord:

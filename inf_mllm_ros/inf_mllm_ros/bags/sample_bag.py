@@ -12,7 +12,7 @@ parks), so a bag of any length has facts to ask about.
 
 Command line::
 
-    python -m inf_mllm_ros.sample_bag OUT_DIR [--storage mcap|sqlite3] [--duration S]
+    python -m inf_mllm_ros.bags.sample_bag OUT_DIR [--storage mcap|sqlite3] [--duration S]
         [--fps F] [--size WxH] [--raw] [--seed N] [--questions FILE]
 
 The scenario is also available as data: :func:`scenario_events` and :func:`probe_questions`.
@@ -31,7 +31,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from .image_conversion import rgb_to_compressed_fields, rgb_to_image_fields
+from ..image_conversion import rgb_to_compressed_fields, rgb_to_image_fields
 
 __all__ = [
     "CAMERA_TOPIC_COMPRESSED",
@@ -565,7 +565,7 @@ def _parse_size(text: str) -> tuple[int, int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m inf_mllm_ros.sample_bag",
+        prog="python -m inf_mllm_ros.bags.sample_bag",
         description="Write a synthetic warehouse-shift rosbag2 bag (camera + /narration).",
     )
     parser.add_argument("out_dir", help="bag folder to create (must not exist)")

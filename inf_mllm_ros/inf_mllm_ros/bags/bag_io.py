@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from .image_conversion import msg_to_rgb
+from ..image_conversion import msg_to_rgb
 
 __all__ = [
     "BagError",

@@ -1,0 +1,122 @@
+"""The offline runner's report (Markdown: answers against the expected words, memory, settings) and its
+plot (cache fill, evictions and memory over the run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .offline import RunResult
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def write_plot(result: RunResult, path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result.records if "fill" in r]
+    t = [r["bag_time"] for r in rows]
+    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    ax = axes[0]
+    ax.step(t, [r["fill"] for r in rows], where="post", label="cache fill")
+    ax.step(t, [r["capacity"] for r in rows], where="post", linestyle="--", color="grey", label="capacity")
+    ax.step(t, [r["tokens_seen"] for r in rows], where="post", alpha=0.6, label="tokens seen")
+    ax.set_ylabel("tokens")
+    ax.legend(loc="upper left")
+    ax.set_title("KV cache over the bag")
+    ax = axes[1]
+    ax.step(t, [r["tokens_evicted"] for r in rows], where="post", color="tab:red", label="tokens evicted")
+    ax.set_ylabel("tokens evicted")
+    twin = ax.twinx()
+    twin.step(t, [r["evictions"] for r in rows], where="post", color="tab:purple", alpha=0.6, label="evictions")
+    twin.set_ylabel("evictions")
+    ax.legend(loc="upper left")
+    twin.legend(loc="lower right")
+    ax = axes[2]
+    ax.step(t, [r["kv_bytes"] / 2**20 for r in rows], where="post", label="keys and values (allocated)")
+    ax.step(t, [r["cache_bytes"] / 2**20 for r in rows], where="post", label="cache with scoring state")
+    ax.set_ylabel("MiB")
+    twin = ax.twinx()
+    twin.plot(t, [r["rss_bytes"] / 2**20 for r in rows], color="tab:green", alpha=0.7, label="process RSS")
+    twin.set_ylabel("process RSS (MiB)")
+    ax.legend(loc="center left")
+    twin.legend(loc="lower right")
+    ax.set_xlabel("bag time (s)")
+    for a in axes:
+        for q in result.answers:
+            a.axvline(q["time_s"], color="black", alpha=0.15, linestyle=":")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_report(result: RunResult, path: str | Path, plot_name: str | None = "plot.png") -> None:
+    s, c = result.settings, result.counts
+    rows = [r for r in result.records if "fill" in r]
+    last = rows[-1] if rows else {}
+    lines = [f"# Offline run: `{Path(result.bag.get('path', '')).name}`", ""]
+    for notice in result.notices:
+        lines += [f"> **Note:** {notice}", ""]
+    lines += ["## Answers", ""]
+    if result.answers:
+        right = [a for a in result.answers if a["correct"] is not None]
+        if right:
+            lines += [f"{sum(a['correct'] for a in right)} of {len(right)} answers hold the expected words.", ""]
+        lines += ["| Bag time (s) | Question | Expected | Answer | |", "|---:|---|---|---|---|"]
+        for a in result.answers:
+            mark = {True: "yes", False: "no", None: ""}[a["correct"]]
+            lines.append(f"| {a['time_s']:.1f} | {_cell(a['question'])} | {_cell(a['expected'])} | "
+                         f"{_cell(a['answer'])} | {mark} |")
+    else:
+        lines.append("No questions were asked.")
+    peak_fill = max((r["fill"] for r in rows), default=0)
+    lines += [
+        "", "## Memory", "",
+        "| Figure | Value |", "|---|---:|",
+        f"| Cache capacity | {last.get('capacity', 0)} tokens |",
+        f"| Fill at the end (peak between inputs) | {last.get('fill', 0)} ({peak_fill}) tokens |",
+        f"| Tokens seen | {last.get('tokens_seen', 0)} |",
+        f"| Tokens evicted | {last.get('tokens_evicted', 0)} in {last.get('evictions', 0)} evictions |",
+        f"| Keys and values, allocated once (capacity + headroom) | {mib(last.get('kv_bytes', 0))} |",
+        f"| Cache with its scoring state | {mib(last.get('cache_bytes', 0))} |",
+        f"| Process RSS at the start / end / peak | {mib(rows[0]['rss_bytes']) if rows else '-'} / "
+        f"{mib(last.get('rss_bytes', 0))} / {mib(last.get('peak_rss_bytes', 0))} |",
+        "", "## Stream", "",
+        f"Bag `{result.bag.get('path', '')}`: {result.bag.get('messages', 0)} messages over "
+        f"{result.bag.get('duration_s', 0):.1f} s.", "",
+        "| Topic | Type | Messages | Node input |", "|---|---|---:|---|",
+    ]
+    for topic, info in result.bag.get("topics", {}).items():
+        lines.append(f"| `{topic}` | {info['type']} | {info['count']} | {info['input'] or '-'} |")
+    frame_times = [r["seconds"] for r in result.records if r["type"] == "frame"]
+    text_times = [r["seconds"] for r in result.records if r["type"] == "text"]
+    answer_times = [a["seconds"] for a in result.answers]
+
+    def mean(v):
+        return f"{sum(v) / len(v):.2f} s" if v else "-"
+
+    lines += [
+        "",
+        f"Frames ingested {c['frames']} (mean {mean(frame_times)}), skipped {c['frames_skipped']}, "
+        f"dropped by frame_rate {c['frames_dropped']}; texts ingested {c['texts']} (mean {mean(text_times)}); "
+        f"refused {c['rejected']}; answers {c['answers']} (mean {mean(answer_times)}). "
+        f"Whole run {result.seconds:.1f} s.",
+        "", "## Settings", "", "| Setting | Value |", "|---|---|",
+    ]
+    for key, value in s.items():
+        lines.append(f"| {key} | {_cell(value if value is not None else '(default)')} |")
+    for key, value in result.model.items():
+        lines.append(f"| model {key} | {_cell(value)} |")
+    if plot_name:
+        lines += ["", "## Cache fill, evictions and memory over the run", "", f"![cache over the run]({plot_name})"]
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")

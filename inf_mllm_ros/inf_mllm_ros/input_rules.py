@@ -1,0 +1,80 @@
+"""How the node takes its inputs, in one place for the node and the offline runner: the stream time of
+an input, which texts are accepted, and which frames pass `frame_rate`.
+
+Both apply these to the same messages in the same order, so a bag replayed into the node and the same
+bag run offline build the same prompts. No ROS import: a header stamp is anything with `sec` and
+`nanosec`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .engine.text_rules import is_blank
+
+
+def stamp_seconds(header_stamp: Any | None, now_ns: int) -> float:
+    """An input's time in seconds: its header stamp, or `now_ns` (the node clock) when that is None or zero."""
+    # The same arithmetic everywhere, so stamps print the same to the last digit.
+    seconds = header_stamp.sec + header_stamp.nanosec * 1e-9 if header_stamp is not None else 0.0
+    return seconds if seconds != 0.0 else now_ns * 1e-9
+
+
+class StreamClock:
+    """Stream time: seconds since the first input taken in (a refused input does not start it)."""
+
+    def __init__(self) -> None:
+        self.origin: float | None = None  # seconds (stamp_seconds) of the first input taken in
+
+    def __call__(self, header_stamp: Any | None, now_ns: int) -> float:
+        seconds = stamp_seconds(header_stamp, now_ns)
+        if self.origin is None:
+            self.origin = seconds
+        return seconds - self.origin
+
+
+def text_refusal(text: Any, max_text_chars: int) -> tuple[str, str] | None:
+    """(kind, reason) when a text message is refused, else None."""
+    if is_blank(text):
+        return "text_empty", "empty text message refused (no visible character)"
+    if len(text) > max_text_chars:
+        return "text_too_long", (f"text of {len(text)} characters refused: longer than max_text_chars "
+                                 f"({max_text_chars}); split it into shorter messages")
+    return None
+
+
+class FrameGate:
+    """`frame_rate`: a frame passes when at least 1 / rate seconds have passed since the last frame that
+    passed, by the frames' own times (header stamp, else arrival); rate 0 lets every frame pass.
+
+    A frame that passes is the newest there is at that moment, so the model sees the scene as it is
+    now, at most `rate` times a second, whatever the camera's rate. Judged before decoding, so a frame
+    that does not pass costs nothing. A time earlier than the last one (a bag started again, a clock
+    reset) starts the gate afresh.
+    """
+
+    def __init__(self, rate: float = 0.0) -> None:
+        self.rate = rate
+        self._last: float | None = None
+
+    @property
+    def rate(self) -> float:
+        return self._rate
+
+    @rate.setter
+    def rate(self, value: float) -> None:
+        if not value >= 0.0:
+            raise ValueError(f"frame_rate must be >= 0, got {value}")
+        self._rate = float(value)
+
+    def admit(self, seconds: float) -> bool:
+        """Whether a frame of time `seconds` goes to the model; if so, the period starts again from it."""
+        last = self._last
+        # A small tolerance: a 10 Hz camera's stamps under frame_rate 5 are 0.2 s apart in decimal, not in binary.
+        if self._rate > 0.0 and last is not None and last <= seconds < last + 1.0 / self._rate - 1e-6:
+            return False
+        self._last = seconds
+        return True
+
+
+__all__ = ["FrameGate", "StreamClock", "stamp_seconds", "text_refusal"]
