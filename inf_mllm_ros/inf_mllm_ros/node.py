@@ -133,7 +133,7 @@ class InfMLLMNode(LifecycleNode):
         self._describing = False
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._periodic: dict[str, object] = {}
-        self._subscriptions: list = []
+        self._input_subscriptions: list = []
         self._stats_pub = self._description_pub = None
         self._last_error = ""
         self._health_prev: tuple[float, int, int] | None = None  # (time, node drops, model drops)
@@ -189,7 +189,7 @@ class InfMLLMNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._subscriptions = [
+        self._input_subscriptions = [
             self.create_subscription(Image, "image", lambda m: self._offer_frame(m, image_msg_to_rgb, "image"),
                                      IMAGE_QOS),
             self.create_subscription(CompressedImage, "image/compressed",
@@ -204,9 +204,9 @@ class InfMLLMNode(LifecycleNode):
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._active = False
-        for sub in self._subscriptions:
+        for sub in self._input_subscriptions:
             self.destroy_subscription(sub)
-        self._subscriptions = []
+        self._input_subscriptions = []
         self._set_timer("description", 0.0)
         self._publish_stats()
         if self.engine is not None and getattr(self.engine, "memory_file", None) is not None:
@@ -235,9 +235,9 @@ class InfMLLMNode(LifecycleNode):
     def _release(self) -> None:
         """Stop taking input, save and free the model, and drop the publishers (back to unconfigured)."""
         self._active = False
-        for sub in self._subscriptions:
+        for sub in self._input_subscriptions:
             self.destroy_subscription(sub)
-        self._subscriptions = []
+        self._input_subscriptions = []
         for name in list(self._periodic):
             self._set_timer(name, 0.0)
         if self.engine is not None:

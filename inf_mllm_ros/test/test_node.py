@@ -743,3 +743,22 @@ def test_busy_failing_and_slow_engine_answers_say_why(local_node):
     engine.answer = Future  # never answers
     slow = ask(probe, "What happened?")
     assert not slow.success and "query_timeout" in slow.message
+
+
+def test_a_sim_time_node_keeps_following_clock_once_active(local_node):
+    """The node's own bookkeeping never replaces rclpy's: after activation (which creates the input
+    subscriptions) the /clock subscription still runs, and the periodic stats follow bag time."""
+    from rosgraph_msgs.msg import Clock
+
+    probe, node = local_node(StandInEngine, use_sim_time=True, stats_period=1.0)
+    probe.wait_for(lambda: node._active, 10, "the node active")
+    assert any(s.topic_name == "/clock" for s in node.subscriptions)
+    clock = probe.node.create_publisher(Clock, "/clock", 10)
+    start = len(probe.stats.messages)
+    for step in range(100):  # 1000 s to 1010 s of bag time, over about 2 s
+        msg = Clock()
+        msg.clock.sec, msg.clock.nanosec = 1000 + step // 10, (step % 10) * 100_000_000
+        clock.publish(msg)
+        time.sleep(0.02)  # the probe spins in its own thread
+    probe.wait_for(lambda: node.get_clock().now().nanoseconds >= 1_009 * 10**9, 10, "the node's clock at bag time")
+    probe.wait_for(lambda: len(probe.stats.messages) >= start + 5, 10, "periodic stats on bag time")
