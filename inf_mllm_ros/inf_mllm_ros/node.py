@@ -650,10 +650,13 @@ class InfMLLMNode(LifecycleNode):
             else:
                 answer = future.result(timeout=timeout)
         except FutureTimeoutError:
-            future.cancel()  # if it has not started, the worker skips it
             if cancel is not None:
                 cancel.set()
-            return self._query_failed(response, f"no answer within query_timeout ({timeout:g} s): the model is busy")
+            reason = f"no answer within query_timeout ({timeout:g} s): the model is busy"
+            if engine.abandon(future):  # running: the engine counts it failed when it ends, never answered
+                response.success, response.message = False, reason
+                return response
+            return self._query_failed(response, reason)  # never started: the worker skips it
         except AnswerCancelledError:
             response.success, response.message = False, "cancelled"
             return response

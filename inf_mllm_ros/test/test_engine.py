@@ -293,3 +293,21 @@ def test_under_a_flood_of_texts_a_frame_goes_in_every_frame_period(smollm2):
     # a frame waits at most the rest of the period and the text call under way (plus the camera's 0.1 s)
     gaps = [b - a for a, b in zip(frames_taken, frames_taken[1:])]
     assert max(gaps) <= period + max(text_calls) + 0.5, (gaps, text_calls)
+
+
+def test_a_query_given_up_is_counted_failed_once_never_answered(smollm2):
+    """The caller told its client the query failed: running or waiting, it counts once, as failed."""
+    engine = StreamingEngine(adapter=smollm2, config=StreamConfig(capacity=256, chunk_size=64))
+    try:
+        engine.wait_ready(60)
+        running = _hold_worker(engine)
+        waiting = engine.submit_ask("Where is the dock?", max_new_tokens=2)
+        assert engine.abandon(waiting) is False  # never started: the caller counts its own failure
+        assert engine.abandon(running) is True  # running: it ends as it would, counted failed by the engine
+        running.result(120)
+        answered_later = engine.submit_ask("Where is the dock?", max_new_tokens=2)
+        answered_later.result(120)
+        assert engine.abandon(answered_later) is True  # ended just before the caller gave up: recounted
+        assert (engine.counters.queries_answered, engine.counters.queries_failed) == (0, 2)
+    finally:
+        engine.close(timeout=30)

@@ -108,6 +108,7 @@ class StreamingEngine:
         self._pending_texts = 0
         self._pending_queries = 0
         self._frame: tuple | None = None
+        self._abandoned: set[Future] = set()  # running queries whose callers were told they failed
         self.frame_period = frame_period  # seconds; may change at any time (see the module docstring)
         self._last_frame_taken = float("-inf")
         self._last_kind: str | None = None
@@ -192,6 +193,32 @@ class StreamingEngine:
         # A caller that gives up (cancels) frees its place at once, so dead questions never fill the queue.
         future.add_done_callback(self._withdraw_if_cancelled)
         return future
+
+    def abandon(self, future: Future) -> bool:
+        """The caller of a query stops waiting and tells its client the query failed. A query that has not
+        started never runs; one that is running ends as it would, but is counted failed, never answered.
+        Returns True if the engine counts it, False if it never ran (the caller counts its failure)."""
+        if future.cancel():
+            return False
+        with self._lock:
+            if hasattr(future, "counted_answered"):  # ended just now: counted already
+                if future.counted_answered:
+                    self.counters.queries_answered -= 1
+                    self.counters.queries_failed += 1
+            else:
+                self._abandoned.add(future)
+        return True
+
+    def _count_query(self, future: Future, ok: bool) -> None:
+        """Count a finished query once, before its caller can see the result (see `abandon`)."""
+        with self._lock:
+            answered = ok and future not in self._abandoned
+            self._abandoned.discard(future)
+            future.counted_answered = answered
+            if answered:
+                self.counters.queries_answered += 1
+            else:
+                self.counters.queries_failed += 1
 
     def _withdraw_if_cancelled(self, future: Future) -> None:
         if not future.cancelled():
@@ -329,11 +356,11 @@ class StreamingEngine:
                 try:
                     result = fn(self._stream)
                 except Exception as exc:  # the stream left its memory as it was; the caller gets the reason
+                    self._count(kind, future, ok=False)
                     future.set_exception(exc)
-                    self._count(kind, ok=False)
                 else:
+                    self._count(kind, future, ok=True)
                     future.set_result(result)
-                    self._count(kind, ok=True)
             with self._lock:
                 self._stats = self._stream.stats()
             if self._on_ingested is not None and kind in ("texts", "frame"):
@@ -403,7 +430,7 @@ class StreamingEngine:
         except Exception as exc:  # the stream left its memory as it was; every caller gets the reason
             for _, future in live:
                 future.set_exception(exc)
-            self._count("texts", ok=False)
+            self._count("texts", None, ok=False)
         else:
             for (_, future), n in zip(live, counts):
                 future.set_result(n)
@@ -438,14 +465,11 @@ class StreamingEngine:
         self._last_kind = "texts"
         return "texts", batch, None
 
-    def _count(self, kind: str, ok: bool) -> None:
-        with self._lock:
-            if kind == "query":
-                if ok:
-                    self.counters.queries_answered += 1
-                else:
-                    self.counters.queries_failed += 1
-            elif not ok:
+    def _count(self, kind: str, future: Future | None, ok: bool) -> None:
+        if kind == "query":
+            self._count_query(future, ok)
+        elif not ok:
+            with self._lock:
                 self.counters.jobs_failed += 1
 
 
