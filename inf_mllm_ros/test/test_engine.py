@@ -311,3 +311,26 @@ def test_a_query_given_up_is_counted_failed_once_never_answered(smollm2):
         assert (engine.counters.queries_answered, engine.counters.queries_failed) == (0, 2)
     finally:
         engine.close(timeout=30)
+
+
+def test_only_an_input_that_went_in_is_reported_as_ingested(smollm2):
+    """A failed input leaves the memory as it was: nothing reports a change (no description follows it)."""
+    import time
+
+    import numpy as np
+
+    ingested = []
+    engine = StreamingEngine(adapter=smollm2, config=StreamConfig(capacity=256, chunk_size=64),
+                             on_ingested=ingested.append)
+    try:
+        engine.wait_ready(60)
+        frame = engine.submit_frame(np.zeros((8, 8, 3), np.uint8), 0.0)
+        with pytest.raises(Exception, match="frame"):  # a text-only model takes no frames
+            frame.result(60)
+        engine.submit_text("Forklift F2 parked at dock 3.", 1.0).result(60)
+        deadline = time.monotonic() + 10
+        while not ingested and time.monotonic() < deadline:  # reported right after the job
+            time.sleep(0.01)
+        assert ingested == ["text"]
+    finally:
+        engine.close(timeout=30)

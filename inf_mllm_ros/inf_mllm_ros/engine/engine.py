@@ -349,21 +349,24 @@ class StreamingEngine:
                 continue
             kind, fn, future = job
             if kind == "texts":
-                self._run_texts(fn)
+                ok = self._run_texts(fn)
             else:
                 if not future.set_running_or_notify_cancel():
                     continue
                 try:
                     result = fn(self._stream)
                 except Exception as exc:  # the stream left its memory as it was; the caller gets the reason
+                    ok = False
                     self._count(kind, future, ok=False)
                     future.set_exception(exc)
                 else:
+                    ok = True
                     self._count(kind, future, ok=True)
                     future.set_result(result)
             with self._lock:
                 self._stats = self._stream.stats()
-            if self._on_ingested is not None and kind in ("texts", "frame"):
+            # Only an input that went in changed the memory (a description of an unchanged one is skipped).
+            if ok and self._on_ingested is not None and kind in ("texts", "frame"):
                 self._on_ingested("text" if kind == "texts" else kind)
             if time.monotonic() >= self._next_checkpoint:
                 self._checkpoint()
@@ -420,20 +423,22 @@ class StreamingEngine:
         period = self.checkpoint_period
         self._next_checkpoint = time.monotonic() + period if self.memory_file and period > 0 else float("inf")
 
-    def _run_texts(self, batch: list) -> None:
-        """Push a batch of texts in one model call; each future gets its own token count."""
+    def _run_texts(self, batch: list) -> bool:
+        """Push a batch of texts in one model call; each future gets its own token count. False if none
+        went in."""
         live = [(item, future) for _, item, future in batch if future.set_running_or_notify_cancel()]
         if not live:
-            return
+            return False
         try:
             counts = self._stream.push_texts([item for item, _ in live])
         except Exception as exc:  # the stream left its memory as it was; every caller gets the reason
             for _, future in live:
                 future.set_exception(exc)
             self._count("texts", None, ok=False)
-        else:
-            for (_, future), n in zip(live, counts):
-                future.set_result(n)
+            return False
+        for (_, future), n in zip(live, counts):
+            future.set_result(n)
+        return True
 
     def _frame_due(self, now: float) -> bool:
         period = self.frame_period
