@@ -1,4 +1,7 @@
-"""Shared pieces of the text benchmarks: the text, the runs, the result files."""
+"""Shared pieces of the text benchmarks: the text, the runs, the result files.
+
+The benchmarks import the installed package (`bash scripts/setup.sh`, then `source scripts/env.sh`).
+"""
 
 from __future__ import annotations
 
@@ -7,14 +10,11 @@ import os
 import platform
 import re
 import resource
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_TEXT = ROOT.parent / "shared" / "data" / "texts" / "jack_sheppard_pg16215.txt"
-
-sys.path.insert(0, str(ROOT / "inf_mllm_ros"))
 
 
 def gutenberg_body(text: str) -> str:

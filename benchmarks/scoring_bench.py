@@ -21,11 +21,10 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "inf_mllm_ros"))
+from inf_mllm_ros.engine import triton_scoring
+from inf_mllm_ros.engine.scoring import window_scores
 
-from inf_mllm_ros.engine import triton_scoring  # noqa: E402
-from inf_mllm_ros.engine.scoring import window_scores  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 12, 2, 128
 

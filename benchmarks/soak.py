@@ -295,10 +295,7 @@ def reference_after(duration: float) -> tuple[float, str]:
 
 
 def machine() -> str:
-    """benchmarks/common.py's machine(), leaving sys.path as it was.
-
-    common.py puts the source tree first on sys.path; a test process imports the installed package and
-    must keep doing so."""
+    """benchmarks/common.py's machine(), leaving sys.path as it was (a test process imports this module)."""
     saved = list(sys.path)
     try:
         if str(BENCHMARKS) not in sys.path:

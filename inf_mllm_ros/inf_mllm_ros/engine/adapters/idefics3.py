@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from . import register_adapter
+from .registry import register_adapter
 from .base import VisionLanguageAdapter
 
 

@@ -6,7 +6,7 @@ so the resolution bound only scales the input down; for OneVision a smaller fram
 
 from __future__ import annotations
 
-from . import register_adapter
+from .registry import register_adapter
 from .base import VisionLanguageAdapter
 
 

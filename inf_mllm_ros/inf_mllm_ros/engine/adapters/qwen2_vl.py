@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import register_adapter
+from .registry import register_adapter
 from .base import VisionLanguageAdapter
 
 
