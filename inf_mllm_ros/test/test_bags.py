@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import yaml
 
-from inf_mllm_ros.bags.bag_io import BagError, iter_messages, open_bag, stamp_seconds, to_frame, to_text
+from inf_mllm_ros.bags.bag_io import BagError, iter_messages, open_bag
+from inf_mllm_ros.image_conversion import msg_to_rgb
+from inf_mllm_ros.input_rules import stamp_seconds
 from inf_mllm_ros.bags.sample_bag import (
     CAMERA_TOPIC_COMPRESSED,
     CAMERA_TOPIC_RAW,
@@ -76,12 +78,12 @@ def test_generated_frames_and_narration_decode(small_bags) -> None:
     texts, frames = [], 0
     for item in iter_messages(small_bags["mcap"]):
         if item.topic == NARRATION_TOPIC:
-            text, stamp = to_text(item)
-            texts.append((stamp, text))
+            texts.append((item.timestamp_ns / 1e9, item.msg.data))
         else:
-            rgb, stamp = to_frame(item)
+            rgb = msg_to_rgb(item.msg)
             assert rgb.shape == (72, 96, 3) and rgb.dtype == np.uint8
-            assert stamp == pytest.approx(item.timestamp_ns / 1e9)  # header agrees with bag time
+            # The header agrees with bag time.
+            assert stamp_seconds(item.msg.header.stamp, 0) == pytest.approx(item.timestamp_ns / 1e9)
             assert item.msg.header.frame_id == "warehouse_cam"
             frames += 1
     assert frames == 12
@@ -106,7 +108,7 @@ def test_raw_frames_are_exactly_the_rendered_scene(tmp_path: Path) -> None:
     assert len(frames) == 2
     for i, item in enumerate(frames):
         assert item.msg.encoding == "rgb8"
-        rgb, _ = to_frame(item)
+        rgb = msg_to_rgb(item.msg)
         np.testing.assert_array_equal(rgb, render_frame(scenario, float(i), 80, 60, rng))
 
 
@@ -146,15 +148,15 @@ def test_demo_bag_reads_and_matches_its_scenario() -> None:
         assert {t: i.count for t, i in bag.topics.items()} == {
             CAMERA_TOPIC_COMPRESSED: 40, NARRATION_TOPIC: 8}
         items = list(bag.messages())
-    texts = [to_text(m)[0] for m in items if m.topic == NARRATION_TOPIC]
+    texts = [m.msg.data for m in items if m.topic == NARRATION_TOPIC]
     assert texts == [e.text for e in scenario_events(40.0)]
     assert "[08:00:05] Forklift F2 parked at dock 3." in texts
     scenario = build_scenario(40.0)
     frames = [m for m in items if m.topic == CAMERA_TOPIC_COMPRESSED]
     for index in (0, 18, 39):  # JPEG of the same drawing: close, not exact
-        rgb, stamp = to_frame(frames[index])
+        rgb = msg_to_rgb(frames[index].msg)
         assert rgb.shape == (240, 320, 3)
-        assert stamp == pytest.approx(START_NS / 1e9 + index)
+        assert stamp_seconds(frames[index].msg.header.stamp, 0) == pytest.approx(START_NS / 1e9 + index)
         drawn = render_frame(scenario, float(index), 320, 240)
         assert np.abs(rgb.astype(int) - drawn.astype(int)).mean() < 6
     size = sum(p.stat().st_size for p in DEMO_BAG.iterdir())
@@ -256,7 +258,7 @@ def test_unknown_message_type(tmp_path: Path, storage: str) -> None:
             bag.messages(["/beacon"])
         items = list(bag.messages())
         assert [m.topic for m in items] == ["/beacon", "/chat"]
-        assert to_text(items[1]) == ("hi", 20e-9)
+        assert (items[1].msg.data, items[1].timestamp_ns) == ("hi", 20)
         with pytest.raises(BagError, match="acme_msgs/msg/Beacon"):
             items[0].msg
 
@@ -278,19 +280,6 @@ def test_topic_without_messages(tmp_path: Path) -> None:
                               typestore=get_typestore(Stores.LATEST))
     with pytest.raises(BagError, match=r"quiet: no messages on '/silent'"):
         iter_messages(path, ["/silent"])
-
-
-def test_helpers_reject_wrong_messages_and_use_bag_time() -> None:
-    from types import SimpleNamespace
-
-    with pytest.raises(TypeError):
-        to_frame(SimpleNamespace(data="text"))
-    with pytest.raises(TypeError):
-        to_text(SimpleNamespace(data=b"bytes"))
-    unset = SimpleNamespace(header=SimpleNamespace(stamp=SimpleNamespace(sec=0, nanosec=0)))
-    assert stamp_seconds(unset) is None
-    stamped = SimpleNamespace(header=SimpleNamespace(stamp=SimpleNamespace(sec=3, nanosec=5)))
-    assert stamp_seconds(stamped) == pytest.approx(3.000000005)
 
 
 def _as_written_by(bag: Path, distro: str) -> None:
@@ -331,7 +320,7 @@ def test_bags_without_embedded_types_from_each_distribution(small_bags, tmp_path
     with open_bag(bag) as opened:
         assert opened.ros_distro == (None if distro == "humble" else distro)
         assert opened.unknown_types == {}
-        texts = [to_text(m)[0] for m in opened.messages([NARRATION_TOPIC])]
+        texts = [m.msg.data for m in opened.messages([NARRATION_TOPIC])]
         frame = next(opened.messages([CAMERA_TOPIC_COMPRESSED]))
-        assert to_frame(frame)[0].shape == (72, 96, 3)
+        assert msg_to_rgb(frame.msg).shape == (72, 96, 3)
     assert texts == [e.text for e in scenario_events(SMALL["duration_s"], SMALL["seed"])]

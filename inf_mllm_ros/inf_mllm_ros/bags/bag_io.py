@@ -7,7 +7,7 @@ as :class:`BagError`, whose message names the bag and what is wrong with it.
 
     >>> for item in iter_messages("sample_bags/warehouse_shift"):
     ...     if item.msgtype.startswith("sensor_msgs/"):
-    ...         rgb, stamp = to_frame(item)
+    ...         rgb = msg_to_rgb(item.msg)   # inf_mllm_ros.image_conversion
 """
 
 from __future__ import annotations
@@ -18,10 +18,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-import numpy as np
-
-from ..image_conversion import msg_to_rgb
-
 __all__ = [
     "BagError",
     "BagMessage",
@@ -29,12 +25,8 @@ __all__ = [
     "Bag",
     "iter_messages",
     "open_bag",
-    "stamp_seconds",
-    "to_frame",
-    "to_text",
 ]
 
-IMAGE_TYPES = ("sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage")
 STORAGE_SUFFIXES = {".mcap": "mcap", ".db3": "sqlite3"}
 
 
@@ -314,54 +306,3 @@ def iter_messages(path: str | Path, topics: Iterable[str] | None = None) -> Iter
 def _closing(bag: Bag, stream: Iterator[BagMessage]) -> Iterator[BagMessage]:
     with bag:
         yield from stream
-
-
-# --- message helpers ---------------------------------------------------------------------------
-
-def stamp_seconds(msg: Any) -> float | None:
-    """``header.stamp`` in seconds, or None when the message has no header or a zero stamp."""
-    stamp = getattr(getattr(msg, "header", None), "stamp", None)
-    if stamp is None:
-        return None
-    sec, nanosec = int(getattr(stamp, "sec", 0)), int(getattr(stamp, "nanosec", 0))
-    if sec == 0 and nanosec == 0:
-        return None  # an unset stamp: the bag time is a better clock
-    return sec + nanosec * 1e-9
-
-
-def _unpack(item: Any, timestamp_ns: int | None) -> tuple[Any, int | None]:
-    if isinstance(item, BagMessage):
-        return item.msg, item.timestamp_ns if timestamp_ns is None else timestamp_ns
-    return item, timestamp_ns
-
-
-def _stamp_or_bag_time(msg: Any, timestamp_ns: int | None) -> float | None:
-    stamp = stamp_seconds(msg)
-    if stamp is None and timestamp_ns is not None:
-        return timestamp_ns / 1e9
-    return stamp
-
-
-def to_frame(item: Any, timestamp_ns: int | None = None) -> tuple[np.ndarray, float | None]:
-    """An Image or CompressedImage (message or :class:`BagMessage`) as (RGB array, stamp in s).
-
-    The stamp is the header stamp, or the bag time when the header stamp is unset.
-    Raises ``ImageConversionError`` (a ValueError) when the image cannot be converted,
-    and ``TypeError`` when ``item`` is not an image.
-    """
-    msg, timestamp_ns = _unpack(item, timestamp_ns)
-    if not (hasattr(msg, "encoding") or hasattr(msg, "format")) or not hasattr(msg, "data"):
-        raise TypeError(f"expected an Image or CompressedImage, got {type(msg).__name__}")
-    return msg_to_rgb(msg), _stamp_or_bag_time(msg, timestamp_ns)
-
-
-def to_text(item: Any, timestamp_ns: int | None = None) -> tuple[str, float | None]:
-    """A std_msgs/String (message or :class:`BagMessage`) as (text, stamp in s).
-
-    String has no header, so the stamp is the bag time (None for a bare message without one).
-    """
-    msg, timestamp_ns = _unpack(item, timestamp_ns)
-    text = getattr(msg, "data", None)
-    if not isinstance(text, str):
-        raise TypeError(f"expected a message with a text 'data' field, got {type(msg).__name__}")
-    return text, _stamp_or_bag_time(msg, timestamp_ns)
