@@ -193,7 +193,7 @@ def prepare_default_vlm(dest: Path | None = None) -> Path:
         return dest
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Idefics3ForConditionalGeneration
 
-    from .random_models import idefics3_parts
+    from .vlm_parts import idefics3_parts
 
     text_folder = prepare_default_model()
     tokenizer = AutoTokenizer.from_pretrained(text_folder)

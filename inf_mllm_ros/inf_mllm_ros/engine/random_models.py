@@ -3,8 +3,8 @@
 Trained vision-language weights are not always at hand (CI, a fresh machine), so tests and benchmarks
 build models of the right shape with random weights, save them with `save_pretrained` together with a
 processor, and load them by path like real ones. Their outputs mean nothing; their code paths, shapes
-and costs are those of the real families. The embedded default model (loading.py) reuses the Idefics3
-builder with the real SmolLM2 language weights.
+and costs are those of the real families. Only tests and benchmarks use it; the embedded default model
+(loading.py) shares the Idefics3 shape with it through vlm_parts.py.
 
     build_model_folder("qwen2_vl", folder)                      # tiny, for tests
     build_model_folder("qwen2_vl", folder, size="qwen2-vl-2b")  # Qwen2-VL-2B shapes, for GPU benchmarks
@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .adapters.base import image_only_processor_class
+from .vlm_parts import IDEFICS3_TOKENS, idefics3_parts
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava", "llava_onevision", "idefics3")
 TEXT_FAMILIES = ("llama",)
@@ -53,9 +54,6 @@ _SMOLVLM = (  # SmolVLM style: list content only
     "{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
 )
 
-IDEFICS3_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"] + [
-    f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)
-]
 
 
 def synthetic_tokenizer(special_tokens: list[str], chat_template: str, vocab_size: int = 400):
@@ -201,31 +199,6 @@ def build_llava(folder: Path, *, size: str = "tiny", seed: int = 0, onevision: b
             image_processor=image_processor, tokenizer=tokenizer, patch_size=patch, num_additional_image_tokens=1,
             vision_feature_select_strategy="default", chat_template=tokenizer.chat_template)
     return _save(model, processor, Path(folder))
-
-
-def idefics3_parts(tokenizer, text_config: dict, *, image_size: int, patch_size: int, scale_factor: int,
-                   vision_width: int, vision_layers: int, tiles_per_side: int = 2):
-    """The Idefics3/SmolVLM config and processor around a given tokenizer and language config."""
-    from transformers import Idefics3Config, Idefics3ImageProcessorPil, Idefics3Processor
-
-    missing = [t for t in IDEFICS3_TOKENS if t not in tokenizer.get_vocab()]
-    if missing:
-        tokenizer.add_tokens(missing, special_tokens=True)
-    config = Idefics3Config(
-        text_config=text_config,
-        vision_config=dict(hidden_size=vision_width, intermediate_size=vision_width * 4,
-                           num_hidden_layers=vision_layers, num_attention_heads=max(1, vision_width // 64),
-                           image_size=image_size, patch_size=patch_size),
-        scale_factor=scale_factor,
-        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
-    )
-    config.text_config.vocab_size = max(config.text_config.vocab_size, len(tokenizer))
-    image_processor = Idefics3ImageProcessorPil(
-        size={"longest_edge": image_size * tiles_per_side}, max_image_size={"longest_edge": image_size})
-    seq_len = (image_size // patch_size) ** 2 // scale_factor**2
-    processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=seq_len,
-                                  chat_template=tokenizer.chat_template)
-    return config, processor
 
 
 def build_idefics3(folder: Path, *, size: str = "tiny", seed: int = 0, dtype: torch.dtype = torch.float32) -> Path:
