@@ -17,6 +17,13 @@ RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_TEXT = ROOT.parent / "shared" / "data" / "texts" / "jack_sheppard_pg16215.txt"
 
 
+def policy_names() -> list[str]:
+    """Every registered eviction policy, the full cache (the ceiling) first."""
+    from inf_mllm_ros.engine.policies import POLICIES
+
+    return ["full"] + sorted(name for name in POLICIES if name != "full")
+
+
 def gutenberg_body(text: str) -> str:
     """The book without Project Gutenberg's header and footer."""
     start = re.search(r"\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG[^\n]*\n", text)

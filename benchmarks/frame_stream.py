@@ -27,9 +27,9 @@ import subprocess
 import sys
 import time
 
-from common import RESULTS, load_records, machine, peak_rss_bytes, write_records
+from common import RESULTS, load_records, machine, peak_rss_bytes, policy_names, write_records
 
-POLICIES = ["inf_mllm", "streaming_llm", "h2o", "window", "full"]
+POLICIES = policy_names()
 MODEL_CONFIGS = {  # name: (family, size) for random_models; None: the embedded default
     "smolvlm-small": ("idefics3", "small"),
     "qwen2-vl-tiny": ("qwen2_vl", "tiny"),

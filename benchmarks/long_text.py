@@ -19,15 +19,9 @@ import subprocess
 import sys
 import time
 
-from common import load_records, machine, peak_rss_bytes, read_text, write_records
+from common import load_records, machine, peak_rss_bytes, policy_names, read_text, write_records
 
 BIASES = [0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 16.0, 64.0]
-
-
-def policies() -> list[str]:
-    from inf_mllm_ros.engine.policies import POLICIES
-
-    return ["full"] + sorted(name for name in POLICIES if name != "full")
 
 
 def cached_age_stats(stream, chunk: int) -> tuple[float, float, float]:
@@ -275,7 +269,7 @@ def main() -> None:
     p.add_argument("--position-mode", default="cache", help=argparse.SUPPRESS)
     p.add_argument("--partial", default=None, help="also append each bin's record to this JSONL file as it is measured")
     args = p.parse_args()
-    args.policies = args.policies or policies()
+    args.policies = args.policies or policy_names()
     if args.bias is None:
         from inf_mllm_ros.engine.policies import policy_defaults
 
