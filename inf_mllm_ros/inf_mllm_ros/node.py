@@ -163,7 +163,7 @@ class InfMLLMNode(LifecycleNode):
         config = stream_config({p.name: self._param(p.name) for p in PARAMETERS})
         self.get_logger().info(
             f"loading model {self._param('model')!r} (cache {config.capacity} tokens, policy {config.policy}"
-            + "".join(f", {k} {v:g}" for k, v in config.policy_settings.items()) + ")")
+            + "".join(f", {k} {v}" for k, v in config.policy_settings.items()) + ")")
         started = time.monotonic()
         self.engine = self._engine_factory(
             self._param("model"), config, device=self._param("device"), dtype=self._param("dtype"),

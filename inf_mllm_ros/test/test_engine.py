@@ -334,3 +334,30 @@ def test_only_an_input_that_went_in_is_reported_as_ingested(smollm2):
         assert ingested == ["text"]
     finally:
         engine.close(timeout=30)
+
+
+def test_a_policy_setting_changed_while_the_model_loads_reaches_the_policy(smollm2, monkeypatch):
+    from inf_mllm_ros.engine import engine as engine_module
+
+    release = threading.Event()
+
+    def slow_load(*_args, **_kwargs):
+        release.wait(60)
+        return smollm2
+
+    monkeypatch.setattr(engine_module, "load_model", slow_load)
+    engine = StreamingEngine("smollm2", StreamConfig(capacity=256, chunk_size=64))
+    try:
+        engine.set_policy_knob("attention_bias", 2.5)
+        with pytest.raises(ValueError, match="attention_bias must be in"):
+            engine.set_policy_knob("attention_bias", -1.0)  # refused: the configuration keeps 2.5
+        with pytest.raises(ValueError, match="fixed when the stream starts"):
+            engine.set_policy_knob("score_pool", 5)
+        assert engine.config.policy_settings == {"attention_bias": 2.5}
+        release.set()
+        engine.wait_ready(60)
+        assert engine._stream.policy.attention_bias == 2.5
+        assert engine.stats().policy_settings["attention_bias"] == 2.5
+    finally:
+        release.set()
+        engine.close(timeout=30)

@@ -322,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"{PROG}: {bag_path} -> {out}/ (model {settings['model']}, cache {settings['cache_size']} tokens, "
           f"policy {settings['eviction_policy']}"
-          + "".join(f", {k} {v:g}" for k, v in config.policy_settings.items()) + ", "
+          + "".join(f", {k} {v}" for k, v in config.policy_settings.items()) + ", "
           f"{len(questions)} questions)", flush=True)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     try:
