@@ -32,16 +32,13 @@ def write_plot(result: RunResult, path: str | Path) -> None:
     ax.step(t, [r["capacity"] for r in rows], where="post", linestyle="--", color="grey", label="capacity")
     ax.step(t, [r["tokens_seen"] for r in rows], where="post", alpha=0.6, label="tokens seen")
     ax.set_ylabel("tokens")
-    ax.legend(loc="upper left")
-    ax.set_title("KV cache over the bag")
+    ax.set_title("KV cache: fill against its fixed capacity")
     ax = axes[1]
-    ax.step(t, [r["tokens_evicted"] for r in rows], where="post", color="tab:red", label="tokens evicted")
-    ax.set_ylabel("tokens evicted")
-    twin = ax.twinx()
-    twin.step(t, [r["evictions"] for r in rows], where="post", color="tab:purple", alpha=0.6, label="evictions")
-    twin.set_ylabel("evictions")
-    ax.legend(loc="upper left")
-    twin.legend(loc="lower right")
+    evictions = rows[-1]["evictions"] if rows else 0
+    ax.step(t, [r["tokens_evicted"] for r in rows], where="post", color="tab:red",
+            label=f"tokens evicted (in {evictions} evictions)")
+    ax.set_ylabel("tokens")
+    ax.set_title("Tokens forgotten by the eviction policy")
     ax = axes[2]
     ax.step(t, [r["kv_bytes"] / 2**20 for r in rows], where="post", label="keys and values (allocated)")
     ax.step(t, [r["cache_bytes"] / 2**20 for r in rows], where="post", label="cache with scoring state")
@@ -49,12 +46,19 @@ def write_plot(result: RunResult, path: str | Path) -> None:
     twin = ax.twinx()
     twin.plot(t, [r["rss_bytes"] / 2**20 for r in rows], color="tab:green", alpha=0.7, label="process RSS")
     twin.set_ylabel("process RSS (MiB)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Memory: cache storage is allocated once; the process around it")
     ax.legend(loc="center left")
     twin.legend(loc="lower right")
     ax.set_xlabel("bag time (s)")
     for a in axes:
-        for q in result.answers:
-            a.axvline(q["time_s"], color="black", alpha=0.15, linestyle=":")
+        for i, q in enumerate(result.answers):
+            a.axvline(q["time_s"], color="black", alpha=0.3, linestyle=":", label="question asked" if i == 0 else None)
+    axes[0].legend(loc="upper left")
+    axes[1].legend(loc="upper left")
+    s = result.settings
+    fig.suptitle(f"{Path(result.bag.get('path', 'bag')).name}: policy {s.get('eviction_policy', '?')}, cache "
+                 f"{s.get('cache_size', '?')} tokens, model {s.get('model', '?')}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
