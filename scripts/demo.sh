@@ -80,6 +80,10 @@ node = json.load(open(sys.argv[1]))
 offline = [r for r in map(json.loads, open(sys.argv[2])) if r["type"] == "answer"]
 same = sum(a["answer"] == b["answer"] for a, b in zip(node, offline))
 print(f"\nnode and offline runner: {same} of {len(offline)} answers are the same (greedy decoding, same prompts)")
+last = [r for r in map(json.loads, open(sys.argv[2])) if "fill" in r][-1]
+print(f"memory: the cache holds {last['fill']} of the {last['tokens_seen']} tokens seen ({last['tokens_evicted']} "
+      f"evicted); keys and values {last['kv_bytes'] / 2**20:.1f} MiB, allocated once; "
+      f"process {last['rss_bytes'] / 2**20:.0f} MiB")
 EOF
 
 say "done in $((SECONDS - START)) s"
