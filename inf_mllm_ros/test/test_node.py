@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -134,6 +135,19 @@ def publish_until_matched(probe, publisher, msg) -> None:
     publisher.publish(msg)
 
 
+@contextmanager
+def every_frame_in(probe):
+    """frame_rate 0 for a while: every frame goes to the decoder, however close together they come (at
+    frame_rate > 0 one arriving within 1 / frame_rate of the last is held back before decoding)."""
+    [result] = probe.set_parameters(FQN, frame_rate=0.0)
+    assert result.successful, result.reason
+    try:
+        yield
+    finally:
+        [result] = probe.set_parameters(FQN, frame_rate=PARAMS["frame_rate"])
+        assert result.successful, result.reason
+
+
 def wait_rejected(probe, base: int) -> CacheStats:
     return probe.stats.wait(lambda m: m.inputs_rejected >= base + 1, timeout=30, what=f"inputs_rejected > {base}")
 
@@ -234,10 +248,11 @@ def test_bad_input_is_counted_logged_once_and_the_node_carries_on(probe, node):
         ("text_empty", probe.text, String(data="\u200b\u200c\u2060")),
         ("text_too_long", probe.text, String(data="x" * (PARAMS["max_text_chars"] + 1))),
     ]
-    for kind, publisher, msg in bad_inputs + bad_inputs:  # twice: logged once, counted twice
-        base = probe.stats.last.inputs_rejected
-        publish_until_matched(probe, publisher, msg)
-        wait_rejected(probe, base)
+    with every_frame_in(probe):
+        for kind, publisher, msg in bad_inputs + bad_inputs:  # twice: logged once, counted twice
+            base = probe.stats.last.inputs_rejected
+            publish_until_matched(probe, publisher, msg)
+            wait_rejected(probe, base)
     log = node.log()
     for kind in {kind for kind, _, _ in bad_inputs}:
         assert log.count(f"further '{kind}' inputs") == 1, (kind, log[-3000:])
@@ -250,20 +265,22 @@ def test_a_decompression_bomb_on_the_camera_topic_is_refused_in_bounded_memory(p
     ready_stats(probe)
     peak = node.peak_memory_mb()
     # A real 110 KB PNG of 30000 x 30000 pixels and a 631-byte JPEG declaring as many: 2.7 GB each as RGB.
-    for bomb in (CompressedImage(format="png", data=png_bomb(30000, 30000)),
-                 CompressedImage(format="jpeg", data=jpeg_bomb(30000, 30000))):
-        base = probe.stats.last.inputs_rejected
-        publish_until_matched(probe, probe.compressed, bomb)
-        wait_rejected(probe, base)
+    with every_frame_in(probe):
+        for bomb in (CompressedImage(format="png", data=png_bomb(30000, 30000)),
+                     CompressedImage(format="jpeg", data=jpeg_bomb(30000, 30000))):
+            base = probe.stats.last.inputs_rejected
+            publish_until_matched(probe, probe.compressed, bomb)
+            wait_rejected(probe, base)
     grew = node.peak_memory_mb() - peak
     assert grew < 200, f"the node's peak memory grew by {grew:.0f} MB"
     # The bound is a parameter: at 100 pixels a 24 x 32 frame is refused too.
     [result] = probe.set_parameters(FQN, max_decoded_pixels=100)
     assert result.successful, result.reason
     try:
-        base = probe.stats.last.inputs_rejected
-        publish_until_matched(probe, probe.compressed, CompressedImage(**rgb_to_compressed_fields(rgb(), "png")))
-        wait_rejected(probe, base)
+        with every_frame_in(probe):
+            base = probe.stats.last.inputs_rejected
+            publish_until_matched(probe, probe.compressed, CompressedImage(**rgb_to_compressed_fields(rgb(), "png")))
+            wait_rejected(probe, base)
     finally:
         [result] = probe.set_parameters(FQN, max_decoded_pixels=DEFAULT_MAX_DECODED_PIXELS)
         assert result.successful, result.reason
@@ -272,17 +289,18 @@ def test_a_decompression_bomb_on_the_camera_topic_is_refused_in_bounded_memory(p
 
 def test_frames_are_rate_limited_and_handled(probe, node):
     start = ready_stats(probe)
-    frame = image_msg(rgb_to_image_fields(rgb(), "bgr8"))
-    publish_until_matched(probe, probe.image, frame)
-    # A text-only model refuses frames (counted as rejected); a vision-language model ingests them.
-    probe.stats.wait(lambda m: m.frames_ingested + m.inputs_rejected > start.frames_ingested + start.inputs_rejected,
-                     timeout=60, what="the frame handled")
-    jpeg = CompressedImage(**rgb_to_compressed_fields(rgb(40), "jpeg"))
-    before = probe.stats.last
-    publish_until_matched(probe, probe.compressed, jpeg)
-    probe.stats.wait(lambda m: m.frames_ingested + m.inputs_rejected > before.frames_ingested + before.inputs_rejected,
-                     timeout=60, what="the compressed frame handled")
-    # A burst faster than frame_rate: the newest frame is kept, the others are counted as dropped.
+    with every_frame_in(probe):
+        frame = image_msg(rgb_to_image_fields(rgb(), "bgr8"))
+        publish_until_matched(probe, probe.image, frame)
+        # A text-only model refuses frames (counted as rejected); a vision-language model ingests them.
+        probe.stats.wait(lambda m: m.frames_ingested + m.inputs_rejected > start.frames_ingested + start.inputs_rejected,
+                         timeout=60, what="the frame handled")
+        jpeg = CompressedImage(**rgb_to_compressed_fields(rgb(40), "jpeg"))
+        before = probe.stats.last
+        publish_until_matched(probe, probe.compressed, jpeg)
+        probe.stats.wait(lambda m: m.frames_ingested + m.inputs_rejected > before.frames_ingested + before.inputs_rejected,
+                         timeout=60, what="the compressed frame handled")
+    # A burst faster than frame_rate: a frame goes in at most every 1 / frame_rate s, the others are dropped.
     dropped = probe.stats.last.frames_dropped
     for value in range(10):
         probe.image.publish(image_msg(rgb_to_image_fields(rgb(value * 20))))
