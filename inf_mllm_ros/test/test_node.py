@@ -37,6 +37,7 @@ from rclpy.action import ActionClient
 from inf_mllm_interfaces.action import Ask
 from inf_mllm_interfaces.msg import CacheStats, Description
 from inf_mllm_interfaces.srv import Query
+from inf_mllm_ros.engine.loading import SMALL_MODEL
 from inf_mllm_ros.engine.policies import policy_defaults
 from inf_mllm_ros.image_conversion import DEFAULT_MAX_DECODED_PIXELS, rgb_to_compressed_fields, rgb_to_image_fields
 from image_bombs import jpeg_bomb, png_bomb, png_header_only
@@ -47,6 +48,7 @@ NAMESPACE = "/node_test"
 NODE = "memory"
 FQN = f"{NAMESPACE}/{NODE}"
 PARAMS = {
+    "model": SMALL_MODEL,
     "cache_size": 512,
     "max_new_tokens": 12,
     "description_period": 0.0,  # turned on by the description test, so it does not delay queries

@@ -25,6 +25,7 @@ from std_srvs.srv import Trigger
 from inf_mllm_interfaces.msg import CacheStats
 from inf_mllm_ros.bags.bag_io import iter_messages
 from inf_mllm_ros.bags.sample_bag import write_sample_bag
+from inf_mllm_ros.engine.loading import SMALL_MODEL
 from inf_mllm_ros.bags.stream_inputs import Question, input_kind, parse_ask, questions_due, stream_inputs
 from inf_mllm_ros.input_rules import FrameGate, StreamClock
 from inf_mllm_ros.settings import DEFAULTS
@@ -40,6 +41,7 @@ REMAPS = ["--remap", f"/camera/image_raw/compressed:={NAMESPACE}/image/compresse
 SHORT = dict(duration_s=6.0, fps=0.5, size=(96, 72), seed=0)
 ASK = "6:Where did forklift F2 park?"
 PARAMS = {
+    "model": SMALL_MODEL,
     "use_sim_time": True,
     "device": "cpu",
     "dtype": "float32",

@@ -21,12 +21,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DURATION = 100.0  # seconds from the node's start, model loading included
 QUESTION_EVERY = 15.0
 SAMPLE_EVERY = 2.0
-# The node's defaults but lighter model work: frames at the size and rate config/cpu.yaml gives them,
+# The node's defaults but lighter model work: config/cpu.yaml's small model, frames at the size and rate it gives them,
 # short answers, no descriptions (test_node covers those). On a 2-core CPU shared with other work the
 # defaults leave the model behind the inputs (texts refused with "text queue full", answers close to
 # query_timeout); this test is about the node staying whole under a camera, texts and questions, and
 # the benchmark keeps the defaults.
-NODE_PARAMS = {"max_frame_pixels": 65536, "frame_rate": 0.2, "max_new_tokens": 16, "description_period": 0.0}
+NODE_PARAMS = {"model": "smolvlm-smollm2", "max_frame_pixels": 65536, "frame_rate": 0.2, "max_new_tokens": 16,
+               "description_period": 0.0}
 # One torch thread in the node, as the in-process tests use (conftest's one_torch_thread): with one
 # thread per core on a loaded 2-core machine the same matrix products take about 4 times longer.
 TORCH_THREADS = 1

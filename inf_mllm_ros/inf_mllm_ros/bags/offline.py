@@ -179,12 +179,14 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
         def answer(q: Question, bag_time: float) -> None:
             ans = stream.ask(q.question, max_new_tokens=config.max_new_tokens)
             record = {"type": "answer", "bag_time": bag_time, "time_s": q.time_s, "question": q.question,
-                      "expected": q.expected, "answer": ans.text, "correct": q.matches(ans.text),
+                      "expected": q.expected, "needs_vision": q.needs_vision, "answer": ans.text,
+                      "correct": q.matches(ans.text),
                       "tokens_generated": ans.tokens_generated, "seconds": ans.latency, **stats()}
             emit(record)
             result.answers.append(record)
             counts["answers"] += 1
             mark = {True: "  [ok]", False: "  [expected: " + q.expected + "]", None: ""}[record["correct"]]
+            mark += "  (needs trained vision)" if q.needs_vision else ""
             echo(f"[{q.time_s:6.1f} s] Q: {q.question}\n           A: {ans.text}{mark}")
 
         total = sum(bag.topics[t].count for t in kinds)
@@ -267,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ask QUESTION once the stream has passed T seconds from the bag start (repeatable)")
     p.add_argument("--no-questions", action="store_true", help="ask nothing, even with a questions.yaml")
     p.add_argument("--params", metavar="YAML", help="the node's parameters file: use its settings")
-    p.add_argument("--model", help="model folder, 'smolvlm-smollm2' (embedded default) or 'smollm2' (text only)")
+    p.add_argument("--model", help="model folder or embedded model: 'onevision-qwen2.5-0.5b' (default), 'smolvlm-smollm2' (small), "
+                                        "'smollm2' or 'qwen2.5-0.5b' (text only)")
     p.add_argument("--device", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--dtype", help="auto, float32, bfloat16 or float16")
     p.add_argument("--cache-size", type=int, help="tokens the KV cache keeps")

@@ -34,6 +34,7 @@ from .stream_inputs import (
     parse_ask,
     parse_remaps,
     questions_due,
+    tally,
 )
 
 PROG = "inf_mllm_replay"
@@ -70,6 +71,7 @@ class AnswerRecord:
     latency: float
     tokens_seen: int
     cache_fill: int
+    needs_vision: bool = False
 
 
 class Player:
@@ -178,7 +180,7 @@ class Player:
         r = future.result()
         return AnswerRecord(q.time_s, q.question, q.expected, bool(r.success), r.answer, r.message,
                             q.matches(r.answer) if r.success else None, float(r.latency), int(r.tokens_seen),
-                            int(r.cache_fill))
+                            int(r.cache_fill), q.needs_vision)
 
     def close(self) -> None:
         self.executor.shutdown(timeout_sec=1.0)
@@ -302,15 +304,16 @@ def _ask(player: Player, q: Question, args, out) -> AnswerRecord:
         out(f"[{q.time_s:6.1f} s] Q: {q.question}\n           query failed: {a.message}")
         return a
     mark = {True: "  [ok]", False: f"  [expected: {q.expected}]", None: ""}[a.correct]
+    mark += "  (needs trained vision)" if q.needs_vision else ""
     out(f"[{q.time_s:6.1f} s] Q: {q.question}\n           A: {a.answer}{mark}  ({a.latency:.1f} s)")
     return a
 
 
 def _summary(player: Player, answers: Sequence[AnswerRecord], out) -> None:
     player.spin(0.2)
-    graded = [a for a in answers if a.correct is not None]
-    if graded:
-        out(f"{PROG}: {sum(a.correct for a in graded)} of {len(graded)} answers hold the expected words")
+    summary = tally([(a.correct, a.needs_vision) for a in answers])
+    if summary:
+        out(f"{PROG}: {summary}")
     d = player.description
     if d is not None:
         out(f"{PROG}: latest description (cache fill {d.cache_fill}, {d.frames_seen} frames seen): {d.text}")

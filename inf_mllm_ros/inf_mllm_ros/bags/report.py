@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .stream_inputs import tally
+
 if TYPE_CHECKING:
     from .offline import RunResult
 
@@ -73,14 +75,15 @@ def write_report(result: RunResult, path: str | Path, plot_name: str | None = "p
         lines += [f"> **Note:** {notice}", ""]
     lines += ["## Answers", ""]
     if result.answers:
-        right = [a for a in result.answers if a["correct"] is not None]
-        if right:
-            lines += [f"{sum(a['correct'] for a in right)} of {len(right)} answers hold the expected words.", ""]
-        lines += ["| Bag time (s) | Question | Expected | Answer | |", "|---:|---|---|---|---|"]
+        summary = tally([(a["correct"], a.get("needs_vision", False)) for a in result.answers])
+        if summary:
+            lines += [f"{summary[0].upper()}{summary[1:]}.", ""]
+        lines += ["| Bag time (s) | Question | Expected | Answer | Right | Needs vision |",
+                  "|---:|---|---|---|---|---|"]
         for a in result.answers:
             mark = {True: "yes", False: "no", None: ""}[a["correct"]]
             lines.append(f"| {a['time_s']:.1f} | {_cell(a['question'])} | {_cell(a['expected'])} | "
-                         f"{_cell(a['answer'])} | {mark} |")
+                         f"{_cell(a['answer'])} | {mark} | {'yes' if a.get('needs_vision') else ''} |")
     else:
         lines.append("No questions were asked.")
     peak_fill = max((r["fill"] for r in rows), default=0)

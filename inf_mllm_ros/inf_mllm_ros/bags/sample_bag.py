@@ -81,6 +81,7 @@ class Probe(NamedTuple):
     time_s: float
     question: str
     expected: str
+    needs_vision: bool = False  # only the frames show it (the forklift's colour), no narration says it
 
 
 def clock_text(time_s: float) -> str:
@@ -201,9 +202,9 @@ class Scenario:
         if t < self.duration_s:
             self.events.append(Event(float(t), f"[{clock_text(t)}] {text}"))
 
-    def ask(self, t: float, question: str, expected: str) -> None:
+    def ask(self, t: float, question: str, expected: str, needs_vision: bool = False) -> None:
         if t <= self.duration_s:
-            self.probes.append(Probe(float(t), question, expected))
+            self.probes.append(Probe(float(t), question, expected, needs_vision))
 
     def place_of(self, name: str, t: float) -> str | None:
         xy = self.tracks[name].state(t)[0]
@@ -239,7 +240,7 @@ def _script(s: Scenario) -> None:
     s.ask(33, "What colour is the light above door D1?", "red")
     s.ask(40, "At what time did the light of door D1 turn red?", "08:00:31")
     s.ask(40, "Where is forklift F2 now?", "charging station")
-    s.ask(40, "What colour is the forklift?", "red")
+    s.ask(40, "What colour is the forklift?", "red", needs_vision=True)
 
 
 def _cycle(s: Scenario, start: float, index: int, rng: np.random.Generator,
@@ -542,14 +543,16 @@ def write_sample_bag(
 
 
 def write_questions_yaml(path: str | Path, probes: Sequence[Probe]) -> None:
-    """Write probes as YAML: a list of {time_s, question, expected}."""
+    """Write probes as YAML: a list of {time_s, question, expected[, needs_vision]}."""
     import yaml
 
     doc = [{"time_s": float(p.time_s), "question": p.question, "expected": p.expected}
-           for p in probes]
+           | ({"needs_vision": True} if p.needs_vision else {}) for p in probes]
     header = (
         "# Questions about the bag next to this file. Ask each one once the replay has passed\n"
         "# time_s seconds from the bag start; a correct answer contains the expected words.\n"
+        "# needs_vision: only the frames show the answer (no narration says it), so only a model\n"
+        "# with trained vision can know it; the embedded models cannot.\n"
     )
     text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=100)
     Path(path).write_text(header + text, encoding="utf-8")

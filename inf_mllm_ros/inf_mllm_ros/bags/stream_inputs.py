@@ -152,6 +152,7 @@ class Question:
     time_s: float
     question: str
     expected: str = ""
+    needs_vision: bool = False  # answerable only from what the frames show, not from any text
 
     def matches(self, answer: str) -> bool | None:
         """Whether the answer holds the expected words (None when nothing is expected)."""
@@ -173,7 +174,7 @@ def parse_ask(text: str) -> Question:
 
 
 def load_questions(path: str | Path) -> list[Question]:
-    """A questions YAML (a list of {time_s, question, expected}), as the sample bags carry."""
+    """A questions YAML (a list of {time_s, question, expected, needs_vision}), as the sample bags carry."""
     import yaml
 
     path = Path(path)
@@ -193,8 +194,19 @@ def load_questions(path: str | Path) -> list[Question]:
             raise ValueError(f"{path}: entry {i} needs a number time_s and a question") from None
         if is_blank(question) or not math.isfinite(time_s) or time_s < 0:
             raise ValueError(f"{path}: entry {i} needs a time_s >= 0 and a non-empty question")
-        out.append(Question(time_s, question, str(entry.get("expected") or "")))
+        out.append(Question(time_s, question, str(entry.get("expected") or ""), bool(entry.get("needs_vision"))))
     return sorted(out, key=lambda q: q.time_s)
+
+
+def tally(graded: Sequence[tuple[bool | None, bool]]) -> str:
+    """One line on the answers, as (correct, needs_vision) pairs: those answerable from the texts and
+    those that need a model that sees are counted apart, since the embedded models cannot see."""
+    parts = []
+    for vision, name in ((False, "answerable from the texts"), (True, "that need trained vision")):
+        marks = [correct for correct, needs in graded if correct is not None and needs == vision]
+        if marks:
+            parts.append(f"{sum(marks)} of {len(marks)} {name}")
+    return ("; ".join(parts) + " hold the expected words") if parts else ""
 
 
 def questions_due(questions: Sequence[Question], asked: int, bag_time: float | None) -> list[Question]:

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     from .stream import KVStream, StreamConfig
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2", help="model folder, or smollm2 (the embedded default)")
+    p.add_argument("--model", default="smollm2", help="model folder or embedded model (smollm2: the small text model)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--cache-size", type=int, default=256)

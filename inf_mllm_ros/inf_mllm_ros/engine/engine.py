@@ -71,8 +71,9 @@ class EngineCounters:
 class StreamingEngine:
     """Runs a model over a stream on a worker thread.
 
-    model: a model folder, "smolvlm-smollm2" (the embedded default: real SmolLM2 text, untrained vision, so its
-        frame descriptions are not meaningful) or "smollm2" (text only); or pass `adapter` already loaded.
+    model: a model folder or an embedded model ("onevision-qwen2.5-0.5b", the default, or the small
+        "smolvlm-smollm2": real text answers, untrained vision; "smollm2" or "qwen2.5-0.5b": text only; see
+        loading.py); or pass `adapter` already loaded.
     The model loads on the worker; `ready` is set when it is usable, `load_error` says why not.
     """
 

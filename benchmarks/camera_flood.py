@@ -1,0 +1,164 @@
+"""Facts given as text, then a camera flood, then the questions: the robot's case, where frames push
+text out of memory.
+
+    python benchmarks/camera_flood.py                 # caches 512 and 1024, inf_mllm, streaming_llm, h2o, full
+    python benchmarks/camera_flood.py --plot-only
+
+The model is the embedded default (`onevision-qwen2.5-0.5b`: LLaVA-OneVision's shape with the real
+Qwen2.5-0.5B language weights and an untrained vision part whose frames carry no content), so the
+frames cost what frames cost and the answers can only come from the texts. A stream starts with
+`--facts` codes ("The code of the red locker is 4817."), each in its own message, then takes
+synthetic 640x480 camera frames at 1 frame/s of stream time. Every `--ask-every` frames every fact
+is asked about (the question is not kept in memory). In the `mentioned` setting, one text message
+every `--mention-every` frames names a subject without its value ("Someone walked past the red
+locker."), as a robot's narration would; in `forgotten` nothing refers to the facts again.
+One stream per policy, cache and setting; the full cache is the ceiling. Results:
+benchmarks/results/camera_flood.json (one record per fact and question time) and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from common import RESULTS, load_records, machine, write_records
+from recall import make_facts
+
+POLICIES = ["inf_mllm", "streaming_llm", "h2o", "full"]
+
+
+def frames(seed: int):
+    """Endless 640x480 camera frames: noise over a drifting gradient, as different as real ones."""
+    rng = np.random.default_rng(seed)
+    base = np.linspace(0, 255, 640, dtype=np.float32)[None, :, None].repeat(480, 0).repeat(3, 2)
+    i = 0
+    while True:
+        noise = rng.integers(0, 40, (480, 640, 3))
+        yield np.clip(np.roll(base, 7 * i, axis=1) + noise, 0, 255).astype(np.uint8)
+        i += 1
+
+
+def run_one(args) -> list[dict]:
+    import torch
+
+    from inf_mllm_ros.engine.loading import load_model
+    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+
+    torch.set_num_threads(args.threads)
+    adapter = load_model(args.model, device="cpu", dtype="float32")
+    facts = make_facts(args.seed)[: args.facts]
+    capacity = adapter.max_context - 512 if args.policy == "full" else args.cache
+    stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=128))
+    t = 0.0
+    for fact in facts:
+        stream.push_text(fact["statement"], stamp=t)
+        t += 1.0
+    after_facts = stream.tokens_seen
+    camera = frames(args.seed)
+    records, mentioned = [], 0
+    t0 = time.perf_counter()
+    for n in range(1, args.frames + 1):
+        stream.push_frame(next(camera), stamp=t)
+        t += 1.0
+        if args.setting == "mentioned" and n % args.mention_every == 0:
+            stream.push_text(facts[mentioned % len(facts)]["mention"], stamp=t)
+            mentioned += 1
+        if n % args.ask_every == 0:
+            for fact in facts:
+                answer = stream.ask(fact["question"], max_new_tokens=12)
+                records.append({
+                    "policy": args.policy, "cache_size": "all" if args.policy == "full" else capacity,
+                    "setting": args.setting, "fact_id": fact["fact_id"], "frames_after": n,
+                    "tokens_after": stream.tokens_seen - after_facts, "value": fact["value"],
+                    "answer": answer.text, "recalled": fact["value"] in answer.text,
+                })
+            print(f"  {args.policy} {capacity} {args.setting}: {n} frames, "
+                  f"{sum(r['recalled'] for r in records[-len(facts):])}/{len(facts)}", file=sys.stderr, flush=True)
+    seconds = time.perf_counter() - t0
+    for r in records:
+        r.update({"tokens_streamed": stream.tokens_seen, "seconds": round(seconds, 1), "device": machine(),
+                  "dtype": "float32", "model": args.model, "seed": args.seed,
+                  "kv_bytes": stream.stats().as_dict().get("kv_bytes")})
+    return records
+
+
+def plot(name: str = "camera_flood.json") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = load_records(name)
+    settings = sorted({r["setting"] for r in records})
+    fig, axes = plt.subplots(1, len(settings), figsize=(6 * len(settings), 4), squeeze=False)
+    for ax, setting in zip(axes[0], settings):
+        for key in sorted({(r["policy"], str(r["cache_size"])) for r in records if r["setting"] == setting}):
+            rows = [r for r in records if r["setting"] == setting and (r["policy"], str(r["cache_size"])) == key]
+            xs = sorted({r["frames_after"] for r in rows})
+            ys = [100 * np.mean([r["recalled"] for r in rows if r["frames_after"] == x]) for x in xs]
+            ax.plot(xs, ys, marker="o", label=f"{key[0]}, cache {key[1]}")
+        ax.set(title=f"facts, then frames ({setting})", xlabel="frames since the facts (1 frame/s)",
+               ylabel="facts recalled (%)", ylim=(-5, 105))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(RESULTS / name.replace(".json", ".png"), dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="onevision-qwen2.5-0.5b")
+    p.add_argument("--caches", type=int, nargs="+", default=[512, 1024])
+    p.add_argument("--policies", nargs="+", default=POLICIES)
+    p.add_argument("--settings", nargs="+", default=["mentioned", "forgotten"])
+    p.add_argument("--facts", type=int, default=8)
+    p.add_argument("--frames", type=int, default=60, help="frames after the facts (1 frame/s of stream time)")
+    p.add_argument("--ask-every", type=int, default=15, help="ask every fact after this many frames")
+    p.add_argument("--mention-every", type=int, default=5, help="mentioned: a subject named every N frames")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="camera_flood.json")
+    p.add_argument("--resume", action="store_true", help="keep the records already in --out, run the rest")
+    p.add_argument("--plot-only", action="store_true")
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--policy", default="inf_mllm", help=argparse.SUPPRESS)
+    p.add_argument("--cache", type=int, default=512, help=argparse.SUPPRESS)
+    p.add_argument("--setting", default="mentioned", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args)))
+        return
+    if not args.plot_only:
+        records = load_records(args.out) if args.resume else []
+        done = {(r["policy"], str(r["cache_size"]), r["setting"]) for r in records}
+        for setting in args.settings:
+            for cache in args.caches:
+                for policy in args.policies:
+                    if policy == "full" and cache != args.caches[0]:
+                        continue
+                    if (policy, "all" if policy == "full" else str(cache), setting) in done:
+                        continue
+                    cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache),
+                           "--setting", setting, "--model", args.model, "--threads", str(args.threads),
+                           "--seed", str(args.seed), "--facts", str(args.facts), "--frames", str(args.frames),
+                           "--ask-every", str(args.ask_every), "--mention-every", str(args.mention_every)]
+                    t = time.time()
+                    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+                    new = json.loads(out.strip().splitlines()[-1])
+                    records += new
+                    write_records(args.out, records)  # after every run: an interrupted benchmark resumes
+                    last = max(r["frames_after"] for r in new)
+                    hit = [r["recalled"] for r in new if r["frames_after"] == last]
+                    print(f"{setting:9s} {policy:14s} cache={cache:5d} recalled {sum(hit)}/{len(hit)} after "
+                          f"{last} frames, {sum(r['recalled'] for r in new)}/{len(new)} in all "
+                          f"({time.time() - t:.0f} s)", flush=True)
+    plot(args.out)
+
+
+if __name__ == "__main__":
+    main()
