@@ -3,6 +3,7 @@ the committed demo bag matches its scenario, and broken bags fail with clear Bag
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import yaml
 from inf_mllm_ros.bags.bag_io import BagError, iter_messages, open_bag
 from inf_mllm_ros.image_conversion import msg_to_rgb
 from inf_mllm_ros.input_rules import stamp_seconds
+from inf_mllm_ros.bags.stream_inputs import load_questions, tally
 from inf_mllm_ros.bags.sample_bag import (
     CAMERA_TOPIC_COMPRESSED,
     CAMERA_TOPIC_RAW,
@@ -165,10 +167,15 @@ def test_demo_bag_reads_and_matches_its_scenario() -> None:
 
 def test_demo_questions_file_matches_the_scenario() -> None:
     listed = yaml.safe_load((DEMO_BAG / "questions.yaml").read_text())
-    assert [(q["time_s"], q["question"], q["expected"]) for q in listed] == [
+    assert [(q["time_s"], q["question"], q["expected"], q.get("needs_vision", False)) for q in listed] == [
         tuple(p) for p in probe_questions(40.0)]
     first = {"time_s": 8.0, "question": "Where did forklift F2 park?", "expected": "dock 3"}
     assert first in listed
+    # The forklift's colour is drawn, never narrated: only a model that sees can answer it.
+    vision = [q for q in load_questions(DEMO_BAG / "questions.yaml") if q.needs_vision]
+    assert [q.question for q in vision] == ["What colour is the forklift?"]
+    forklift_lines = [e.text.lower() for e in scenario_events(40.0) if "forklift" in e.text.lower()]
+    assert forklift_lines and not any(re.search(r"\bred\b", line) for line in forklift_lines)
 
 
 # --- broken bags -----------------------------------------------------------------------------
@@ -324,3 +331,11 @@ def test_bags_without_embedded_types_from_each_distribution(small_bags, tmp_path
         frame = next(opened.messages([CAMERA_TOPIC_COMPRESSED]))
         assert msg_to_rgb(frame.msg).shape == (72, 96, 3)
     assert texts == [e.text for e in scenario_events(SMALL["duration_s"], SMALL["seed"])]
+
+
+def test_tally_counts_text_and_vision_questions_apart() -> None:
+    graded = [(True, False), (False, False), (None, False), (True, True), (False, True), (False, True)]
+    assert tally(graded) == ("1 of 2 answerable from the texts; 1 of 3 that need trained vision hold the "
+                             "expected words")
+    assert tally([(True, False)]) == "1 of 1 answerable from the texts hold the expected words"
+    assert tally([(None, True)]) == ""
