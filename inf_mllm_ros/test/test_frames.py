@@ -285,3 +285,15 @@ def test_default_model_answers_text_as_its_language_model_among_frames(default_m
             stream.push_frame(rgb, 2.0 + i)
         after.append(stream.ask("Where did forklift F2 park?", max_new_tokens=12).text)
     assert after[0] == after[1] and "dock 3" in after[0]
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "idefics3"])
+def test_the_cache_knows_which_slots_hold_frame_tokens(family, adapters):
+    stream = KVStream(adapters[family], StreamConfig(capacity=1024, chunk_size=64, system_prompt=""))
+    text = stream.push_text("Shift starts.", stamp=0.0)
+    shot = stream.push_frame(frames(1)[0], 1.0)
+    after = stream.push_text("A pallet arrived.", stamp=2.0)
+    layer = stream.cache.layers[0]
+    marks = layer.frame[0, : layer.fill].tolist()
+    assert marks == [False] * text + [True] * shot + [False] * after
+    assert torch.equal(layer.export_state()["frame"], layer.frame[:, : layer.fill])

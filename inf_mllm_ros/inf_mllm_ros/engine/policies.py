@@ -27,6 +27,7 @@ class SlotView:
     window_attention: Tensor  # [heads, fill] f32: attention received from the queries since the last eviction
     window_queries: Tensor  # [fill] f32: how many of those queries could see each slot
     new: int = 0  # slots appended since the last eviction: the retrieval window's own tokens, newest last
+    frame: Tensor | None = None  # [heads, fill] bool: the slot holds a camera frame's token (else text)
     stats: dict[str, Tensor] = field(default_factory=dict)  # the policy's `slot_stats`, [heads, fill], in place
 
 
@@ -241,7 +242,12 @@ class InfMLLMPolicy(EvictionPolicy):
     candidates into a window. Age counts from the end of the block a token came in (`born`, stamped at
     the first eviction that sees it), so the tokens of one block are equally old: the bias prefers newer
     blocks, never the second half of a block.
-    `score_decay=0, score_pool=1` is the plain method (the newest window's attention alone).
+    Camera frames neither judge nor age the text (`frames_judge_text=0`): a frame's window updates the
+    score memory of frame tokens only, and the text candidates' birth moves with the frame's tokens, so
+    their age counts the tokens pushed since them other than frames'. A flood of frames then competes
+    with the text on the attention the text earned from text, not on the attention of picture patches.
+    `score_decay=0, score_pool=1, frames_judge_text=1` is the plain method (the newest window's attention
+    alone).
     """
 
     name: ClassVar[str] = "inf_mllm"
@@ -259,6 +265,9 @@ class InfMLLMPolicy(EvictionPolicy):
     score_pool: int = knob(
         13, "A kept token keeps the tokens around it, in a centred window of this many slots (odd); "
         "1: single tokens.", low=1, high=255, step=2)
+    frames_judge_text: int = knob(
+        0, "1: a camera frame's attention also judges and ages the text tokens, as any prompt's; 0: a frame "
+        "judges and ages only frame tokens, so a camera flood cannot wash the text out of memory.", low=0, high=1)
 
     def check_capacity(self, capacity: int) -> None:
         _check_recent(self.recent_size, capacity)
@@ -281,16 +290,21 @@ class InfMLLMPolicy(EvictionPolicy):
             view.stats["born"][:, view.fill - view.new :] = now
         cand = slice(sinks, view.fill - recent)
         attention = view.window_attention[:, cand] / view.window_queries[cand].clamp(min=1.0)
-        seen = view.window_queries[cand] > 0
-        if self.score_decay > 0.0:
-            # Saddles keep drawing attention: a candidate's score is the evidence of many windows, a
-            # moving average that starts from zero, so a token judged once counts for (1 - d) of its
-            # attention and an incumbent for what it has drawn lately.
-            memory = view.stats["score_memory"][:, cand]
-            d = self.score_decay
-            memory.copy_(torch.where(seen, d * memory + (1.0 - d) * attention, memory))
-            attention = memory
-        score = torch.log(attention.clamp(min=1e-30))
+        seen = (view.window_queries[cand] > 0).expand_as(attention)
+        if not self.frames_judge_text and view.new and view.frame is not None and bool(view.frame[0, -1]):
+            # A frame's window. Its patches attend to other patches for the picture's own sake, which says
+            # nothing of a text token's worth, and a flood of frames would age every text token out: the
+            # text keeps the score and the age it had, and only frame tokens are judged.
+            text = ~view.frame[:, cand]
+            seen = seen & ~text
+            view.stats["born"][:, cand] += text * float(view.new)
+        # Saddles keep drawing attention: a candidate's score is the evidence of many windows, a moving
+        # average that starts from zero, so a token judged once counts for (1 - d) of its attention and an
+        # incumbent for what it has drawn lately (d = 0: the newest window that judged it).
+        memory = view.stats["score_memory"][:, cand]
+        d = self.score_decay
+        memory.copy_(torch.where(seen, d * memory + (1.0 - d) * attention, memory))
+        score = torch.log(memory.clamp(min=1e-30))
         n = score.shape[-1]
         if self.score_pool > 1 and n > 1:
             # A token that draws attention is usually part of a phrase: keep its neighbours with it.

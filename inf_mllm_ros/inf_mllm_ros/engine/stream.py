@@ -382,6 +382,7 @@ class KVStream:
             start=(start + offset).to(device=device, dtype=torch.long),
             end=(prompt.extent + offset).to(device=device, dtype=torch.long),
             seq=torch.arange(self.tokens_seen, self.tokens_seen + q, device=device),
+            frame=prompt.token_ids is None,  # text prompts carry their token ids; a frame's are embeddings
         )
         self.cache.stage(positions, evict=evict, pack=pack, observe=observe)
         position_ids = self.adapter.model_position_ids(prompt.position_ids, offset)
