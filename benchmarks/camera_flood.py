@@ -53,7 +53,9 @@ def run_one(args) -> list[dict]:
     adapter = load_model(args.model, device="cpu", dtype="float32")
     facts = make_facts(args.seed)[: args.facts]
     capacity = adapter.max_context - 512 if args.policy == "full" else args.cache
-    stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=128))
+    settings = {"text_share": args.text_share} if args.policy == "inf_mllm" and args.text_share is not None else {}
+    stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=128,
+                                            policy_settings=settings))
     t = 0.0
     for fact in facts:
         stream.push_text(fact["statement"], stamp=t)
@@ -76,6 +78,7 @@ def run_one(args) -> list[dict]:
                     "setting": args.setting, "fact_id": fact["fact_id"], "frames_after": n,
                     "tokens_after": stream.tokens_seen - after_facts, "value": fact["value"],
                     "answer": answer.text, "recalled": fact["value"] in answer.text,
+                    "text_share": stream.policy.describe().get("text_share"),
                 })
             print(f"  {args.policy} {capacity} {args.setting}: {n} frames, "
                   f"{sum(r['recalled'] for r in records[-len(facts):])}/{len(facts)}", file=sys.stderr, flush=True)
@@ -97,11 +100,15 @@ def plot(name: str = "camera_flood.json") -> None:
     settings = sorted({r["setting"] for r in records})
     fig, axes = plt.subplots(1, len(settings), figsize=(6 * len(settings), 4), squeeze=False)
     for ax, setting in zip(axes[0], settings):
-        for key in sorted({(r["policy"], str(r["cache_size"])) for r in records if r["setting"] == setting}):
-            rows = [r for r in records if r["setting"] == setting and (r["policy"], str(r["cache_size"])) == key]
+        def key(r):
+            return r["policy"], str(r["cache_size"]), r.get("text_share")
+
+        for k in sorted({key(r) for r in records if r["setting"] == setting}, key=str):
+            rows = [r for r in records if r["setting"] == setting and key(r) == k]
             xs = sorted({r["frames_after"] for r in rows})
             ys = [100 * np.mean([r["recalled"] for r in rows if r["frames_after"] == x]) for x in xs]
-            ax.plot(xs, ys, marker="o", label=f"{key[0]}, cache {key[1]}")
+            share = "" if k[2] is None else f", text_share {k[2]:g}"
+            ax.plot(xs, ys, marker="o", label=f"{k[0]}, cache {k[1]}{share}")
         ax.set(title=f"facts, then frames ({setting})", xlabel="frames since the facts (1 frame/s)",
                ylabel="facts recalled (%)", ylim=(-5, 105))
         ax.grid(alpha=0.3)
@@ -120,6 +127,7 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=60, help="frames after the facts (1 frame/s of stream time)")
     p.add_argument("--ask-every", type=int, default=15, help="ask every fact after this many frames")
     p.add_argument("--mention-every", type=int, default=5, help="mentioned: a subject named every N frames")
+    p.add_argument("--text-share", type=float, default=None, help="inf_mllm text_share (default: shipped)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="camera_flood.json")
@@ -135,18 +143,20 @@ def main() -> None:
         return
     if not args.plot_only:
         records = load_records(args.out) if args.resume else []
-        done = {(r["policy"], str(r["cache_size"]), r["setting"]) for r in records}
+        done = {(r["policy"], str(r["cache_size"]), r["setting"], r.get("text_share")) for r in records}
         for setting in args.settings:
             for cache in args.caches:
                 for policy in args.policies:
                     if policy == "full" and cache != args.caches[0]:
                         continue
-                    if (policy, "all" if policy == "full" else str(cache), setting) in done:
+                    share = (args.text_share if args.text_share is not None else 0.5) if policy == "inf_mllm" else None
+                    if (policy, "all" if policy == "full" else str(cache), setting, share) in done:
                         continue
                     cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache),
                            "--setting", setting, "--model", args.model, "--threads", str(args.threads),
                            "--seed", str(args.seed), "--facts", str(args.facts), "--frames", str(args.frames),
                            "--ask-every", str(args.ask_every), "--mention-every", str(args.mention_every)]
+                    cmd += ["--text-share", str(args.text_share)] if args.text_share is not None else []
                     t = time.time()
                     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
                     new = json.loads(out.strip().splitlines()[-1])

@@ -13,7 +13,7 @@ from inf_mllm_ros.engine.policies import POLICIES, SlotView, make_policy
 
 FILL, KEEP, HEADS = 80, 40, 2
 SHIPPED = {}  # make_policy's defaults: the settings StreamConfig and the node ship
-PLAIN = {"score_decay": 0.0, "score_pool": 1, "frames_judge_text": 1}  # no score memory, pooling or modality rule
+PLAIN = {"score_decay": 0.0, "score_pool": 1, "text_share": 0.0}  # no score memory, pooling or text share
 VARIANTS = pytest.mark.parametrize("variant", [SHIPPED, PLAIN], ids=["shipped", "plain"])
 
 
@@ -276,42 +276,33 @@ def test_every_candidate_s_score_is_set_by_the_queries_that_all_see_it(variant):
     assert cache.cached_seq(0)[0].tolist() == [0, 1, 2, 3, 8, 9, 10, 11], "sinks, then the end of the prompt"
 
 
-def frame_window_view(policy, new_is_frame: bool) -> SlotView:
-    """Slots 0-39 text, 40-79 frame tokens; the window is the last 8 slots, every candidate known."""
-    v = view(torch.rand(HEADS, FILL, generator=torch.Generator().manual_seed(0)) * 8, new=8, policy=policy)
+
+def mixed_view(policy) -> SlotView:
+    """Slots 0-39 text drawing little attention, 40-79 frame tokens drawing more."""
+    attention = torch.full((HEADS, FILL), 0.5)
+    attention[:, 40:] = 4.0
+    attention[:, 10] = 1.0  # the text token the text's own ranking puts first
+    v = view(attention, policy=policy)
     v.frame = torch.zeros(HEADS, FILL, dtype=torch.bool)
     v.frame[:, 40:] = True
-    v.frame[:, FILL - 8 :] = new_is_frame
-    v.stats["score_memory"].fill_(0.01)
     return v
 
 
-@pytest.mark.parametrize("judge_text", [0, 1])
-def test_a_frame_judges_and_ages_the_text_only_when_told(judge_text):
-    policy = inf(frames_judge_text=judge_text)
-    v = frame_window_view(policy, new_is_frame=True)
-    born = v.stats["born"].clone()
+@pytest.mark.parametrize("share", [0.0, 0.25, 0.5, 1.0])
+def test_text_keeps_its_share_of_the_candidates_against_a_flood_of_frames(share):
+    policy = inf(text_share=share, attention_bias=0.0, score_pool=1)
+    v = mixed_view(policy)
     sinks, recent = policy.regions(v, KEEP)
-    policy.scores(v, sinks, recent)
-    memory, text, frame = v.stats["score_memory"], slice(sinks, 40), slice(40, FILL - recent)
-    # Frame tokens are judged by a frame either way.
-    assert not torch.allclose(memory[:, frame], torch.full_like(memory[:, frame], 0.01))
-    if judge_text:
-        assert not torch.allclose(memory[:, text], torch.full_like(memory[:, text], 0.01))
-        assert torch.equal(v.stats["born"][:, text], born[:, text])
-    else:
-        # The text keeps the score it had, and the frame's tokens do not make it older.
-        assert torch.equal(memory[:, text], torch.full_like(memory[:, text], 0.01))
-        assert torch.equal(v.stats["born"][:, text], born[:, text] + 8)
-    assert torch.equal(v.stats["born"][:, frame], born[:, frame])
+    best = KEEP - sinks - recent
+    kept_text = {i for i in kept(policy, v) if sinks <= i < 40}
+    assert len(kept_text) == int(share * best)
+    if share:
+        assert 10 in kept_text  # the best of the text, by its own score
 
 
-def test_a_text_window_judges_text_and_frames_alike():
-    policy = inf()
-    v = frame_window_view(policy, new_is_frame=False)
-    born = v.stats["born"].clone()
-    sinks, recent = policy.regions(v, KEEP)
-    policy.scores(v, sinks, recent)
-    judged = v.stats["score_memory"][:, sinks : FILL - recent]
-    assert bool((judged != 0.01).all())
-    assert torch.equal(v.stats["born"][:, : FILL - recent], born[:, : FILL - recent])
+def test_the_text_share_never_takes_more_than_the_text_there_is():
+    policy = inf(text_share=1.0, attention_bias=0.0)
+    v = mixed_view(policy)
+    v.frame[:, 8:40] = True  # text: the sinks and slots 4-7 only
+    chosen = kept(policy, v)  # KEEP slots all the same: frames fill what the text cannot
+    assert {4, 5, 6, 7} <= chosen

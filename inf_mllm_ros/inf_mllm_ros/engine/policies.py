@@ -242,12 +242,11 @@ class InfMLLMPolicy(EvictionPolicy):
     candidates into a window. Age counts from the end of the block a token came in (`born`, stamped at
     the first eviction that sees it), so the tokens of one block are equally old: the bias prefers newer
     blocks, never the second half of a block.
-    Camera frames neither judge nor age the text (`frames_judge_text=0`): a frame's window updates the
-    score memory of frame tokens only, and the text candidates' birth moves with the frame's tokens, so
-    their age counts the tokens pushed since them other than frames'. A flood of frames then competes
-    with the text on the attention the text earned from text, not on the attention of picture patches.
-    `score_decay=0, score_pool=1, frames_judge_text=1` is the plain method (the newest window's attention
-    alone).
+    A camera frame brings a hundred tokens or more that draw attention from one another; the text a
+    robot is told is sparse. So `text_share` of the candidate slots go to the best-scored text tokens
+    whenever there is that much text, and the rest to the best of everything (see `reserve_text`).
+    `score_decay=0, score_pool=1, text_share=0` is the plain method (the newest window's attention
+    alone, one ranking for all).
     """
 
     name: ClassVar[str] = "inf_mllm"
@@ -265,9 +264,10 @@ class InfMLLMPolicy(EvictionPolicy):
     score_pool: int = knob(
         13, "A kept token keeps the tokens around it, in a centred window of this many slots (odd); "
         "1: single tokens.", low=1, high=255, step=2)
-    frames_judge_text: int = knob(
-        0, "1: a camera frame's attention also judges and ages the text tokens, as any prompt's; 0: a frame "
-        "judges and ages only frame tokens, so a camera flood cannot wash the text out of memory.", low=0, high=1)
+    text_share: float = knob(
+        0.5, "Share of the candidate slots kept for the best-scored text tokens whenever there is that much "
+        "text, so a flood of camera frames cannot push the text out of memory; 0: text and frames compete "
+        "on score alone.", low=0.0, high=1.0, live=True)
 
     def check_capacity(self, capacity: int) -> None:
         _check_recent(self.recent_size, capacity)
@@ -290,21 +290,16 @@ class InfMLLMPolicy(EvictionPolicy):
             view.stats["born"][:, view.fill - view.new :] = now
         cand = slice(sinks, view.fill - recent)
         attention = view.window_attention[:, cand] / view.window_queries[cand].clamp(min=1.0)
-        seen = (view.window_queries[cand] > 0).expand_as(attention)
-        if not self.frames_judge_text and view.new and view.frame is not None and bool(view.frame[0, -1]):
-            # A frame's window. Its patches attend to other patches for the picture's own sake, which says
-            # nothing of a text token's worth, and a flood of frames would age every text token out: the
-            # text keeps the score and the age it had, and only frame tokens are judged.
-            text = ~view.frame[:, cand]
-            seen = seen & ~text
-            view.stats["born"][:, cand] += text * float(view.new)
-        # Saddles keep drawing attention: a candidate's score is the evidence of many windows, a moving
-        # average that starts from zero, so a token judged once counts for (1 - d) of its attention and an
-        # incumbent for what it has drawn lately (d = 0: the newest window that judged it).
-        memory = view.stats["score_memory"][:, cand]
-        d = self.score_decay
-        memory.copy_(torch.where(seen, d * memory + (1.0 - d) * attention, memory))
-        score = torch.log(memory.clamp(min=1e-30))
+        seen = view.window_queries[cand] > 0
+        if self.score_decay > 0.0:
+            # Saddles keep drawing attention: a candidate's score is the evidence of many windows, a
+            # moving average that starts from zero, so a token judged once counts for (1 - d) of its
+            # attention and an incumbent for what it has drawn lately.
+            memory = view.stats["score_memory"][:, cand]
+            d = self.score_decay
+            memory.copy_(torch.where(seen, d * memory + (1.0 - d) * attention, memory))
+            attention = memory
+        score = torch.log(attention.clamp(min=1e-30))
         n = score.shape[-1]
         if self.score_pool > 1 and n > 1:
             # A token that draws attention is usually part of a phrase: keep its neighbours with it.
@@ -317,7 +312,25 @@ class InfMLLMPolicy(EvictionPolicy):
 
     def select(self, view: SlotView, keep: int) -> Tensor:
         sinks, recent = self.regions(view, keep)
-        return _keep_ends_and_best(view, keep, sinks, recent, self.scores(view, sinks, recent))
+        score = self.scores(view, sinks, recent)
+        if self.text_share > 0.0 and view.frame is not None:
+            score = self.reserve_text(score, view.frame[:, sinks : view.fill - recent], keep - sinks - recent)
+        return _keep_ends_and_best(view, keep, sinks, recent, score)
+
+    def reserve_text(self, score: Tensor, frame: Tensor, best: int) -> Tensor:
+        """Lift the best text candidates of each head above every other candidate, as many as
+        `text_share` of the `best` candidate slots (or all the text there is). Frame tokens come by the
+        hundred per frame and draw attention from one another; text is sparse and is what a robot is
+        told. Ranked on score alone, a camera flood pushes every text token out; with a share, the text
+        competes for its slots with other text, and the rest go to whichever scores best."""
+        text = ~frame
+        reserved = torch.clamp(text.sum(-1, keepdim=True), max=int(self.text_share * max(best, 0)))
+        text_score = torch.where(text, score, torch.full_like(score, -torch.inf))
+        rank = torch.empty_like(score, dtype=torch.long)
+        order = text_score.argsort(dim=-1, descending=True)
+        rank.scatter_(-1, order, torch.arange(score.shape[-1], device=score.device).expand_as(order))
+        lifted = text & (rank < reserved)
+        return torch.where(lifted, score + (score.abs().max() + 1.0) * 4.0, score)
 
 
 def make_policy(name: str, *, capacity: int, **settings) -> EvictionPolicy:
