@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from common import RESULTS, load_records, machine, write_records
+from common import RESULTS, add_one_run_options, load_records, machine, matrix, write_records
 from recall import make_facts
 
 POLICIES = ["inf_mllm", "streaming_llm", "h2o", "full"]
@@ -133,10 +133,7 @@ def main() -> None:
     p.add_argument("--out", default="camera_flood.json")
     p.add_argument("--resume", action="store_true", help="keep the records already in --out, run the rest")
     p.add_argument("--plot-only", action="store_true")
-    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--policy", default="inf_mllm", help=argparse.SUPPRESS)
-    p.add_argument("--cache", type=int, default=512, help=argparse.SUPPRESS)
-    p.add_argument("--setting", default="mentioned", help=argparse.SUPPRESS)
+    add_one_run_options(p, setting="mentioned")
     args = p.parse_args()
     if args.one:
         print(json.dumps(run_one(args)))
@@ -144,29 +141,25 @@ def main() -> None:
     if not args.plot_only:
         records = load_records(args.out) if args.resume else []
         done = {(r["policy"], str(r["cache_size"]), r["setting"], r.get("text_share")) for r in records}
-        for setting in args.settings:
-            for cache in args.caches:
-                for policy in args.policies:
-                    if policy == "full" and cache != args.caches[0]:
-                        continue
-                    share = (args.text_share if args.text_share is not None else 0.5) if policy == "inf_mllm" else None
-                    if (policy, "all" if policy == "full" else str(cache), setting, share) in done:
-                        continue
-                    cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache),
-                           "--setting", setting, "--model", args.model, "--threads", str(args.threads),
-                           "--seed", str(args.seed), "--facts", str(args.facts), "--frames", str(args.frames),
-                           "--ask-every", str(args.ask_every), "--mention-every", str(args.mention_every)]
-                    cmd += ["--text-share", str(args.text_share)] if args.text_share is not None else []
-                    t = time.time()
-                    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
-                    new = json.loads(out.strip().splitlines()[-1])
-                    records += new
-                    write_records(args.out, records)  # after every run: an interrupted benchmark resumes
-                    last = max(r["frames_after"] for r in new)
-                    hit = [r["recalled"] for r in new if r["frames_after"] == last]
-                    print(f"{setting:9s} {policy:14s} cache={cache:5d} recalled {sum(hit)}/{len(hit)} after "
-                          f"{last} frames, {sum(r['recalled'] for r in new)}/{len(new)} in all "
-                          f"({time.time() - t:.0f} s)", flush=True)
+        for setting, cache, policy in matrix(args.settings, args.caches, args.policies):
+            share = (args.text_share if args.text_share is not None else 0.5) if policy == "inf_mllm" else None
+            if (policy, "all" if policy == "full" else str(cache), setting, share) in done:
+                continue
+            cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache),
+                   "--setting", setting, "--model", args.model, "--threads", str(args.threads),
+                   "--seed", str(args.seed), "--facts", str(args.facts), "--frames", str(args.frames),
+                   "--ask-every", str(args.ask_every), "--mention-every", str(args.mention_every)]
+            cmd += ["--text-share", str(args.text_share)] if args.text_share is not None else []
+            t = time.time()
+            out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+            new = json.loads(out.strip().splitlines()[-1])
+            records += new
+            write_records(args.out, records)  # after every run: an interrupted benchmark resumes
+            last = max(r["frames_after"] for r in new)
+            hit = [r["recalled"] for r in new if r["frames_after"] == last]
+            print(f"{setting:9s} {policy:14s} cache={cache:5d} recalled {sum(hit)}/{len(hit)} after "
+                  f"{last} frames, {sum(r['recalled'] for r in new)}/{len(new)} in all "
+                  f"({time.time() - t:.0f} s)", flush=True)
     plot(args.out)
 
 

@@ -61,3 +61,23 @@ def write_records(name: str, records: list[dict]) -> Path:
 def load_records(name: str) -> list[dict]:
     path = RESULTS / name
     return json.loads(path.read_text()) if path.exists() else []
+
+
+def add_one_run_options(parser, setting: str) -> None:
+    """The hidden options by which a matrix benchmark runs one of its streams in a child process."""
+    import argparse
+
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--policy", default="inf_mllm", help=argparse.SUPPRESS)
+    parser.add_argument("--cache", type=int, default=512, help=argparse.SUPPRESS)
+    parser.add_argument("--setting", default=setting, help=argparse.SUPPRESS)
+
+
+def matrix(settings: list[str], caches: list[int], policies: list[str]):
+    """(setting, cache, policy) for every stream of a matrix benchmark; the full cache, which has no size,
+    once per setting."""
+    for setting in settings:
+        for cache in caches:
+            for policy in policies:
+                if policy != "full" or cache == caches[0]:
+                    yield setting, cache, policy

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from common import RESULTS, load_records, machine, policy_names, read_text, write_records
+from common import RESULTS, add_one_run_options, load_records, machine, matrix, policy_names, read_text, write_records
 
 DISTANCES = [1024, 2048, 4096, 8192]  # default of --distances
 COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple", "grey", "brown"]
@@ -186,10 +186,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--plot-only", action="store_true")
-    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--policy", default="inf_mllm", help=argparse.SUPPRESS)
-    p.add_argument("--cache", type=int, default=512, help=argparse.SUPPRESS)
-    p.add_argument("--setting", default="mentioned", help=argparse.SUPPRESS)
+    add_one_run_options(p, setting="mentioned")
     args = p.parse_args()
     if args.one:
         print(json.dumps(run_one(args)))
@@ -197,29 +194,25 @@ def main() -> None:
     if not args.plot_only:
         records = load_records(args.out) if args.resume else []
         done = {(r["policy"], str(r["cache_size"]), r["setting"]) for r in records}
-        for setting in args.settings:
-            for cache in args.caches:
-                for policy in args.policies:
-                    if policy == "full" and cache != args.caches[0]:
-                        continue
-                    if (policy, "all" if policy == "full" else str(cache), setting) in done:
-                        continue
-                    cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache),
-                           "--setting", setting, "--model", args.model, "--threads", str(args.threads),
-                           "--device", args.device, "--dtype", args.dtype, "--seed", str(args.seed),
-                           "--mention-every", str(args.mention_every), "--facts", str(args.facts),
-                           "--fact-every", str(args.fact_every), "--distances", *map(str, args.distances)]
-                    cmd += ["--text", args.text] if args.text else []
-                    for flag, value in (("--bias", args.bias), ("--decay", args.decay), ("--pool", args.pool)):
-                        cmd += [flag, str(value)] if value is not None else []
-                    t = time.time()
-                    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-                    new = json.loads(out.strip().splitlines()[-1])
-                    records += new
-                    write_records(args.out, records)
-                    hit = sum(r["recalled"] for r in new)
-                    print(f"{setting:9s} {policy:14s} cache={cache:5d} recalled {hit}/{len(new)} "
-                          f"({time.time() - t:.0f} s)", flush=True)
+        for setting, cache, policy in matrix(args.settings, args.caches, args.policies):
+            if (policy, "all" if policy == "full" else str(cache), setting) in done:
+                continue
+            cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache),
+                   "--setting", setting, "--model", args.model, "--threads", str(args.threads),
+                   "--device", args.device, "--dtype", args.dtype, "--seed", str(args.seed),
+                   "--mention-every", str(args.mention_every), "--facts", str(args.facts),
+                   "--fact-every", str(args.fact_every), "--distances", *map(str, args.distances)]
+            cmd += ["--text", args.text] if args.text else []
+            for flag, value in (("--bias", args.bias), ("--decay", args.decay), ("--pool", args.pool)):
+                cmd += [flag, str(value)] if value is not None else []
+            t = time.time()
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            new = json.loads(out.strip().splitlines()[-1])
+            records += new
+            write_records(args.out, records)
+            hit = sum(r["recalled"] for r in new)
+            print(f"{setting:9s} {policy:14s} cache={cache:5d} recalled {hit}/{len(new)} "
+                  f"({time.time() - t:.0f} s)", flush=True)
     plot(args.out)
 
 

@@ -23,6 +23,17 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds (real model, long streams)")
 
 
+def load_prepared(model: str):
+    """An embedded model in float32 on the CPU, or the test skipped where setup has not prepared it
+    (its weights are downloaded once by scripts/setup.sh)."""
+    from inf_mllm_ros.engine.loading import ModelLoadError, load_model
+
+    try:
+        return load_model(model, device="cpu", dtype="float32")
+    except ModelLoadError as exc:
+        pytest.skip(f"{model} is not prepared here: {exc}")
+
+
 @pytest.fixture
 def repo_root() -> Path:
     """The repository root (holds inf_mllm_interfaces/ and inf_mllm_ros/)."""

@@ -19,6 +19,8 @@ from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.engine.random_models import FAMILIES, build_model_folder
 from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 
+from conftest import load_prepared
+
 QUESTION = "What is on the table?"
 
 
@@ -243,12 +245,9 @@ def test_small_embedded_model_answers_text_as_smollm2_and_takes_frames():
 
 @pytest.fixture(scope="module")
 def default_model():
-    from inf_mllm_ros.engine.loading import DEFAULT_MODEL, ModelLoadError
+    from inf_mllm_ros.engine.loading import DEFAULT_MODEL
 
-    try:
-        return load_model(DEFAULT_MODEL, device="cpu", dtype="float32")
-    except ModelLoadError as exc:  # its language weights are downloaded by scripts/setup.sh
-        pytest.skip(f"the embedded default is not prepared here: {exc}")
+    return load_prepared(DEFAULT_MODEL)
 
 
 @pytest.mark.slow
@@ -269,7 +268,7 @@ def test_default_model_frames_carry_no_content_at_full_cost(default_model):
 
 @pytest.mark.slow
 def test_default_model_answers_text_as_its_language_model_among_frames(default_model):
-    text = load_model("qwen2.5-0.5b", device="cpu", dtype="float32")
+    text = load_prepared("qwen2.5-0.5b")
     answers = []
     for adapter in (default_model, text):
         stream = KVStream(adapter, StreamConfig(capacity=512, chunk_size=64))

@@ -9,10 +9,9 @@ import re
 import pytest
 import torch
 
-from inf_mllm_ros.engine.loading import ModelLoadError, load_model
 from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 
-from conftest import SHARED_TEXT
+from conftest import SHARED_TEXT, load_prepared
 
 CACHE = 512
 DISTANCE = 1000  # tokens between the fact and the question: about twice the cache
@@ -22,10 +21,7 @@ COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple
 
 @pytest.fixture(scope="module")
 def qwen():
-    try:
-        return load_model("qwen2.5-0.5b", device="cpu", dtype="float32")
-    except ModelLoadError as exc:
-        pytest.skip(f"the evaluation model is not prepared here: {exc}")
+    return load_prepared("qwen2.5-0.5b")
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +79,7 @@ def test_inf_mllm_recalls_facts_that_streaming_llm_loses(qwen, paragraphs):
 
 @pytest.fixture(scope="module")
 def default_model():
-    try:
-        return load_model("onevision-qwen2.5-0.5b", device="cpu", dtype="float32")
-    except ModelLoadError as exc:
-        pytest.skip(f"the embedded default is not prepared here: {exc}")
+    return load_prepared("onevision-qwen2.5-0.5b")
 
 
 def camera_flood(adapter, policy: str, seed: int, frames: int = 16) -> list[bool]:

@@ -204,6 +204,20 @@ def prepare_qwen(dest: Path | None = None) -> Path:
     return dest
 
 
+def _write_vlm_folder(dest: Path, model, processor, notice: str) -> Path:
+    """Save a built vision-language model with its processor, its notice in the config (it travels with
+    the folder, wherever it is copied) and in a README."""
+    model.config.inf_mllm_notice = notice
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        processor.save_pretrained(tmp)
+        (tmp / "README.md").write_text(f"# {dest.name}\n\n{notice}\n")
+
+    _write_folder(dest, write)
+    return dest
+
+
 def small_vlm_folder() -> Path:
     return home() / "models" / _VLM_FOLDER_NAME
 
@@ -234,15 +248,8 @@ def prepare_small_vlm(dest: Path | None = None) -> Path:
     state["embed_tokens.weight"] = embed
     model.model.text_model.load_state_dict(state)
     model.generation_config = lm.generation_config
-    model.config.inf_mllm_notice = EMBEDDED_VLM_NOTICE  # travels with the folder, wherever it is copied
 
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)
-        processor.save_pretrained(tmp)
-        (tmp / "README.md").write_text(f"# {_VLM_FOLDER_NAME}\n\n{EMBEDDED_VLM_NOTICE}\n")
-
-    _write_folder(dest, write)
-    return dest
+    return _write_vlm_folder(dest, model, processor, EMBEDDED_VLM_NOTICE)
 
 
 def default_vlm_folder() -> Path:
@@ -279,16 +286,9 @@ def prepare_default_vlm(dest: Path | None = None) -> Path:
         model.model.multi_modal_projector.linear_2.bias.copy_(neutral)
         model.model.image_newline.copy_(neutral)
     model.generation_config = lm.generation_config
-    model.config.inf_mllm_notice = ONEVISION_NOTICE
     model = model.to(torch.bfloat16)  # as the language weights were saved; loading in float32 widens them exactly
 
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)
-        processor.save_pretrained(tmp)
-        (tmp / "README.md").write_text(f"# {_ONEVISION_FOLDER_NAME}\n\n{ONEVISION_NOTICE}\n")
-
-    _write_folder(dest, write)
-    return dest
+    return _write_vlm_folder(dest, model, processor, ONEVISION_NOTICE)
 
 
 def resolve_model(model: str | os.PathLike | None) -> Path:
