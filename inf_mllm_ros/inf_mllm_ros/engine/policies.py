@@ -313,8 +313,9 @@ class InfMLLMPolicy(EvictionPolicy):
     def select(self, view: SlotView, keep: int) -> Tensor:
         sinks, recent = self.regions(view, keep)
         score = self.scores(view, sinks, recent)
-        if self.text_share > 0.0 and view.frame is not None:
-            score = self.reserve_text(score, view.frame[:, sinks : view.fill - recent], keep - sinks - recent)
+        frame = None if view.frame is None else view.frame[:, sinks : view.fill - recent]
+        if self.text_share > 0.0 and frame is not None and bool(frame.any()) and not bool(frame.all()):
+            score = self.reserve_text(score, frame, keep - sinks - recent)  # only where text and frames compete
         return _keep_ends_and_best(view, keep, sinks, recent, score)
 
     def reserve_text(self, score: Tensor, frame: Tensor, best: int) -> Tensor:
