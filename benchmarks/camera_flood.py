@@ -140,9 +140,12 @@ def main() -> None:
         return
     if not args.plot_only:
         records = load_records(args.out) if args.resume else []
+        from inf_mllm_ros.engine.policies import policy_defaults
+
         done = {(r["policy"], str(r["cache_size"]), r["setting"], r.get("text_share")) for r in records}
+        shipped_share = policy_defaults("inf_mllm")["text_share"]
         for setting, cache, policy in matrix(args.settings, args.caches, args.policies):
-            share = (args.text_share if args.text_share is not None else 0.5) if policy == "inf_mllm" else None
+            share = (shipped_share if args.text_share is None else args.text_share) if policy == "inf_mllm" else None
             if (policy, "all" if policy == "full" else str(cache), setting, share) in done:
                 continue
             cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache),
