@@ -185,9 +185,7 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
             emit(record)
             result.answers.append(record)
             counts["answers"] += 1
-            mark = {True: "  [ok]", False: "  [expected: " + q.expected + "]", None: ""}[record["correct"]]
-            mark += "  (needs trained vision)" if q.needs_vision else ""
-            echo(f"[{q.time_s:6.1f} s] Q: {q.question}\n           A: {ans.text}{mark}")
+            echo(f"[{q.time_s:6.1f} s] Q: {q.question}\n           A: {ans.text}{q.mark(record['correct'])}")
 
         total = sum(bag.topics[t].count for t in kinds)
         bar = None

@@ -303,9 +303,7 @@ def _ask(player: Player, q: Question, args, out) -> AnswerRecord:
     if not a.success:
         out(f"[{q.time_s:6.1f} s] Q: {q.question}\n           query failed: {a.message}")
         return a
-    mark = {True: "  [ok]", False: f"  [expected: {q.expected}]", None: ""}[a.correct]
-    mark += "  (needs trained vision)" if q.needs_vision else ""
-    out(f"[{q.time_s:6.1f} s] Q: {q.question}\n           A: {a.answer}{mark}  ({a.latency:.1f} s)")
+    out(f"[{q.time_s:6.1f} s] Q: {q.question}\n           A: {a.answer}{q.mark(a.correct)}  ({a.latency:.1f} s)")
     return a
 
 

@@ -160,6 +160,11 @@ class Question:
             return None
         return self.expected.lower() in answer.lower()
 
+    def mark(self, correct: bool | None) -> str:
+        """What follows a printed answer: whether it holds the expected words, and whether it needs sight."""
+        mark = {True: "  [ok]", False: f"  [expected: {self.expected}]", None: ""}[correct]
+        return mark + ("  (needs trained vision)" if self.needs_vision else "")
+
 
 def parse_ask(text: str) -> Question:
     """``"T:question"`` -> Question(T, question); T in seconds from the bag's start."""
