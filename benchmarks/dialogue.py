@@ -6,9 +6,11 @@
 Every round is one exchange kept in memory (`ask(..., keep_in_memory=True)`), the user's message and
 the model's reply, as a planner's conversation with the robot would be. A round either tells a fact
 ("Please remember: the code of the red locker is 4817."), asks about one told `--gaps` rounds earlier
-("What is the code of the red locker?"), or is small talk (a passage of a novel the user is reading).
+("What is the code of the red locker? Reply with the number only."), or is small talk (a passage of a
+novel the user is reading, "(Reply with OK.)"). The system prompt asks for short replies, so that every
+reply kept in memory is complete.
 Each fact is asked once; the gaps take turns, so every part of the dialogue has short and long ones.
-At about 70 tokens a round, a cache of 1024 holds the last 15 rounds or so: a fact asked 4 rounds
+At about 80 tokens a round, a cache of 1024 holds the last 13 rounds or so: a fact asked 4 rounds
 later is still in the recent window, one asked 24 or more rounds later is kept only if the policy kept
 it. The full cache (Qwen's 32K context holds all 300 rounds) is the ceiling. Accuracy per bucket of
 rounds shows whether the memory holds up as the dialogue grows.
@@ -30,6 +32,10 @@ from recall import COLOURS, paragraphs
 POLICIES = ["inf_mllm", "streaming_llm", "h2o", "full"]
 GAPS = [4, 24, 60, 120]  # default of --gaps: rounds between telling a fact and asking it
 OBJECTS = ["locker", "cabinet", "safe", "gate", "door"]
+# Short, complete replies: a reply cut off by the token limit and kept in memory would teach the model,
+# in context, to stop answers early.
+SYSTEM = ("You are the memory of a mobile robot. When the user tells you something or shares a passage, "
+          "reply only: OK. When the user asks for a code, reply with the code only.")
 
 
 def schedule(rounds: int, tell_every: int, gaps: list[int], seed: int) -> dict[int, tuple[str, dict]]:
@@ -52,7 +58,7 @@ def schedule(rounds: int, tell_every: int, gaps: list[int], seed: int) -> dict[i
         value = str(rng.randint(1000, 9999))
         fact = {"fact_id": i, "subject": subject, "value": value, "gap": gap, "told": told,
                 "statement": f"Please remember: the code of {subject} is {value}.",
-                "question": f"What is the code of {subject}?"}
+                "question": f"What is the code of {subject}? Reply with the number only."}
         plan[told] = ("tell", fact)
         plan[asked] = ("ask", fact)
     return plan
@@ -67,7 +73,7 @@ def run_one(args) -> list[dict]:
     torch.set_num_threads(args.threads)
     adapter = load_model(args.model, device="cpu", dtype="float32")
     capacity = adapter.max_context - 512 if args.policy == "full" else args.cache
-    stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=64))
+    stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=64, system_prompt=SYSTEM))
     plan = schedule(args.rounds, args.tell_every, args.gaps, args.seed)
     small_talk = iter(paragraphs(read_text(args.text), chars=200))
     told_at: dict[int, int] = {}  # fact -> tokens seen once it was told
@@ -76,9 +82,8 @@ def run_one(args) -> list[dict]:
     for n in range(1, args.rounds + 1):
         kind, fact = plan.get(n, ("talk", None))
         message = {"tell": lambda: fact["statement"], "ask": lambda: fact["question"],
-                   "talk": lambda: f"I am reading a novel. {next(small_talk)}"}[kind]()
-        reply = args.answer_tokens if kind == "ask" else args.reply_tokens
-        answer = stream.ask(message, max_new_tokens=reply, keep_in_memory=True)
+                   "talk": lambda: f"A passage of the novel I am reading: {next(small_talk)} (Reply with OK.)"}[kind]()
+        answer = stream.ask(message, max_new_tokens=args.reply_tokens, keep_in_memory=True)
         if kind == "tell":
             told_at[fact["fact_id"]] = stream.tokens_seen
         elif kind == "ask":
@@ -88,6 +93,7 @@ def run_one(args) -> list[dict]:
                 "tokens_back": stream.tokens_seen - told_at[fact["fact_id"]], "fact_id": fact["fact_id"],
                 "value": fact["value"], "answer": answer.text, "recalled": fact["value"] in answer.text,
             })
+            print(f"  round {n}, gap {fact['gap']}: {fact['value']} -> {answer.text!r}", file=sys.stderr, flush=True)
         if n % 25 == 0:
             print(f"  {args.policy} {capacity}: round {n}, {stream.tokens_seen} tokens, "
                   f"{sum(r['recalled'] for r in records)}/{len(records)} recalled, "
@@ -151,8 +157,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=300)
     p.add_argument("--tell-every", type=int, default=6, help="a fact is told every N rounds")
     p.add_argument("--gaps", type=int, nargs="+", default=GAPS, help="rounds between telling and asking")
-    p.add_argument("--reply-tokens", type=int, default=6, help="longest reply to small talk and to a fact told")
-    p.add_argument("--answer-tokens", type=int, default=12, help="longest answer to a question")
+    p.add_argument("--reply-tokens", type=int, default=8, help="longest reply (the replies asked for take 2 to 5)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="dialogue.json")
@@ -172,8 +177,7 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache),
                    "--model", args.model, "--threads", str(args.threads), "--seed", str(args.seed),
                    "--rounds", str(args.rounds), "--tell-every", str(args.tell_every),
-                   "--reply-tokens", str(args.reply_tokens), "--answer-tokens", str(args.answer_tokens),
-                   "--gaps", *map(str, args.gaps)]
+                   "--reply-tokens", str(args.reply_tokens), "--gaps", *map(str, args.gaps)]
             cmd += ["--text", args.text] if args.text else []
             t = time.time()
             out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
