@@ -128,17 +128,22 @@ def plot(name: str = "dialogue.json", bucket: int = 60) -> None:
         rows = [r for r in records if r["policy"] == policy]
         cache = rows[0]["cache_size"]
         label = "full cache (ceiling)" if policy == "full" else f"{policy}, cache {cache}"
-        xs, ys = [], []
-        for lo, hi in spans:
-            got = [r["recalled"] for r in rows if lo <= r["round"] <= hi]
-            if got:
-                xs.append((lo + hi) / 2)
-                ys.append(100 * sum(got) / len(got))
-        axes[0].plot(xs, ys, marker="o", label=label)
+        # Early rounds can only ask about recent facts: short and long gaps are drawn apart.
+        line = None
+        for style, near in (("-", True), ("--", False)):
+            xs, ys = [], []
+            for lo, hi in spans:
+                got = [r["recalled"] for r in rows if lo <= r["round"] <= hi and (r["gap"] == gaps[0]) == near]
+                if got:
+                    xs.append((lo + hi) / 2)
+                    ys.append(100 * sum(got) / len(got))
+            line = axes[0].plot(xs, ys, style, marker="o", label=label if near else None,
+                                color=None if line is None else line[0].get_color())
         ys = [100 * sum(r["recalled"] for r in rows if r["gap"] == g) / max(1, sum(r["gap"] == g for r in rows))
               for g in gaps]
         axes[1].plot(gaps, ys, marker="o", label=label)
-    axes[0].set(title=f"questions answered right, per {bucket} rounds", xlabel="round", ylabel="%", ylim=(-5, 105))
+    axes[0].set(title=f"questions answered right, per {bucket} rounds (gap {gaps[0]}: solid, longer: dashed)",
+                xlabel="round", ylabel="%", ylim=(-5, 105))
     axes[1].set(title="per gap", xlabel="rounds between telling and asking", ylabel="%", ylim=(-5, 105))
     axes[1].set_xscale("log", base=2)
     for ax in axes:
