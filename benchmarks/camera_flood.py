@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from common import RESULTS, add_one_run_options, load_records, machine, matrix, write_records
+from common import RESULTS, add_matrix_options, load_records, machine, matrix, write_records
 from recall import make_facts
 
 POLICIES = ["inf_mllm", "streaming_llm", "h2o", "full"]
@@ -128,12 +128,7 @@ def main() -> None:
     p.add_argument("--ask-every", type=int, default=15, help="ask every fact after this many frames")
     p.add_argument("--mention-every", type=int, default=5, help="mentioned: a subject named every N frames")
     p.add_argument("--text-share", type=float, default=None, help="inf_mllm text_share (default: shipped)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="camera_flood.json")
-    p.add_argument("--resume", action="store_true", help="keep the records already in --out, run the rest")
-    p.add_argument("--plot-only", action="store_true")
-    add_one_run_options(p, setting="mentioned")
+    add_matrix_options(p, out="camera_flood.json", setting="mentioned")
     args = p.parse_args()
     if args.one:
         print(json.dumps(run_one(args)))

@@ -63,10 +63,16 @@ def load_records(name: str) -> list[dict]:
     return json.loads(path.read_text()) if path.exists() else []
 
 
-def add_one_run_options(parser, setting: str) -> None:
-    """The hidden options by which a matrix benchmark runs one of its streams in a child process."""
+def add_matrix_options(parser, *, out: str, setting: str) -> None:
+    """The options every matrix benchmark shares: its result file, resuming, plotting only, threads and
+    seed, and the hidden ones by which it runs one of its streams in a child process."""
     import argparse
 
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--resume", action="store_true", help="keep the records already in --out, run the rest")
+    parser.add_argument("--plot-only", action="store_true")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--policy", default="inf_mllm", help=argparse.SUPPRESS)
     parser.add_argument("--cache", type=int, default=512, help=argparse.SUPPRESS)

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from common import RESULTS, add_one_run_options, load_records, machine, matrix, read_text, write_records
+from common import RESULTS, add_matrix_options, load_records, machine, matrix, read_text, write_records
 from recall import COLOURS, paragraphs
 
 POLICIES = ["inf_mllm", "streaming_llm", "h2o", "full"]
@@ -163,12 +163,7 @@ def main() -> None:
     p.add_argument("--tell-every", type=int, default=6, help="a fact is told every N rounds")
     p.add_argument("--gaps", type=int, nargs="+", default=GAPS, help="rounds between telling and asking")
     p.add_argument("--reply-tokens", type=int, default=8, help="longest reply (the replies asked for take 2 to 5)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="dialogue.json")
-    p.add_argument("--resume", action="store_true", help="keep the records already in --out, run the rest")
-    p.add_argument("--plot-only", action="store_true")
-    add_one_run_options(p, setting="dialogue")
+    add_matrix_options(p, out="dialogue.json", setting="dialogue")
     args = p.parse_args()
     if args.one:
         print(json.dumps(run_one(args)))

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from common import RESULTS, add_one_run_options, load_records, machine, matrix, policy_names, read_text, write_records
+from common import RESULTS, add_matrix_options, load_records, machine, matrix, policy_names, read_text, write_records
 
 DISTANCES = [1024, 2048, 4096, 8192]  # default of --distances
 COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple", "grey", "brown"]
@@ -180,13 +180,8 @@ def main() -> None:
     p.add_argument("--bias", type=float, default=None, help="inf_mllm attention_bias (default: shipped)")
     p.add_argument("--decay", type=float, default=None, help="inf_mllm score_decay (default: shipped)")
     p.add_argument("--pool", type=int, default=None, help="inf_mllm score_pool (default: shipped)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads per run")
-    p.add_argument("--out", default="recall.json")
     p.add_argument("--mention-every", type=int, default=3, help="one message in N mentions a subject")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--plot-only", action="store_true")
-    add_one_run_options(p, setting="mentioned")
+    add_matrix_options(p, out="recall.json", setting="mentioned")
     args = p.parse_args()
     if args.one:
         print(json.dumps(run_one(args)))
