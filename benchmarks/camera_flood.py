@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 
 import numpy as np
 
-from common import RESULTS, add_matrix_options, load_records, machine, matrix, write_records
+from common import RESULTS, add_matrix_options, load_records, machine, matrix, run_child
 from recall import make_facts
 
 POLICIES = ["inf_mllm", "streaming_llm", "h2o", "full"]
@@ -149,10 +148,7 @@ def main() -> None:
                    "--ask-every", str(args.ask_every), "--mention-every", str(args.mention_every)]
             cmd += ["--text-share", str(args.text_share)] if args.text_share is not None else []
             t = time.time()
-            out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
-            new = json.loads(out.strip().splitlines()[-1])
-            records += new
-            write_records(args.out, records)  # after every run: an interrupted benchmark resumes
+            new = run_child(cmd, records, args.out)
             last = max(r["frames_after"] for r in new)
             hit = [r["recalled"] for r in new if r["frames_after"] == last]
             print(f"{setting:9s} {policy:14s} cache={cache:5d} recalled {sum(hit)}/{len(hit)} after "

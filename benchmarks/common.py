@@ -10,6 +10,7 @@ import os
 import platform
 import re
 import resource
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,6 +78,17 @@ def add_matrix_options(parser, *, out: str, setting: str) -> None:
     parser.add_argument("--policy", default="inf_mllm", help=argparse.SUPPRESS)
     parser.add_argument("--cache", type=int, default=512, help=argparse.SUPPRESS)
     parser.add_argument("--setting", default=setting, help=argparse.SUPPRESS)
+
+
+def run_child(cmd: list[str], records: list[dict], out: str) -> list[dict]:
+    """Run one stream of a matrix benchmark in its own process (`--one`: its peak memory is its own), add
+    the records it prints to `records` and write them all to `out`, so that an interrupted benchmark
+    resumes after the last finished stream. Returns the new records."""
+    printed = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    new = json.loads(printed.strip().splitlines()[-1])
+    records += new
+    write_records(out, records)
+    return new
 
 
 def matrix(settings: list[str], caches: list[int], policies: list[str]):

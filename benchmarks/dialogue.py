@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
 import time
 
-from common import RESULTS, add_matrix_options, load_records, machine, matrix, read_text, write_records
+from common import RESULTS, add_matrix_options, load_records, machine, matrix, read_text, run_child
 from recall import COLOURS, paragraphs
 
 POLICIES = ["inf_mllm", "streaming_llm", "h2o", "full"]
@@ -180,10 +179,7 @@ def main() -> None:
                    "--reply-tokens", str(args.reply_tokens), "--gaps", *map(str, args.gaps)]
             cmd += ["--text", args.text] if args.text else []
             t = time.time()
-            out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
-            new = json.loads(out.strip().splitlines()[-1])
-            records += new
-            write_records(args.out, records)  # after every run: an interrupted benchmark resumes
+            new = run_child(cmd, records, args.out)
             print(f"{policy:14s} cache={cache:5d} recalled {sum(r['recalled'] for r in new)}/{len(new)} "
                   f"({time.time() - t:.0f} s)", flush=True)
     plot(args.out)

@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
 import time
 
-from common import RESULTS, add_matrix_options, load_records, machine, matrix, policy_names, read_text, write_records
+from common import RESULTS, add_matrix_options, load_records, machine, matrix, policy_names, read_text, run_child
 
 DISTANCES = [1024, 2048, 4096, 8192]  # default of --distances
 COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple", "grey", "brown"]
@@ -201,10 +200,7 @@ def main() -> None:
             for flag, value in (("--bias", args.bias), ("--decay", args.decay), ("--pool", args.pool)):
                 cmd += [flag, str(value)] if value is not None else []
             t = time.time()
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-            new = json.loads(out.strip().splitlines()[-1])
-            records += new
-            write_records(args.out, records)
+            new = run_child(cmd, records, args.out)
             hit = sum(r["recalled"] for r in new)
             print(f"{setting:9s} {policy:14s} cache={cache:5d} recalled {hit}/{len(new)} "
                   f"({time.time() - t:.0f} s)", flush=True)
