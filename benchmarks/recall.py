@@ -74,8 +74,7 @@ def run_one(args) -> list[dict]:
     if args.policy == "full":
         limit = adapter.max_context - 512
         capacity = limit
-    knobs = {k: v for k, v in (("attention_bias", args.bias), ("score_decay", args.decay),
-                               ("score_pool", args.pool)) if v is not None}
+    knobs = {k: v for k, v in (("attention_bias", args.bias), ("score_pool", args.pool)) if v is not None}
     stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=64, policy_settings=knobs))
     planted: dict[int, int] = {}  # fact -> tokens seen when it was stated
     last_mention: dict[int, int] = {}
@@ -177,7 +176,6 @@ def main() -> None:
                    choices=policy_names())
     p.add_argument("--settings", nargs="+", default=["mentioned", "forgotten"])
     p.add_argument("--bias", type=float, default=None, help="inf_mllm attention_bias (default: shipped)")
-    p.add_argument("--decay", type=float, default=None, help="inf_mllm score_decay (default: shipped)")
     p.add_argument("--pool", type=int, default=None, help="inf_mllm score_pool (default: shipped)")
     p.add_argument("--mention-every", type=int, default=3, help="one message in N mentions a subject")
     add_matrix_options(p, out="recall.json", setting="mentioned")
@@ -197,7 +195,7 @@ def main() -> None:
                    "--mention-every", str(args.mention_every), "--facts", str(args.facts),
                    "--fact-every", str(args.fact_every), "--distances", *map(str, args.distances)]
             cmd += ["--text", args.text] if args.text else []
-            for flag, value in (("--bias", args.bias), ("--decay", args.decay), ("--pool", args.pool)):
+            for flag, value in (("--bias", args.bias), ("--pool", args.pool)):
                 cmd += [flag, str(value)] if value is not None else []
             t = time.time()
             new = run_child(cmd, records, args.out)

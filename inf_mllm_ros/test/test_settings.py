@@ -55,7 +55,7 @@ def offline_settings(tmp_path, params: dict, *cli: str) -> dict:
 
 
 def test_one_parameters_file_builds_one_engine(tmp_path):
-    params = {"cache_size": 300, "eviction_policy": "h2o", "recent_size": 0, "score_decay": 0.5, "score_pool": 5,
+    params = {"cache_size": 300, "eviction_policy": "h2o", "recent_size": 0, "score_memory": False, "score_pool": 5,
               "chunk_size": 32, "attention_bias": 2, "system_prompt": "Remember.", "max_new_tokens": 9}
     offline_config, _ = stream_config(offline_settings(tmp_path, params))
     # What the node builds: its declared parameters, the file over the defaults.

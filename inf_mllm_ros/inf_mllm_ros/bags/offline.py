@@ -274,7 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-size", type=int, help="tokens the KV cache keeps")
     p.add_argument("--policy", help="eviction policy: inf_mllm, streaming_llm, h2o, window or full")
     for knob in (p for p in PARAMETERS if p.policy_knob):  # every policy's settings, as the node has them
-        p.add_argument("--" + knob.name.replace("_", "-"), type=knob.type, help=knob.description)
+        flag = "--" + knob.name.replace("_", "-")
+        if knob.type is bool:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=knob.description)
+        else:
+            p.add_argument(flag, type=knob.type, help=knob.description)
     p.add_argument("--chunk-size", type=int, help="longest block pushed before an eviction")
     p.add_argument("--max-frame-pixels", type=int, help="bound on a frame's pixels; 0: the model's own")
     p.add_argument("--max-new-tokens", type=int, help="longest answer in tokens")

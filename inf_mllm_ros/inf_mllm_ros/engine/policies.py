@@ -31,9 +31,11 @@ class SlotView:
     stats: dict[str, Tensor] = field(default_factory=dict)  # the policy's `slot_stats`, [heads, fill], in place
 
 
-def knob(default, doc: str, *, low: float, high: float, step: int = 1, live: bool = False):
-    """A policy setting: a dataclass field whose metadata says what it means, its range and whether it may
-    change while the stream runs (`live`). The node turns each knob into a parameter of the same name."""
+def knob(default, doc: str, *, low: float | None = None, high: float | None = None, step: int = 1,
+         live: bool = False):
+    """A policy setting: a dataclass field whose metadata says what it means, its range (numbers only) and
+    whether it may change while the stream runs (`live`). The node turns each knob into a parameter of the
+    same name."""
     return field(default=default, metadata={"doc": doc, "low": low, "high": high, "step": step, "live": live})
 
 
@@ -102,6 +104,8 @@ def _checked(f: Field, value):
     if type(value) is not expected:
         raise ValueError(f"{f.name} must be of type {expected.__name__}, got {value!r}")
     low, high, step = f.metadata["low"], f.metadata["high"], f.metadata["step"]
+    if low is None:
+        return value
     if not low <= value <= high:
         raise ValueError(f"{f.name} must be in [{low:g}, {high:g}], got {value!r}")
     if step > 1 and (value - low) % step:
@@ -219,48 +223,48 @@ class InfMLLMPolicy(EvictionPolicy):
     where local attention favours its last tokens; so a block is first judged by the block after next.
     The tokens between are the candidates. At each eviction the candidates' attention from the retrieval
     window (the queries pushed since the last eviction) is averaged per query: every candidate is older
-    than the window, so every window query sees it. With `score_decay` d > 0, a candidate's attention is a
-    moving average over the windows that judged it, started from zero:
+    than the window, so every window query sees it. With `score_memory`, a candidate's attention A is the
+    most it has drawn from any window since it arrived:
 
-        A <- d * A + (1 - d) * a
+        A <- max(A, a)
 
-    Saddles are the tokens that keep drawing attention over many prompts; a token judged once has shown
-    that for one prompt and counts (1 - d) of its attention, a token that has drawn attention for many
-    prompts counts what it has drawn lately. So a newcomer takes an incumbent's slot only with about
-    1 / (1 - d) times its attention (10x at 0.9) or by the bias, and a fact that drew attention once is
-    not washed out by the next paragraph. The score ranks candidates by log attention against log age, and
-    a kept token keeps its neighbours (each candidate scores as the best within `score_pool` slots
-    centred on it):
+    Saddles are the tokens that keep drawing attention, but not from every prompt: a fact draws it when
+    its subject comes up again, and the prompts between look elsewhere. So a candidate keeps the evidence
+    of its best window, and the bias, not the next unrelated paragraph, decides how long that evidence
+    lasts. (A moving average over windows, tried before, started newcomers at a tenth of their attention
+    and forgot a hit within about ten prompts; its kept tokens came two to one from the later half of
+    their block.) The score ranks candidates by log attention against log age, and a kept token keeps its
+    neighbours (each candidate scores as the best within `score_pool` slots centred on it):
 
         score = log A - attention_bias * log(age)      (age: tokens pushed since the candidate's block)
 
     that is A / age^attention_bias: a token twice as old keeps its slot against a younger one only if it
-    draws 2^attention_bias times more attention (10 times as old: 10^attention_bias). Both terms are
+    has drawn 2^attention_bias times more attention (10 times as old: 10^attention_bias). Both terms are
     ratios, so the bias means the same at any cache size, head count, pooling or stream length, and the
-    cache keeps moving however long the stream runs: a saddle stays as long as its attention outgrows
-    its age. A bias of 0 lets early winners hold the cache for good; a very large bias turns the
-    candidates into a window. Age counts from the end of the block a token came in (`born`, stamped at
-    the first eviction that sees it), so the tokens of one block are equally old: the bias prefers newer
-    blocks, never the second half of a block.
+    cache keeps moving however long the stream runs: a saddle stays until its age outgrows its attention.
+    A bias of 0 lets early winners hold the cache for good; a very large bias turns the candidates into a
+    window. Age counts from the end of the block a token came in (`born`, stamped at the first eviction
+    that sees it), so the tokens of one block are equally old: the bias prefers newer blocks, never the
+    second half of a block.
     A camera frame brings a hundred tokens or more that draw attention from one another; the text a
     robot is told is sparse. So `text_share` of the candidate slots go to the best-scored text tokens
     whenever there is that much text, and the rest to the best of everything (see `reserve_text`).
-    `score_decay=0, score_pool=1, text_share=0` is the plain method (the newest window's attention
+    `score_memory=False, score_pool=1, text_share=0` is the plain method (the newest window's attention
     alone, one ranking for all).
     """
 
     name: ClassVar[str] = "inf_mllm"
     needs_attention: ClassVar[bool] = True
-    slot_stats: ClassVar[tuple[str, ...]] = ("score_memory", "born")
+    slot_stats: ClassVar[tuple[str, ...]] = ("peak_attention", "born")
     recent_size: int = _recent_size()
     sink_size: int = _sink_size()
     attention_bias: float = knob(
         1.0, "Bias of the eviction score toward newer tokens: a token twice as old keeps its slot against a "
-        "younger one only if it draws 2^attention_bias times more attention; 0: early winners hold the memory.",
-        low=0.0, high=100.0, live=True)
-    score_decay: float = knob(
-        0.9, "Memory of earlier prompts' attention in the eviction score (a moving average started from "
-        "zero); 0: the newest prompt only.", low=0.0, high=0.999)
+        "younger one only if it has drawn 2^attention_bias times more attention; 0: early winners hold the "
+        "memory.", low=0.0, high=100.0, live=True)
+    score_memory: bool = knob(
+        True, "Score a token by the most attention it has drawn from any prompt since it arrived (a fact keeps "
+        "the evidence of the prompt that referred to it); false: by the newest prompt's attention alone.")
     score_pool: int = knob(
         13, "A kept token keeps the tokens around it, in a centred window of this many slots (odd); "
         "1: single tokens.", low=1, high=255, step=2)
@@ -290,15 +294,11 @@ class InfMLLMPolicy(EvictionPolicy):
             view.stats["born"][:, view.fill - view.new :] = now
         cand = slice(sinks, view.fill - recent)
         attention = view.window_attention[:, cand] / view.window_queries[cand].clamp(min=1.0)
-        seen = view.window_queries[cand] > 0
-        if self.score_decay > 0.0:
-            # Saddles keep drawing attention: a candidate's score is the evidence of many windows, a
-            # moving average that starts from zero, so a token judged once counts for (1 - d) of its
-            # attention and an incumbent for what it has drawn lately.
-            memory = view.stats["score_memory"][:, cand]
-            d = self.score_decay
-            memory.copy_(torch.where(seen, d * memory + (1.0 - d) * attention, memory))
-            attention = memory
+        if self.score_memory:
+            # A saddle draws attention when something refers to it, not from every prompt: keep the
+            # evidence of its best window (a window that did not see it, after a reset, adds nothing).
+            peak = view.stats["peak_attention"][:, cand]
+            attention = peak.copy_(torch.maximum(peak, attention))
         score = torch.log(attention.clamp(min=1e-30))
         n = score.shape[-1]
         if self.score_pool > 1 and n > 1:
