@@ -57,6 +57,32 @@ def paragraphs(text: str, chars: int = 260) -> list[str]:
     return out
 
 
+def value_positions(adapter, message: str, told: int, value: str) -> list[int]:
+    """Stream indices of the tokens that spell `value`, its last occurrence in a message whose turn ended at
+    `told` tokens."""
+    suffix = adapter.chat.user_suffix
+    closing = len(adapter.tokenize(suffix)) if suffix else 0
+    turn = adapter.tokenize(adapter.chat.user(message)).tolist()
+    body = turn[: len(turn) - closing]
+    first = next((i for i in range(len(body) - 1, -1, -1) if value in adapter.decode(body[i:])), None)
+    if first is None:
+        return []
+    last = next(j for j in range(first + 1, len(body) + 1) if value in adapter.decode(body[first:j]))
+    return [told - closing - (len(body) - i) for i in range(first, last)]
+
+
+def value_kept(stream, positions: list[int]) -> float:
+    """Share of the cache's layer-heads that hold every token of the value: a smoother figure than the
+    answer, which also depends on how well the model reads what is kept."""
+    import torch
+
+    if not positions:
+        return 0.0
+    shares = [torch.stack([(stream.cache.cached_seq(i) == p).any(-1) for p in positions]).all(0).float().mean()
+              for i in range(len(stream.cache.layers))]
+    return round(float(torch.stack(shares).mean()), 4)
+
+
 def run_one(args) -> list[dict]:
     from inf_mllm_ros.engine.loading import load_model
     from inf_mllm_ros.engine.stream import KVStream, StreamConfig
@@ -78,6 +104,7 @@ def run_one(args) -> list[dict]:
     stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=64, policy_settings=knobs))
     planted: dict[int, int] = {}  # fact -> tokens seen when it was stated
     last_mention: dict[int, int] = {}
+    where: dict[int, list[int]] = {}  # fact -> stream indices of its value's tokens
     pending = list(facts)
     records, asked = [], set()
     t0 = time.perf_counter()
@@ -87,8 +114,10 @@ def run_one(args) -> list[dict]:
             # Plant the next fact after a random part of a paragraph.
             fact = pending.pop(0)
             words = next(filler).split()
-            stream.push_text(" ".join(words[: rng.randint(0, min(40, len(words)))] + [fact["statement"]]))
+            told = " ".join(words[: rng.randint(0, min(40, len(words)))] + [fact["statement"]])
+            stream.push_text(told)
             planted[fact["fact_id"]] = stream.tokens_seen
+            where[fact["fact_id"]] = value_positions(adapter, told, stream.tokens_seen, fact["value"])
         else:
             active = [f for f in facts if f["fact_id"] in planted
                       and any((f["fact_id"], d) not in asked for d in distances)]
@@ -105,6 +134,7 @@ def run_one(args) -> list[dict]:
             for distance in distances:
                 if fid in planted and (fid, distance) not in asked and stream.tokens_seen - planted[fid] >= distance:
                     asked.add((fid, distance))
+                    kept = value_kept(stream, where[fid])
                     answer = stream.ask(fact["question"], max_new_tokens=12)
                     records.append({
                         "policy": args.policy,
@@ -116,6 +146,7 @@ def run_one(args) -> list[dict]:
                         "value": fact["value"],
                         "answer": answer.text,
                         "recalled": fact["value"] in answer.text,
+                        "value_kept_in_layer_heads": kept,
                         **({"policy_settings": stream.policy.describe()} if args.policy == "inf_mllm" else {}),
                     })
         if limit is not None and stream.cache.fill > limit - 600:

@@ -232,8 +232,10 @@ class BoundedLayer(CacheLayerMixin):
             self.lazy_initialization(keys[None].to(device, dtype), values[None].to(device, dtype))
         if self.keys.shape[1] != keys.shape[0] or self.keys.shape[-1] != keys.shape[-1]:
             raise ValueError(f"saved keys {tuple(keys.shape)} do not fit this model's {tuple(self.keys.shape[1:])}")
-        if set(self.stats) != {k[5:] for k in state if k.startswith("stat.")}:
-            raise ValueError("saved policy statistics differ from this policy's")
+        saved_stats = {k[5:] for k in state if k.startswith("stat.")}
+        if set(self.stats) != saved_stats:
+            raise ValueError(f"saved policy statistics {sorted(saved_stats)} differ from this policy's "
+                             f"{sorted(self.stats)} (saved by another version of the policy)")
         self.keys[0, :, :fill] = keys.to(device, dtype)
         self.values[0, :, :fill] = values.to(device, dtype)
         for name in ("pos_start", "pos_end", "seq", "window_attention"):

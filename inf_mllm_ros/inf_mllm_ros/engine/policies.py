@@ -296,7 +296,7 @@ class InfMLLMPolicy(EvictionPolicy):
         attention = view.window_attention[:, cand] / view.window_queries[cand].clamp(min=1.0)
         if self.score_memory:
             # A saddle draws attention when something refers to it, not from every prompt: keep the
-            # evidence of its best window (a window that did not see it, after a reset, adds nothing).
+            # evidence of its best window.
             peak = view.stats["peak_attention"][:, cand]
             attention = peak.copy_(torch.maximum(peak, attention))
         score = torch.log(attention.clamp(min=1e-30))
