@@ -83,6 +83,10 @@ def test_the_command_line_is_checked_like_the_file(tmp_path):
     with pytest.raises(UsageError, match="score_pool"):
         offline_settings(tmp_path, {}, "--score-pool", "6")
     assert offline_settings(tmp_path, {"cache_size": 300}, "--cache-size", "400")["cache_size"] == 400
+    # A switch of a policy is a flag pair, over the file's value either way.
+    assert offline_settings(tmp_path, {"score_memory": True}, "--no-score-memory")["score_memory"] is False
+    assert offline_settings(tmp_path, {"score_memory": False}, "--score-memory")["score_memory"] is True
+    assert offline_settings(tmp_path, {"score_memory": False})["score_memory"] is False
 
 
 def test_every_default_passes_its_own_checks():
@@ -91,7 +95,8 @@ def test_every_default_passes_its_own_checks():
 
 
 @pytest.mark.parametrize("name, text, expected", [("cache_size", "2048", 2048), ("attention_bias", "2", 2.0),
-                                                  ("autostart", "False", False), ("model", " a b ", " a b ")])
+                                                  ("autostart", "False", False), ("score_memory", "false", False),
+                                                  ("model", " a b ", " a b ")])
 def test_launch_arguments_become_typed_parameter_values(name, text, expected):
     value = value_from_text(name, text)
     assert value == expected and type(value) is type(expected)
