@@ -61,7 +61,7 @@ def test_one_parameters_file_builds_one_engine(tmp_path):
     # What the node builds: its declared parameters, the file over the defaults.
     node_config = node_stream_config(dict(DEFAULTS, **params))
     assert offline_config == node_config
-    # The policy takes its own settings only: h2o has a recent window and no bias, decay or pooling.
+    # The policy takes its own settings only: h2o has a recent window and no bias, score memory or pooling.
     assert node_config.capacity == 300 and node_config.policy_settings == {"recent_size": 0}
 
 
