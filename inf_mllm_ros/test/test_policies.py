@@ -163,7 +163,8 @@ def test_a_token_twice_as_old_needs_two_to_the_bias_times_the_attention(bias):
         attn = torch.full((HEADS, 10), 1e-2)
         attn[:, 4], attn[:, 5] = 1e-3 * ratio, 1e-3
         v = SlotView(fill=10, num_heads=HEADS, seq=seq, window_attention=attn, window_queries=torch.ones(10),
-                     stats={"peak_attention": torch.zeros(HEADS, 10), "born": seq.float() + 1})
+                     stats={"peak_attention": torch.zeros(HEADS, 10), "attention_sum": torch.zeros(HEADS, 10),
+                            "born": seq.float() + 1})
         idx = policy.select(v, 9)[0].tolist()
         assert (4 in idx, 5 in idx) == (old_kept, not old_kept), (bias, ratio)
 
@@ -240,6 +241,21 @@ def test_score_memory_keeps_a_saddle_of_earlier_prompts():
     assert 6 not in kept(inf(PLAIN, attention_bias=0.0), v), "the plain score knows the newest window only"
 
 
+@pytest.mark.parametrize("ratio, enters", [(5.0, False), (20.0, True)])
+def test_attention_that_keeps_coming_adds_up_against_a_newcomer(ratio, enters):
+    """Saddles keep drawing attention: an incumbent that drew 1 % in every window for long counts ten
+    times that (the decayed sum), so a newcomer judged once takes its slot only with more, or by the bias."""
+    newcomers = set(range(40, 76))
+    for bias, expected in ((0.0, enters), (50.0, True)):
+        policy = inf(attention_bias=bias, score_pool=1)
+        v = view(policy=policy)
+        v.stats["attention_sum"][:, 4:40] = 1e-2 / (1 - 0.9)  # incumbents: 1 % of attention for many windows ...
+        v.window_attention[:, 4:40] = 1e-2 * 8  # ... and now
+        v.window_attention[:, 40:76] = 1e-2 * ratio * 8  # newcomers, judged for the first time
+        candidates_kept = kept(policy, v) - set(range(4)) - set(range(FILL - 4, FILL))
+        assert (candidates_kept <= newcomers) == expected, (bias, ratio)
+
+
 @pytest.mark.parametrize("bias", [0.5, 1.0, 2.0])
 def test_a_remembered_hit_trades_against_age_like_attention_now(bias):
     """A fact drew attention once (its subject came up) and none since; a younger token draws some now.
@@ -252,7 +268,7 @@ def test_a_remembered_hit_trades_against_age_like_attention_now(bias):
         peak = torch.zeros(HEADS, 10)
         peak[:, 4] = 1e-3 * ratio  # its subject's mention, some prompts ago
         v = SlotView(fill=10, num_heads=HEADS, seq=seq, window_attention=attn, window_queries=torch.ones(10),
-                     stats={"peak_attention": peak, "born": seq.float() + 1})
+                     stats={"peak_attention": peak, "attention_sum": torch.zeros(HEADS, 10), "born": seq.float() + 1})
         idx = policy.select(v, 9)[0].tolist()
         assert (4 in idx, 5 in idx) == (old_kept, not old_kept), (bias, ratio)
 
