@@ -75,7 +75,7 @@ def test_inf_mllm_recalls_facts_that_streaming_llm_loses(qwen, paragraphs):
     # Measured here over six trials: every value kept in 25-83 % of layer-heads, six of six recalled (with the
     # peak memory alone: 15-77 %, three of six).
     assert all(r[1] > 0.1 for r in inf), f"inf_mllm keeps every fact's value in some layer-heads: {inf}"
-    assert sum(r[0] for r in inf) >= 2, f"inf_mllm recalls: {inf}"
+    assert sum(r[0] for r in inf) >= 3, f"inf_mllm recalls: {inf}"
 
 
 @pytest.fixture(scope="module")
