@@ -167,9 +167,10 @@ def plot(name: str = "recall.json") -> None:
     records = load_records(name)
     if not records:
         return
-    settings = ["forgotten", "mentioned"]
+    settings = [s for s in ("forgotten", "mentioned") if any(r["setting"] == s for r in records)]
     caches = sorted({r["cache_size"] for r in records if r["cache_size"] != "all"})
-    fig, axes = plt.subplots(len(settings), len(caches), figsize=(5 * len(caches), 7), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(len(settings), len(caches), figsize=(5 * len(caches), 3.5 * len(settings)), sharey=True,
+                             squeeze=False)
     for i, setting in enumerate(settings):
         for j, cache in enumerate(caches):
             ax = axes[i][j]
@@ -187,7 +188,7 @@ def plot(name: str = "recall.json") -> None:
             ax.set_xlabel("distance (tokens)")
             ax.grid(alpha=0.3)
         axes[i][0].set_ylabel("recall")
-    axes[0][-1].legend(fontsize=8)
+    axes[0][-1].legend(fontsize=8)  # every panel has every policy that ran; one legend names them
     fig.tight_layout()
     fig.savefig(RESULTS / name.replace(".json", ".png"), dpi=110)
 
