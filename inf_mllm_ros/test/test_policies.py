@@ -163,8 +163,7 @@ def test_a_token_twice_as_old_needs_two_to_the_bias_times_the_attention(bias):
         attn = torch.full((HEADS, 10), 1e-2)
         attn[:, 4], attn[:, 5] = 1e-3 * ratio, 1e-3
         v = SlotView(fill=10, num_heads=HEADS, seq=seq, window_attention=attn, window_queries=torch.ones(10),
-                     stats={"peak_attention": torch.zeros(HEADS, 10), "attention_sum": torch.zeros(HEADS, 10),
-                            "born": seq.float() + 1})
+                     stats={"attention_sum": torch.zeros(HEADS, 10), "born": seq.float() + 1})
         idx = policy.select(v, 9)[0].tolist()
         assert (4 in idx, 5 in idx) == (old_kept, not old_kept), (bias, ratio)
 
@@ -234,7 +233,7 @@ def test_score_pool_keeps_a_saddle_with_the_tokens_around_it():
 def test_score_memory_keeps_a_saddle_of_earlier_prompts():
     policy = inf(attention_bias=0.0, score_pool=1)
     v = view(policy=policy)
-    v.stats["peak_attention"][:, 6] = 0.5  # drew half the attention in one earlier window ...
+    v.stats["attention_sum"][:, 6] = 0.5  # drew half the attention in earlier windows ...
     v.window_attention[:] = 1e-2 * 8  # ... and none in this one, where every other token drew 1 %
     v.window_attention[:, 6] = 0.0
     assert 6 in kept(policy, v)
@@ -257,18 +256,18 @@ def test_attention_that_keeps_coming_adds_up_against_a_newcomer(ratio, enters):
 
 
 @pytest.mark.parametrize("bias", [0.5, 1.0, 2.0])
-def test_a_remembered_hit_trades_against_age_like_attention_now(bias):
-    """A fact drew attention once (its subject came up) and none since; a younger token draws some now.
-    The fact keeps its slot while it has drawn more than 2^bias times as much at twice the age."""
+def test_remembered_attention_trades_against_age_like_attention_now(bias):
+    """A fact drew attention in earlier prompts (its subject came up) and none now; a younger token draws
+    some now. The fact keeps its slot while its decayed sum is more than 2^bias times that at twice the age."""
     policy = make_policy("inf_mllm", capacity=9, recent_size=4, attention_bias=bias, score_pool=1)
     seq = torch.tensor([0, 1, 2, 3, 101, 301, 496, 497, 498, 501]).expand(HEADS, 10)  # ages 400 and 200
     for ratio, old_kept in ((0.95 * 2 ** bias, False), (1.05 * 2 ** bias, True)):
         attn = torch.full((HEADS, 10), 1e-2)
         attn[:, 4], attn[:, 5] = 0.0, 1e-3  # the fact draws nothing now
-        peak = torch.zeros(HEADS, 10)
-        peak[:, 4] = 1e-3 * ratio  # its subject's mention, some prompts ago
+        total = torch.zeros(HEADS, 10)
+        total[:, 4] = 1e-3 * ratio / 0.9  # its subject's mentions, decayed by a tenth at this eviction
         v = SlotView(fill=10, num_heads=HEADS, seq=seq, window_attention=attn, window_queries=torch.ones(10),
-                     stats={"peak_attention": peak, "attention_sum": torch.zeros(HEADS, 10), "born": seq.float() + 1})
+                     stats={"attention_sum": total, "born": seq.float() + 1})
         idx = policy.select(v, 9)[0].tolist()
         assert (4 in idx, 5 in idx) == (old_kept, not old_kept), (bias, ratio)
 
