@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from inf_mllm_ros.engine.cache import BoundedKVCache, PromptPositions
-from inf_mllm_ros.engine.policies import POLICIES, SlotView, make_policy
+from inf_mllm_ros.engine.policies import MEMORY_DECAY, POLICIES, SlotView, make_policy
 
 FILL, KEEP, HEADS = 80, 40, 2
 SHIPPED = {}  # make_policy's defaults: the settings StreamConfig and the node ship
@@ -248,7 +248,7 @@ def test_attention_that_keeps_coming_adds_up_against_a_newcomer(ratio, enters):
     for bias, expected in ((0.0, enters), (50.0, True)):
         policy = inf(attention_bias=bias, score_pool=1)
         v = view(policy=policy)
-        v.stats["attention_sum"][:, 4:40] = 1e-2 / (1 - 0.9)  # incumbents: 1 % of attention for many windows ...
+        v.stats["attention_sum"][:, 4:40] = 1e-2 / (1 - MEMORY_DECAY)  # incumbents: 1 % of attention for many windows ...
         v.window_attention[:, 4:40] = 1e-2 * 8  # ... and now
         v.window_attention[:, 40:76] = 1e-2 * ratio * 8  # newcomers, judged for the first time
         candidates_kept = kept(policy, v) - set(range(4)) - set(range(FILL - 4, FILL))
@@ -265,7 +265,7 @@ def test_remembered_attention_trades_against_age_like_attention_now(bias):
         attn = torch.full((HEADS, 10), 1e-2)
         attn[:, 4], attn[:, 5] = 0.0, 1e-3  # the fact draws nothing now
         total = torch.zeros(HEADS, 10)
-        total[:, 4] = 1e-3 * ratio / 0.9  # its subject's mentions, decayed by a tenth at this eviction
+        total[:, 4] = 1e-3 * ratio / MEMORY_DECAY  # its subject's mentions, decayed once more at this eviction
         v = SlotView(fill=10, num_heads=HEADS, seq=seq, window_attention=attn, window_queries=torch.ones(10),
                      stats={"attention_sum": total, "born": seq.float() + 1})
         idx = policy.select(v, 9)[0].tolist()
