@@ -1,18 +1,21 @@
 """Recall of planted facts at distances of 1K to 8K tokens, per policy and cache size.
 
     python -m inf_mllm_ros.engine.loading --prepare-qwen    # once: the 0.5B evaluation model
-    python benchmarks/recall.py                              # caches 512 and 1024, both settings
+    python benchmarks/recall.py                              # caches 512 and 1024, mentioned and forgotten
+    python benchmarks/recall.py --settings pinned --policies full inf_mllm
     python benchmarks/recall.py --plot-only
 
 Facts ("The code of the red locker is 4817.") are planted along one stream of text messages
 (paragraphs of a novel, pushed as a robot's messages would be), one every `--fact-every` tokens, each
 after a random number of the paragraph's words so that facts sit at varied offsets in the stream and
 in its chunks. Every fact is asked about ("What is the code of the red locker?") as the stream moves
-each of `--distances` tokens past it: one stream per policy, cache and setting. Two settings:
+each of `--distances` tokens past it: one stream per policy, cache and setting. The settings:
 - `forgotten`: the fact is never referred to again. No eviction by attention can be expected to keep
   it; reported anyway.
 - `mentioned`: its subject comes up again now and then without its value ("Someone walked past the
   red locker."), which is what attention saddles are for.
+- `pinned`: as `forgotten`, but each fact's message is pinned (`push_text(..., pin=True)`): what a
+  caller can do for what must stay. Policies other than inf_mllm ignore pins.
 The full cache is the ceiling. Questions are not kept in memory, so they do not disturb the stream.
 Results: benchmarks/results/recall.json, one record per fact and distance.
 """
@@ -115,7 +118,7 @@ def run_one(args) -> list[dict]:
             fact = pending.pop(0)
             words = next(filler).split()
             told = " ".join(words[: rng.randint(0, min(40, len(words)))] + [fact["statement"]])
-            stream.push_text(told)
+            stream.push_text(told, pin=args.setting == "pinned")
             planted[fact["fact_id"]] = stream.tokens_seen
             where[fact["fact_id"]] = value_positions(adapter, told, stream.tokens_seen, fact["value"])
         else:
@@ -167,7 +170,7 @@ def plot(name: str = "recall.json") -> None:
     records = load_records(name)
     if not records:
         return
-    settings = [s for s in ("forgotten", "mentioned") if any(r["setting"] == s for r in records)]
+    settings = [s for s in ("forgotten", "mentioned", "pinned") if any(r["setting"] == s for r in records)]
     caches = sorted({r["cache_size"] for r in records if r["cache_size"] != "all"})
     fig, axes = plt.subplots(len(settings), len(caches), figsize=(5 * len(caches), 3.5 * len(settings)), sharey=True,
                              squeeze=False)
@@ -206,7 +209,8 @@ def main() -> None:
     # window is streaming_llm without its sinks: not worth a 0.5B stream by default.
     p.add_argument("--policies", nargs="+", default=[n for n in policy_names() if n != "window"],
                    choices=policy_names())
-    p.add_argument("--settings", nargs="+", default=["mentioned", "forgotten"])
+    p.add_argument("--settings", nargs="+", default=["mentioned", "forgotten"],
+                   choices=["mentioned", "forgotten", "pinned"])
     p.add_argument("--bias", type=float, default=None, help="inf_mllm attention_bias (default: shipped)")
     p.add_argument("--pool", type=int, default=None, help="inf_mllm score_pool (default: shipped)")
     p.add_argument("--mention-every", type=int, default=3, help="one message in N mentions a subject")

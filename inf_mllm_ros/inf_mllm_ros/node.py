@@ -195,6 +195,8 @@ class InfMLLMNode(LifecycleNode):
             self.create_subscription(CompressedImage, "image/compressed",
                                      lambda m: self._offer_frame(m, self._decode_compressed, "compressed"), IMAGE_QOS),
             self.create_subscription(String, "text", self._on_text, TEXT_QOS),
+            # What the robot must not forget (a task, a code, a rule): kept ahead of what attention chooses.
+            self.create_subscription(String, "text/pinned", lambda m: self._on_text(m, pin=True), TEXT_QOS),
         ]
         self._set_timer("description", self._param("description_period"))
         self._active = True
@@ -386,14 +388,14 @@ class InfMLLMNode(LifecycleNode):
             return
         future.add_done_callback(lambda f: self._post("frame_done", f))
 
-    def _on_text(self, msg: String) -> None:
+    def _on_text(self, msg: String, pin: bool = False) -> None:
         text = msg.data
         refusal = text_refusal(text, self._param("max_text_chars"))
         if refusal is not None:
             self._reject(*refusal)
             return
         try:
-            future = self.engine.submit_text(text, self._stream_time(None))
+            future = self.engine.submit_text(text, self._stream_time(None), pin=pin)
         except EngineNotReadyError as exc:
             self._reject("engine_closed", f"text refused: {exc}")
             return
@@ -522,6 +524,7 @@ class InfMLLMNode(LifecycleNode):
         if s is not None:
             msg.capacity, msg.fill, msg.tokens_seen, msg.tokens_evicted = s.capacity, s.fill, s.tokens_seen, s.tokens_evicted
             msg.frames_ingested, msg.texts_ingested, msg.kv_bytes = s.frames_ingested, s.texts_ingested, s.kv_bytes
+            msg.pinned_held = s.pinned_held
             msg.eviction_policy = s.policy  # the bias is the config's: the snapshot lags a change until the next input
         counters = self.engine.counters
         with self._lock:

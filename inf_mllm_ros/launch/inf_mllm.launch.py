@@ -24,7 +24,7 @@ from inf_mllm_ros.settings import PARAMETERS, value_from_text
 
 LAUNCH_ONLY = {
     "image_topic": ("image", "Camera topic (sensor_msgs/Image); its '/compressed' sibling is used for CompressedImage"),
-    "text_topic": ("text", "Text topic (std_msgs/String)"),
+    "text_topic": ("text", "Text topic (std_msgs/String); its '/pinned' sibling takes the texts to keep"),
     "params_file": ("", "YAML file with the node's parameters (see config/)"),
     "namespace": ("", "Namespace of the node and its topics"),
     "node_name": ("inf_mllm", "Name of the node"),
@@ -67,6 +67,7 @@ def _node(context):
         raise ValueError("launch argument autostart:='' must be true or false")
     autostart = overrides["autostart"]
     image = arg["image_topic"].strip()
+    text = arg["text_topic"].strip()
     return [
         Node(
             package="inf_mllm_ros",
@@ -75,7 +76,7 @@ def _node(context):
             namespace=arg["namespace"].strip(),
             parameters=([params_file] if params_file else []) + [overrides],
             remappings=[("image", image), ("image/compressed", image + "/compressed"),
-                        ("text", arg["text_topic"].strip())],
+                        ("text", text), ("text/pinned", text + "/pinned")],
             output="screen",
             emulate_tty=True,
             additional_env=_fastdds_env(),

@@ -404,6 +404,30 @@ def test_reset_clears_the_memory(probe):
     assert stats.tokens_seen == 0
 
 
+def test_a_pinned_text_outlasts_a_flood_of_texts(probe):
+    # A fact on text/pinned, then three caches' worth of other messages on text: every token of the fact is
+    # still held in every layer and head. (The small test model cannot be relied on to read it back after the
+    # flood; test_recall shows the 0.5B model does.)
+    ready_stats(probe)
+    assert probe.call(probe.reset, Trigger.Request(), timeout=120).success
+    probe.stats.wait(lambda m: m.fill == 0 and m.texts_ingested == 0, timeout=20, what="an empty memory")
+    pinned = probe.node.create_publisher(String, f"{NAMESPACE}/text/pinned", RELIABLE)
+    try:
+        publish_until_matched(probe, pinned, String(data=FACT))
+        # At least the fact's words, its time and its turn's tokens.
+        told = probe.stats.wait(lambda m: m.texts_ingested == 1 and m.pinned_held >= 8, timeout=60,
+                                what="the pinned text ingested and held")
+        filler = [f"Shelf {i} in aisle {i % 7} holds {3 * i} boxes of screws, bolts and washers." for i in range(90)]
+        for start in range(0, len(filler), 10):  # in tens, within the node's text queue
+            for text in filler[start : start + 10]:
+                probe.text.publish(String(data=text))
+            stats = probe.stats.wait(lambda m: m.texts_ingested >= 11 + start, timeout=120, what="the texts ingested")
+        assert stats.tokens_evicted > 2 * PARAMS["cache_size"], "the flood turned the memory over"
+        assert stats.pinned_held == told.pinned_held
+    finally:
+        probe.node.destroy_publisher(pinned)
+
+
 BURST = 100
 DOCUMENTED_REFUSALS = ("query queue full", "no answer within query_timeout", "model is still loading")
 
@@ -662,7 +686,7 @@ class StandInEngine:
     def submit_ask(self, question, *, max_new_tokens=None, keep_in_memory=False, on_token=None, cancel=None):
         return self.answer()
 
-    def submit_text(self, text, stamp=None):
+    def submit_text(self, text, stamp=None, *, pin=False):
         return Future()
 
     def abandon(self, future):

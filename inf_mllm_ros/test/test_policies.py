@@ -350,3 +350,40 @@ def test_the_text_share_never_takes_more_than_the_text_there_is():
     v.frame[:, 8:40] = True  # text: the sinks and slots 4-7 only
     chosen = kept(policy, v)  # KEEP slots all the same: frames fill what the text cannot
     assert {4, 5, 6, 7} <= chosen
+
+
+def pinned_view(policy, pins) -> SlotView:
+    """Frames drawing the most attention, text drawing little, and the given slots pinned."""
+    v = mixed_view(policy)
+    v.pinned = torch.zeros(HEADS, FILL, dtype=torch.bool)
+    v.pinned[:, list(pins)] = True
+    return v
+
+
+@VARIANTS
+def test_pinned_tokens_are_kept_whatever_their_attention(variant):
+    # Without the text share, so that only the pins can keep text against the frames.
+    policy = inf(variant, attention_bias=0.0, text_share=0.0)
+    pins = [5, 6, 7, 20, 21]  # text that draws the least attention of all
+    assert set(pins) <= kept(policy, pinned_view(policy, pins))
+    unpinned = inf(variant, attention_bias=0.0, text_share=0.0, pin_share=0.0)
+    assert not set(pins) & kept(unpinned, pinned_view(unpinned, pins))
+
+
+@pytest.mark.parametrize("share", [0.25, 0.5])
+def test_pins_beyond_their_share_give_way_oldest_first(share):
+    policy = inf(text_share=0.0, attention_bias=0.0, score_pool=1, pin_share=share)
+    v = pinned_view(policy, range(4, 34))  # more pins than the share holds
+    sinks, _ = policy.regions(v, KEEP)
+    room = int(share * (KEEP - sinks))  # a share of every slot but the sinks
+    chosen = kept(policy, v)
+    assert {i for i in chosen if 4 <= i < 34} == set(range(34 - room, 34)), "the newest pins"
+
+
+def test_pins_outrank_the_oldest_of_a_recent_window_that_would_take_every_slot():
+    # At the first eviction the whole stream is new: its recent window alone would fill the cache.
+    policy = inf()
+    v = pinned_view(policy, range(10, 20))
+    v.new = FILL
+    assert policy.regions(v, KEEP)[1] == KEEP - 4
+    assert set(range(10, 20)) <= kept(policy, v)

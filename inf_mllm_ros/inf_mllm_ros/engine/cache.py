@@ -37,6 +37,7 @@ class PromptPositions:
     end: Tensor  # [q] int64: one past the largest position component of the token
     seq: Tensor  # [q] int64: index of the token in the stream
     frame: bool = False  # the tokens belong to a camera frame's prompt (else to text)
+    pinned: bool | Tensor = False  # the caller asked to keep these tokens (or [q] bool, per token)
 
     @classmethod
     def contiguous(cls, first_position: int, first_seq: int, length: int, device=None) -> "PromptPositions":
@@ -124,6 +125,7 @@ class BoundedLayer(CacheLayerMixin):
         self.pos_origin = None if exact else torch.zeros(heads, slots, **long)
         self.seq = torch.zeros(heads, slots, **long)
         self.frame = torch.zeros(heads, slots, dtype=torch.bool, device=key_states.device)
+        self.pinned = torch.zeros(heads, slots, dtype=torch.bool, device=key_states.device)
         f32 = dict(dtype=torch.float32, device=key_states.device)
         self.window_attention = torch.zeros(heads, slots, **f32)
         self.window_queries = torch.zeros(slots, **f32)
@@ -137,7 +139,8 @@ class BoundedLayer(CacheLayerMixin):
 
     def _per_head(self) -> list[Tensor]:
         """Every per-slot tensor that moves with the slots at an eviction ([heads, slots])."""
-        tensors = [self.pos_start, self.pos_end, self.seq, self.frame, self.window_attention, *self.stats.values()]
+        tensors = [self.pos_start, self.pos_end, self.seq, self.frame, self.pinned, self.window_attention,
+                   *self.stats.values()]
         return tensors if self.pos_origin is None else tensors + [self.pos_origin]
 
     def nbytes(self) -> int:
@@ -175,6 +178,7 @@ class BoundedLayer(CacheLayerMixin):
         self.pos_end[:, self.fill : end] = staged.end
         self.seq[:, self.fill : end] = staged.seq
         self.frame[:, self.fill : end] = staged.frame
+        self.pinned[:, self.fill : end] = staged.pinned
         if self.key_origin is not None:
             self.key_origin[:, :, self.fill : end] = key_states
             self.pos_origin[:, self.fill : end] = staged.start
@@ -210,7 +214,7 @@ class BoundedLayer(CacheLayerMixin):
         state = {
             "keys": self.keys[0, :, :n], "values": self.values[0, :, :n],
             "pos_start": self.pos_start[:, :n], "pos_end": self.pos_end[:, :n], "seq": self.seq[:, :n],
-            "frame": self.frame[:, :n],
+            "frame": self.frame[:, :n], "pinned": self.pinned[:, :n],
             "window_attention": self.window_attention[:, :n], "window_queries": self.window_queries[:n],
             "counters": torch.tensor([self.fill, self.frontier, self.window_start], dtype=torch.long),
         }
@@ -241,8 +245,9 @@ class BoundedLayer(CacheLayerMixin):
         for name in ("pos_start", "pos_end", "seq", "window_attention"):
             getattr(self, name)[:, :fill] = state[name].to(device)
         self.window_queries[:fill] = state["window_queries"].to(device)
-        # Files written before slots knew their kind: every slot counts as text.
+        # Files written before slots knew their kind or pins: every slot counts as text, unpinned.
         self.frame[:, :fill] = state["frame"].to(device) if "frame" in state else False
+        self.pinned[:, :fill] = state["pinned"].to(device) if "pinned" in state else False
         for name, stat in self.stats.items():
             stat[:, :fill] = state[f"stat.{name}"].to(device)
         if self.key_origin is not None:
@@ -271,6 +276,7 @@ class BoundedLayer(CacheLayerMixin):
             num_heads=self.num_heads,
             seq=self.seq[:, :n],
             frame=self.frame[:, :n],
+            pinned=self.pinned[:, :n],
             window_attention=self.window_attention[:, :n],
             window_queries=self.window_queries[:n],
             new=n - self.window_start,
@@ -408,6 +414,11 @@ class BoundedKVCache(Cache):
                 raise ValueError(f"cannot truncate to {fill}: layer holds {layer.fill}")
             layer.fill = fill
             layer.frontier = min(layer.frontier, frontier)
+
+    def pinned_held(self) -> int:
+        """Tokens of pinned texts held in every layer and head (the fewest any layer-head holds)."""
+        held = [int(layer.pinned[:, : layer.fill].sum(-1).min()) for layer in self.layers if layer.is_initialized]
+        return min(held, default=0)
 
     def kv_nbytes(self) -> int:
         return sum(layer.kv_nbytes() for layer in self.layers)

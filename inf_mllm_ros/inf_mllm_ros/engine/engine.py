@@ -129,7 +129,9 @@ class StreamingEngine:
         self._worker.start()
 
     # --- submitting ----------------------------------------------------------------------------------
-    def submit_text(self, text: str, stamp: float | None = None) -> Future:
+    def submit_text(self, text: str, stamp: float | None = None, *, pin: bool = False) -> Future:
+        """Queue a message for the memory (`pin`: keep it ahead of what attention chooses; see
+        `KVStream.push_text`). The future gives its token count."""
         if is_blank(text):
             return _failed(ValueError("empty text"))
         with self._lock:
@@ -138,7 +140,7 @@ class StreamingEngine:
                 self.counters.texts_refused += 1
                 return _failed(EngineBusyError(f"text queue full ({self.max_pending_texts} waiting); message refused"))
             self._pending_texts += 1
-            return self._enqueue(self._messages, "text", (text, stamp))
+            return self._enqueue(self._messages, "text", (text, stamp, pin))
 
     def submit_frame(self, rgb: np.ndarray, stamp: float | None = None) -> Future:
         future: Future = Future()
@@ -245,8 +247,9 @@ class StreamingEngine:
         return f"model failed to load: {self.load_error}" if self.load_error else "engine is closed"
 
     # --- blocking conveniences -----------------------------------------------------------------------
-    def push_text(self, text: str, stamp: float | None = None, timeout: float | None = None) -> int:
-        return self.submit_text(text, stamp).result(timeout)
+    def push_text(self, text: str, stamp: float | None = None, timeout: float | None = None, *,
+                  pin: bool = False) -> int:
+        return self.submit_text(text, stamp, pin=pin).result(timeout)
 
     def push_frame(self, rgb: np.ndarray, stamp: float | None = None, timeout: float | None = None) -> int:
         return self.submit_frame(rgb, stamp).result(timeout)

@@ -28,6 +28,7 @@ class SlotView:
     window_queries: Tensor  # [fill] f32: how many of those queries could see each slot
     new: int = 0  # slots appended since the last eviction: the retrieval window's own tokens, newest last
     frame: Tensor | None = None  # [heads, fill] bool: the slot holds a camera frame's token (else text)
+    pinned: Tensor | None = None  # [heads, fill] bool: the caller asked to keep the slot's token
     stats: dict[str, Tensor] = field(default_factory=dict)  # the policy's `slot_stats`, [heads, fill], in place
 
 
@@ -252,9 +253,13 @@ class InfMLLMPolicy(EvictionPolicy):
     second half of a block.
     A camera frame brings a hundred tokens or more that draw attention from one another; the text a
     robot is told is sparse. So `text_share` of the candidate slots go to the best-scored text tokens
-    whenever there is that much text, and the rest to the best of everything (see `reserve_text`).
-    `score_memory=False, score_pool=1, text_share=0` is the plain method (the newest window's attention
-    alone, one ranking for all).
+    whenever there is that much text, and the rest to the best of everything.
+    Attention keeps only what something has referred to: a fact a robot is told and not asked about for
+    an hour draws none. So a caller may pin a message (`KVStream.push_text(..., pin=True)`): its tokens
+    rank above every other candidate, the newest pins first, in up to `pin_share` of the candidate slots;
+    pins beyond that compete on score like any token.
+    `score_memory=False, score_pool=1, text_share=0` with nothing pinned is the plain method (the newest
+    window's attention alone, one ranking for all).
     """
 
     name: ClassVar[str] = "inf_mllm"
@@ -277,6 +282,9 @@ class InfMLLMPolicy(EvictionPolicy):
         0.5, "Share of the candidate slots kept for the best-scored text tokens whenever there is that much "
         "text, so a flood of camera frames cannot push the text out of memory; 0: text and frames compete "
         "on score alone.", low=0.0, high=1.0, live=True)
+    pin_share: float = knob(
+        0.5, "Share of the candidate slots that pinned messages may hold whatever their score, the newest pins "
+        "first; older pins compete on score. 0: pins are ignored.", low=0.0, high=1.0, live=True)
 
     def check_capacity(self, capacity: int) -> None:
         _check_recent(self.recent_size, capacity)
@@ -318,26 +326,42 @@ class InfMLLMPolicy(EvictionPolicy):
 
     def select(self, view: SlotView, keep: int) -> Tensor:
         sinks, recent = self.regions(view, keep)
+        pinned = view.pinned if self.pin_share > 0.0 and view.pinned is not None else None
+        if pinned is not None and bool(pinned[:, sinks:].any()):
+            # The pins' budget is a share of every slot but the sinks, and they outrank the oldest of the
+            # recent window when it would leave them no room (at the first eviction the whole stream is new).
+            pin_room = int(self.pin_share * (keep - sinks))
+            recent = min(recent, keep - sinks - min(int(pinned[:, sinks:].sum(-1).max()), pin_room))
+        else:
+            pinned = None
         score = self.scores(view, sinks, recent)
-        frame = None if view.frame is None else view.frame[:, sinks : view.fill - recent]
+        cand = slice(sinks, view.fill - recent)
+        best = keep - sinks - recent
+        frame = None if view.frame is None else view.frame[:, cand]
         if self.text_share > 0.0 and frame is not None and bool(frame.any()) and not bool(frame.all()):
-            score = self.reserve_text(score, frame, keep - sinks - recent)  # only where text and frames compete
+            # Only where text and frames compete. Frame tokens come by the hundred per frame and draw
+            # attention from one another; text is sparse and is what a robot is told. Ranked on score alone,
+            # a camera flood pushes every text token out; with a share, the text competes for its slots
+            # with other text, and the rest go to whichever scores best.
+            score = _lift_first(score, ~frame, by=score, room=int(self.text_share * max(best, 0)))
+        if pinned is not None:
+            # The newest pins first: those in the recent window are kept already and use up their share.
+            room = pin_room - pinned[:, view.fill - recent : view.fill].sum(-1, keepdim=True)
+            score = _lift_first(score, pinned[:, cand], by=view.seq[:, cand].to(score.dtype), room=room)
         return _keep_ends_and_best(view, keep, sinks, recent, score)
 
-    def reserve_text(self, score: Tensor, frame: Tensor, best: int) -> Tensor:
-        """Lift the best text candidates of each head above every other candidate, as many as
-        `text_share` of the `best` candidate slots (or all the text there is). Frame tokens come by the
-        hundred per frame and draw attention from one another; text is sparse and is what a robot is
-        told. Ranked on score alone, a camera flood pushes every text token out; with a share, the text
-        competes for its slots with other text, and the rest go to whichever scores best."""
-        text = ~frame
-        reserved = torch.clamp(text.sum(-1, keepdim=True), max=int(self.text_share * max(best, 0)))
-        text_score = torch.where(text, score, torch.full_like(score, -torch.inf))
-        rank = torch.empty_like(score, dtype=torch.long)
-        order = text_score.argsort(dim=-1, descending=True)
-        rank.scatter_(-1, order, torch.arange(score.shape[-1], device=score.device).expand_as(order))
-        lifted = text & (rank < reserved)
-        return torch.where(lifted, score + (score.abs().max() + 1.0) * 4.0, score)
+
+def _lift_first(score: Tensor, members: Tensor, *, by: Tensor, room: int | Tensor) -> Tensor:
+    """Lift the `room` members (per head: an int, or [heads, 1]) with the highest `by` in each head above
+    every candidate not lifted (or all the members there are); their order among themselves, and everyone
+    else's, stays by score."""
+    if score.shape[-1] == 0:
+        return score
+    ranked = torch.where(members, by, torch.full_like(by, -torch.inf)).argsort(dim=-1, descending=True)
+    rank = torch.empty_like(ranked).scatter_(-1, ranked, torch.arange(score.shape[-1], device=score.device)
+                                             .expand_as(ranked))
+    lifted = members & (rank < room)
+    return torch.where(lifted, score + (score.abs().max() + 1.0) * 4.0, score)
 
 
 def make_policy(name: str, *, capacity: int, **settings) -> EvictionPolicy:

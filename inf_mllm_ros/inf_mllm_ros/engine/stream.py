@@ -80,6 +80,7 @@ class StreamStats:
     evictions: int
     frames_ingested: int
     texts_ingested: int
+    pinned_held: int  # tokens of pinned texts held in every layer and head
     kv_bytes: int
     cache_bytes: int
     policy: str
@@ -176,6 +177,7 @@ class KVStream:
             evictions=self.cache.evictions,
             frames_ingested=self.frames_ingested,
             texts_ingested=self.texts_ingested,
+            pinned_held=self.cache.pinned_held(),
             kv_bytes=self.cache.kv_nbytes(),
             cache_bytes=self.cache.nbytes(),
             policy=self.policy.name,
@@ -186,34 +188,39 @@ class KVStream:
         )
 
     # --- input -----------------------------------------------------------------------------------------
-    def push_text(self, text: str, stamp: float | None = None) -> int:
-        """Push one message as a user turn; returns the number of tokens it took."""
+    def push_text(self, text: str, stamp: float | None = None, *, pin: bool = False) -> int:
+        """Push one message as a user turn; returns the number of tokens it took. A pinned message is kept
+        ahead of what attention chooses, within the policy's pin budget (`InfMLLMPolicy.pin_share`; the
+        baselines ignore pins)."""
         if is_blank(text):
             raise ValueError("empty text")
         self._ensure_started()
         content = text if stamp is None else f"[{_clock(stamp)}] {text}"
-        n = self._push(self.adapter.text_prompt(self.adapter.tokenize_turn(self.adapter.chat.user_parts(content))))
+        turn = self.adapter.tokenize_turn(self.adapter.chat.user_parts(content))
+        n = self._push(self.adapter.text_prompt(turn), pinned=pin)
         self.texts_ingested += 1
         return n
 
-    def push_texts(self, items: list[tuple[str, float | None]]) -> list[int]:
+    def push_texts(self, items: list[tuple]) -> list[int]:
         """Push several messages, each its own user turn with its own time marker, as one prompt.
 
-        One model call (in chunk_size blocks) for all of them; the memory ends exactly as if each had been
-        pushed with push_text in turn, apart from where evictions fall. Returns each message's token count.
+        Items are (text, stamp) or (text, stamp, pin). One model call (in chunk_size blocks) for all of
+        them; the memory ends exactly as if each had been pushed with push_text in turn, apart from where
+        evictions fall. Returns each message's token count.
         """
-        items = list(items)
+        items = [(text, stamp, bool(pin and pin[0])) for text, stamp, *pin in items]
         if not items:
             return []
-        if any(is_blank(text) for text, _ in items):
+        if any(is_blank(text) for text, _, _ in items):
             raise ValueError("empty text")
         self._ensure_started()
         turns = [
             self.adapter.tokenize_turn(self.adapter.chat.user_parts(
                 text if stamp is None else f"[{_clock(stamp)}] {text}"))
-            for text, stamp in items
+            for text, stamp, _ in items
         ]
-        self._push(self.adapter.text_prompt(torch.cat(turns)))
+        pinned = torch.cat([torch.full((len(t),), pin) for t, (_, _, pin) in zip(turns, items)])
+        self._push(self.adapter.text_prompt(torch.cat(turns)), pinned=pinned if bool(pinned.any()) else False)
         self.texts_ingested += len(items)
         return [int(t.numel()) for t in turns]
 
@@ -346,12 +353,12 @@ class KVStream:
                 system = self.adapter.chat.system(self.config.system_prompt)
                 self._push(self.adapter.text_prompt(self.adapter.tokenize(system)))
 
-    def _push(self, prompt: Prompt, *, return_logits: bool = False):
+    def _push(self, prompt: Prompt, *, return_logits: bool = False, pinned: bool | Tensor = False):
         """Push a prompt in blocks of at most chunk_size tokens, evicting after each block.
 
         Text is contiguous in 1-D, so each block is a prompt of its own (positions re-based, packed after
         each). A frame keeps one base position for all its blocks so its 2-D layout stays intact, and its
-        positions are packed once it is complete.
+        positions are packed once it is complete. `pinned`: for the whole prompt, or a mask of its tokens.
         """
         total = len(prompt)
         if total == 0:
@@ -369,12 +376,13 @@ class KVStream:
                 pack = True
             else:
                 offset, pack = base, last
-            logits = self._forward(block, offset, evict=True, pack=pack, observe=True, all_logits=return_logits)
+            logits = self._forward(block, offset, evict=True, pack=pack, observe=True, all_logits=return_logits,
+                                   pinned=pinned if isinstance(pinned, bool) else pinned[start : start + len(block)])
             outputs.append(logits)
         return torch.cat(outputs) if return_logits else total
 
     def _forward(self, prompt: Prompt, offset: int, *, evict: bool, pack: bool, observe: bool,
-                 all_logits: bool = False) -> Tensor:
+                 all_logits: bool = False, pinned: bool | Tensor = False) -> Tensor:
         q = len(prompt)
         device = prompt.embeds.device
         start = prompt.position_ids if prompt.position_ids.dim() == 1 else prompt.position_ids.min(0).values
@@ -383,6 +391,7 @@ class KVStream:
             end=(prompt.extent + offset).to(device=device, dtype=torch.long),
             seq=torch.arange(self.tokens_seen, self.tokens_seen + q, device=device),
             frame=prompt.token_ids is None,  # text prompts carry their token ids; a frame's are embeddings
+            pinned=pinned if isinstance(pinned, bool) else pinned.to(device),
         )
         self.cache.stage(positions, evict=evict, pack=pack, observe=observe)
         position_ids = self.adapter.model_position_ids(prompt.position_ids, offset)

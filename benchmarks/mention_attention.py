@@ -1,0 +1,127 @@
+"""Where a mention's attention goes: to the fact's subject, or to its value?
+
+    python benchmarks/mention_attention.py [--facts 8] [--seeds 0 1]
+
+The recall benchmark's `mentioned` setting assumes that a message naming a fact's subject ("Someone
+walked past the red locker.") draws attention to the fact, so that attention saddles keep it. This
+measures it on the 0.5B evaluation model: the recall stream (facts every 300 tokens, a mention in every
+third message, Inf-MLLM at cache 512 with the shipped settings), and at every eviction driven by a
+mention whose fact is still in the cache, per layer and KV head, the share of the older slots that drew
+more attention (per window query) than the value's best digit, and than the best token of the subject
+("code of the red locker is"). 0: the top of the cache; 0.5: the middle. Results:
+benchmarks/results/mention_attention.json, one record per seed and layer (medians over the mentions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from typing import ClassVar
+
+from common import machine, read_text, write_records
+from recall import make_facts, paragraphs
+
+
+def main() -> None:
+    import torch
+
+    from inf_mllm_ros.engine.loading import load_model
+    from inf_mllm_ros.engine.policies import InfMLLMPolicy, SlotView, register
+    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="qwen2.5-0.5b")
+    p.add_argument("--text", default=None)
+    p.add_argument("--cache", type=int, default=512)
+    p.add_argument("--facts", type=int, default=8)
+    p.add_argument("--fact-every", type=int, default=300)
+    p.add_argument("--after", type=int, default=1024, help="tokens streamed after the last fact")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    adapter = load_model(args.model, device="cpu", dtype="float32")
+
+    @register
+    @dataclass
+    class Observed(InfMLLMPolicy):
+        """The shipped policy, recording the attention that a watched window pays to given tokens."""
+
+        name: ClassVar[str] = "inf_mllm_observed"
+        watch: ClassVar[dict] = {}  # "value", "subject": stream indices; set while a mention is pushed
+        seen: ClassVar[list] = []  # (layer, value share, subject share) per KV head
+        calls: ClassVar[list] = [0]  # every layer evicts at every eviction, in order: the call count tells the layer
+        layers: ClassVar[int] = adapter.num_layers
+
+        def select(self, view: SlotView, keep: int):
+            layer = Observed.calls[0] % Observed.layers
+            Observed.calls[0] += 1
+            if Observed.watch:
+                older = slice(self.protected(keep)[0], view.fill - view.new)
+                attention = view.window_attention[:, older] / view.window_queries[older].clamp(min=1.0)
+                seq = view.seq[:, older]
+                for h in range(view.num_heads):
+                    best = {}
+                    for part, positions in Observed.watch.items():
+                        held = torch.isin(seq[h], torch.tensor(positions))
+                        if held.any():
+                            best[part] = float((attention[h] > attention[h][held].max()).float().mean())
+                    if "value" in best and "subject" in best:
+                        Observed.seen.append((layer, best["value"], best["subject"]))
+            return super().select(view, keep)
+
+    records = []
+    for seed in args.seeds:
+        stream = KVStream(adapter, StreamConfig(capacity=args.cache, policy="inf_mllm_observed", chunk_size=64))
+        Observed.seen.clear()
+        Observed.calls[0] = 0
+        rng = random.Random(seed)
+        facts = make_facts(seed)[: args.facts]
+        filler = iter(paragraphs(read_text(args.text))[seed * 300:])
+        closing = len(adapter.tokenize(adapter.chat.user_suffix)) if adapter.chat.user_suffix else 0
+        where, last_mention, pending, message, last_told = {}, {}, list(facts), 0, 0
+        t0 = time.perf_counter()
+        while pending or stream.tokens_seen < last_told + args.after:
+            if pending and stream.tokens_seen >= args.fact_every * (len(facts) - len(pending) + 1):
+                fact = pending.pop(0)
+                words = next(filler).split()
+                stream.push_text(" ".join(words[: rng.randint(0, min(40, len(words)))] + [fact["statement"]]))
+                # The statement ends the message: "The code of <subject> is <value>." then the closing tokens.
+                ids = adapter.tokenize(adapter.chat.user(fact["statement"])).tolist()[: -closing or None]
+                end = stream.tokens_seen - closing
+                digits = [end - (len(ids) - i) for i, t in enumerate(ids) if adapter.decode([t]).strip().isdigit()]
+                subject = list(range(end - len(ids) + 1, digits[0]))  # "code of the red locker is"
+                where[fact["fact_id"]] = (digits, subject)
+                last_told = stream.tokens_seen
+            elif where and message % 3 == 1:
+                fid = min(where, key=lambda f: last_mention.get(f, -1))  # the subject mentioned longest ago
+                last_mention[fid] = message
+                Observed.watch = {"value": where[fid][0], "subject": where[fid][1]}
+                stream.push_text(next(f["mention"] for f in facts if f["fact_id"] == fid))
+                Observed.watch = {}
+            else:
+                stream.push_text(next(filler))
+            message += 1
+        for layer in range(Observed.layers):
+            rows = [(v, s) for l, v, s in Observed.seen if l == layer]
+            if rows:
+                records.append({
+                    "policy": "inf_mllm", "cache_size": args.cache, "seed": seed, "layer": layer,
+                    "mentions_with_fact_held": len(rows),
+                    "value_share_above_median": round(statistics.median(v for v, _ in rows), 3),
+                    "subject_share_above_median": round(statistics.median(s for _, s in rows), 3),
+                    "tokens_streamed": stream.tokens_seen, "seconds": round(time.perf_counter() - t0, 1),
+                    "model": args.model, "dtype": "float32", "device": machine(),
+                })
+        print(f"seed {seed}: {len(Observed.seen)} layer-head observations, {stream.tokens_seen} tokens", flush=True)
+    write_records("mention_attention.json", records)
+    for r in records:
+        print(f"seed {r['seed']} layer {r['layer']:2d}: n={r['mentions_with_fact_held']:3d}  "
+              f"value {r['value_share_above_median']:.3f}  subject {r['subject_share_above_median']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
