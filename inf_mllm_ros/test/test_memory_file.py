@@ -89,6 +89,24 @@ def test_frames_and_their_positions_survive(folders, tmp_path):
     assert restored.stats() == saved.stats() and restored.newest_frame_stamp == 9.0
 
 
+def test_pins_survive_a_restart(folders, tmp_path):
+    adapter = load_model(folders["llama"], device="cpu", dtype="float32")
+    saved = KVStream(adapter, config())
+    saved.push_text("The gate code is 2231.", pin=True)
+    for text in TEXTS:
+        saved.push_text(text)
+    held = saved.stats().pinned_held
+    assert held > 0 and saved.cache.evictions > 0
+    save_memory(saved, tmp_path / "m")
+    restored = KVStream(adapter, config())
+    load_memory(restored, tmp_path / "m")
+    assert restored.stats() == saved.stats()
+    for stream in (saved, restored):
+        for text in TEXTS:
+            stream.push_text(text)
+    assert restored.stats().pinned_held == saved.stats().pinned_held == held
+
+
 def _rewrite_header(path: Path, change) -> None:
     data = path.read_bytes()
     (size,) = struct.unpack("<Q", data[:8])
