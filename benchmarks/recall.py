@@ -33,6 +33,8 @@ from common import RESULTS, add_matrix_options, load_records, machine, matrix, p
 DISTANCES = [1024, 2048, 4096, 8192]  # default of --distances
 COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple", "grey", "brown"]
 OBJECTS = ["locker", "cabinet"]
+COLOURS_BY_POLICY = {"full": "tab:blue", "window": "tab:grey", "streaming_llm": "tab:green", "h2o": "tab:red",
+                     "inf_mllm": "tab:orange"}
 
 
 def make_facts(seed: int = 0) -> list[dict]:
@@ -177,21 +179,24 @@ def plot(name: str = "recall.json") -> None:
     for i, setting in enumerate(settings):
         for j, cache in enumerate(caches):
             ax = axes[i][j]
-            for policy in ["full", "window", "streaming_llm", "h2o", "inf_mllm"]:
-                rs = [r for r in records if r["setting"] == setting and r["policy"] == policy
+            for policy, colour in COLOURS_BY_POLICY.items():
+                # Pins change nothing for the full cache: its ceiling is the forgotten setting's.
+                same = ("forgotten", "pinned") if policy == "full" and setting == "pinned" else (setting,)
+                rs = [r for r in records if r["setting"] in same and r["policy"] == policy
                       and (r["cache_size"] == cache or policy == "full")]
                 if not rs:
                     continue
                 xs = sorted({r["distance"] for r in rs})
                 ys = [sum(r["recalled"] for r in rs if r["distance"] == x) / sum(1 for r in rs if r["distance"] == x)
                       for x in xs]
-                ax.plot(xs, ys, marker="o", label=policy if policy != "full" else "full cache (ceiling)")
+                ax.plot(xs, ys, marker="o", color=colour, label=policy if policy != "full" else "full cache (ceiling)")
             ax.set_xscale("log", base=2)
             ax.set_title(f"{setting}, cache {cache}")
             ax.set_xlabel("distance (tokens)")
             ax.grid(alpha=0.3)
         axes[i][0].set_ylabel("recall")
-    axes[0][-1].legend(fontsize=8)  # every panel has every policy that ran; one legend names them
+    handles = {h.get_label(): h for ax in axes.flat for h in ax.get_lines()}  # one legend for every panel
+    axes[0][-1].legend(handles.values(), handles.keys(), fontsize=8)
     fig.tight_layout()
     fig.savefig(RESULTS / name.replace(".json", ".png"), dpi=110)
 
