@@ -82,6 +82,7 @@ def main() -> None:
         facts = make_facts(seed)[: args.facts]
         filler = iter(paragraphs(read_text(args.text))[seed * 300:])
         closing = len(adapter.tokenize(adapter.chat.user_suffix)) if adapter.chat.user_suffix else 0
+        opening = len(adapter.tokenize(adapter.chat.user(""))) - closing  # the turn's tokens before its text
         where, last_mention, pending, message, last_told = {}, {}, list(facts), 0, 0
         t0 = time.perf_counter()
         while pending or stream.tokens_seen < last_told + args.after:
@@ -90,10 +91,10 @@ def main() -> None:
                 words = next(filler).split()
                 stream.push_text(" ".join(words[: rng.randint(0, min(40, len(words)))] + [fact["statement"]]))
                 # The statement ends the message: "The code of <subject> is <value>." then the closing tokens.
-                ids = adapter.tokenize(adapter.chat.user(fact["statement"])).tolist()[: -closing or None]
+                ids = adapter.tokenize(adapter.chat.user(fact["statement"])).tolist()[opening : -closing or None]
                 end = stream.tokens_seen - closing
                 digits = [end - (len(ids) - i) for i, t in enumerate(ids) if adapter.decode([t]).strip().isdigit()]
-                subject = list(range(end - len(ids) + 1, digits[0]))  # "code of the red locker is"
+                subject = list(range(end - len(ids), digits[0]))  # "The code of the red locker is"
                 where[fact["fact_id"]] = (digits, subject)
                 last_told = stream.tokens_seen
             elif where and message % 3 == 1:
