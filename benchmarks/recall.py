@@ -13,7 +13,10 @@ each of `--distances` tokens past it: one stream per policy, cache and setting. 
 - `forgotten`: the fact is never referred to again. No eviction by attention can be expected to keep
   it; reported anyway.
 - `mentioned`: its subject comes up again now and then without its value ("Someone walked past the
-  red locker."), which is what attention saddles are for.
+  red locker."), which is what attention saddles are for: on each fact's own schedule, when the fact
+  is `--first-mention` tokens old and then twice, four times, ... as old (192, 384, 768, ... tokens,
+  each 20 % either way at random), so every fact is mentioned about three quarters of the way to each
+  question, however many facts are alive.
 - `pinned`: as `forgotten`, but each fact's message is pinned (`push_text(..., pin=True)`): what a
   caller can do for what must stay. Policies other than inf_mllm ignore pins.
 The full cache is the ceiling. Questions are not kept in memory, so they do not disturb the stream.
@@ -97,6 +100,7 @@ def run_one(args) -> list[dict]:
     torch.set_num_threads(args.threads)
     adapter = load_model(args.model, device=args.device, dtype=args.dtype)
     rng = random.Random(args.seed)
+    jitter = random.Random(args.seed + 1)  # mentions' own: the facts sit where they did before mentions had schedules
     facts = make_facts(args.seed)[: args.facts]
     distances = args.distances
     filler = iter(paragraphs(read_text(args.text)))
@@ -108,12 +112,12 @@ def run_one(args) -> list[dict]:
     knobs = {k: v for k, v in (("attention_bias", args.bias), ("score_pool", args.pool)) if v is not None}
     stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=64, policy_settings=knobs))
     planted: dict[int, int] = {}  # fact -> tokens seen when it was stated
-    last_mention: dict[int, int] = {}
+    mention_at: dict[int, list[int]] = {}  # fact -> stream positions of its mentions still to come
+    mentioned: dict[int, int] = {}  # fact -> mentions so far
     where: dict[int, list[int]] = {}  # fact -> stream indices of its value's tokens
     pending = list(facts)
     records, asked = [], set()
     t0 = time.perf_counter()
-    message = 0
     while len(asked) < len(facts) * len(distances):
         if pending and stream.tokens_seen >= args.fact_every * (len(facts) - len(pending) + 1):
             # Plant the next fact after a random part of a paragraph.
@@ -121,19 +125,23 @@ def run_one(args) -> list[dict]:
             words = next(filler).split()
             told = " ".join(words[: rng.randint(0, min(40, len(words)))] + [fact["statement"]])
             stream.push_text(told, pin=args.setting == "pinned")
-            planted[fact["fact_id"]] = stream.tokens_seen
-            where[fact["fact_id"]] = value_positions(adapter, told, stream.tokens_seen, fact["value"])
+            fid = fact["fact_id"]
+            planted[fid] = stream.tokens_seen
+            where[fid] = value_positions(adapter, told, stream.tokens_seen, fact["value"])
+            mentioned[fid] = 0
+            ages = [args.first_mention * 2**k for k in range(16) if args.first_mention * 2**k < max(distances)]
+            # Each fact on its own schedule (not round robin, where a fact waits its turn behind every
+            # older one and is often asked before its first mention).
+            mention_at[fid] = sorted(planted[fid] + round(age * jitter.uniform(0.8, 1.2)) for age in ages)
         else:
-            active = [f for f in facts if f["fact_id"] in planted
-                      and any((f["fact_id"], d) not in asked for d in distances)]
-            if args.setting == "mentioned" and active and message % args.mention_every == 1:
-                # Round robin: the subject mentioned longest ago comes up next.
-                fact = min(active, key=lambda f: last_mention.get(f["fact_id"], -1))
-                last_mention[fact["fact_id"]] = message
+            due = [f for f in facts if mention_at.get(f["fact_id"]) and stream.tokens_seen >= mention_at[f["fact_id"]][0]]
+            if args.setting == "mentioned" and due:
+                fact = min(due, key=lambda f: mention_at[f["fact_id"]][0])  # the longest overdue first
+                mention_at[fact["fact_id"]].pop(0)
+                mentioned[fact["fact_id"]] += 1
                 stream.push_text(fact["mention"])
             else:
                 stream.push_text(next(filler))
-        message += 1
         for fact in facts:
             fid = fact["fact_id"]
             for distance in distances:
@@ -148,6 +156,7 @@ def run_one(args) -> list[dict]:
                         "fact_id": fid,
                         "distance": distance,
                         "actual_distance": stream.tokens_seen - planted[fid],
+                        "mentions_before": mentioned[fid] if args.setting == "mentioned" else 0,
                         "value": fact["value"],
                         "answer": answer.text,
                         "recalled": fact["value"] in answer.text,
@@ -218,7 +227,8 @@ def main() -> None:
                    choices=["mentioned", "forgotten", "pinned"])
     p.add_argument("--bias", type=float, default=None, help="inf_mllm attention_bias (default: shipped)")
     p.add_argument("--pool", type=int, default=None, help="inf_mllm score_pool (default: shipped)")
-    p.add_argument("--mention-every", type=int, default=3, help="one message in N mentions a subject")
+    p.add_argument("--first-mention", type=int, default=192,
+                   help="mentioned: a fact's age in tokens at its first mention; each later one at twice the age")
     add_matrix_options(p, out="recall.json", setting="mentioned")
     args = p.parse_args()
     if args.one:
@@ -233,7 +243,7 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache),
                    "--setting", setting, "--model", args.model, "--threads", str(args.threads),
                    "--device", args.device, "--dtype", args.dtype, "--seed", str(args.seed),
-                   "--mention-every", str(args.mention_every), "--facts", str(args.facts),
+                   "--first-mention", str(args.first_mention), "--facts", str(args.facts),
                    "--fact-every", str(args.fact_every), "--distances", *map(str, args.distances)]
             cmd += ["--text", args.text] if args.text else []
             for flag, value in (("--bias", args.bias), ("--pool", args.pool)):
