@@ -361,3 +361,23 @@ def test_a_policy_setting_changed_while_the_model_loads_reaches_the_policy(smoll
     finally:
         release.set()
         engine.close(timeout=30)
+
+
+def test_a_caller_told_that_a_job_ended_reads_the_memory_after_it(smollm2):
+    """The figures `stats()` gives change before a job's caller hears of its end: the node publishes them
+    as soon as a reset returns, and must never publish the memory as it was before the reset."""
+    engine = StreamingEngine(adapter=smollm2, config=StreamConfig(capacity=256, chunk_size=64))
+    try:
+        engine.wait_ready(60)
+        seen = {}
+        # A done-callback runs the moment the result is set, on the engine's thread: the earliest any caller
+        # can react.
+        text = engine.submit_text("Forklift F2 parked at dock 3.", 1.0)
+        text.add_done_callback(lambda _: seen.setdefault("text", engine.stats().texts_ingested))
+        text.result(60)
+        reset = engine.submit_reset()
+        reset.add_done_callback(lambda _: seen.setdefault("reset", engine.stats().tokens_seen))
+        reset.result(60)
+        assert seen == {"text": 1, "reset": 0}
+    finally:
+        engine.close(timeout=30)

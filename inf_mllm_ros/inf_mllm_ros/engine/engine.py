@@ -332,8 +332,7 @@ class StreamingEngine:
                 self._stream = KVStream(adapter, self.config)
             if self.memory_file is not None:
                 self._restore(self._stream)
-            with self._lock:
-                self._stats = self._stream.stats()
+            self._snapshot_stats()
             self.ready.set()
         except Exception as exc:  # reported through load_error and every later query
             self.load_error = exc
@@ -358,17 +357,12 @@ class StreamingEngine:
                 if not future.set_running_or_notify_cancel():
                     continue
                 try:
-                    result = fn(self._stream)
+                    outcome, ok = fn(self._stream), True
                 except Exception as exc:  # the stream left its memory as it was; the caller gets the reason
-                    ok = False
-                    self._count(kind, future, ok=False)
-                    future.set_exception(exc)
-                else:
-                    ok = True
-                    self._count(kind, future, ok=True)
-                    future.set_result(result)
-            with self._lock:
-                self._stats = self._stream.stats()
+                    outcome, ok = exc, False
+                self._snapshot_stats()
+                self._count(kind, future, ok=ok)
+                (future.set_result if ok else future.set_exception)(outcome)
             # Only an input that went in changed the memory (a description of an unchanged one is skipped).
             if ok and self._on_ingested is not None and kind in ("texts", "frame"):
                 self._on_ingested("text" if kind == "texts" else kind)
@@ -436,13 +430,21 @@ class StreamingEngine:
         try:
             counts = self._stream.push_texts([item for item, _ in live])
         except Exception as exc:  # the stream left its memory as it was; every caller gets the reason
+            self._snapshot_stats()
             for _, future in live:
                 future.set_exception(exc)
             self._count("texts", None, ok=False)
             return False
+        self._snapshot_stats()
         for (_, future), n in zip(live, counts):
             future.set_result(n)
         return True
+
+    def _snapshot_stats(self) -> None:
+        """Take the figures `stats()` gives before any caller hears that a job ended, so that one who
+        reads them next (a reset's caller publishing stats) never sees the memory as it was before."""
+        with self._lock:
+            self._stats = self._stream.stats()
 
     def _frame_due(self, now: float) -> bool:
         period = self.frame_period
