@@ -16,7 +16,8 @@ each of `--distances` tokens past it: one stream per policy, cache and setting. 
   red locker."), which is what attention saddles are for: on each fact's own schedule, when the fact
   is `--first-mention` tokens old and then twice, four times, ... as old (192, 384, 768, ... tokens,
   each 20 % either way at random), so every fact is mentioned about three quarters of the way to each
-  question, however many facts are alive.
+  question, however many facts are alive. With `--mention-gap N`, every N tokens of the fact's age
+  instead (how often a subject must come up for a policy to keep its fact).
 - `pinned`: as `forgotten`, but each fact's message is pinned (`push_text(..., pin=True)`): what a
   caller can do for what must stay. Policies other than inf_mllm ignore pins.
 The full cache is the ceiling. Questions are not kept in memory, so they do not disturb the stream.
@@ -129,7 +130,10 @@ def run_one(args) -> list[dict]:
             planted[fid] = stream.tokens_seen
             where[fid] = value_positions(adapter, told, stream.tokens_seen, fact["value"])
             mentioned[fid] = 0
-            ages = [args.first_mention * 2**k for k in range(16) if args.first_mention * 2**k < max(distances)]
+            if args.mention_gap:
+                ages = list(range(args.mention_gap, max(distances), args.mention_gap))
+            else:
+                ages = [args.first_mention * 2**k for k in range(16) if args.first_mention * 2**k < max(distances)]
             # Each fact on its own schedule (not round robin, where a fact waits its turn behind every
             # older one and is often asked before its first mention).
             mention_at[fid] = sorted(planted[fid] + round(age * jitter.uniform(0.8, 1.2)) for age in ages)
@@ -168,7 +172,9 @@ def run_one(args) -> list[dict]:
     seconds = time.perf_counter() - t0
     for r in records:
         r.update({"tokens_streamed": stream.tokens_seen, "seconds": round(seconds, 1), "device": machine(),
-                  "dtype": args.dtype, "model": args.model, "seed": args.seed})
+                  "dtype": args.dtype, "model": args.model, "seed": args.seed, "facts": len(facts),
+                  **({"mention_gap": args.mention_gap, "first_mention": args.first_mention}
+                     if args.setting == "mentioned" else {})})
     return records
 
 
@@ -229,6 +235,8 @@ def main() -> None:
     p.add_argument("--pool", type=int, default=None, help="inf_mllm score_pool (default: shipped)")
     p.add_argument("--first-mention", type=int, default=192,
                    help="mentioned: a fact's age in tokens at its first mention; each later one at twice the age")
+    p.add_argument("--mention-gap", type=int, default=0,
+                   help="mentioned: instead, a mention every this many tokens of the fact's age (0: the doubling ages)")
     add_matrix_options(p, out="recall.json", setting="mentioned")
     args = p.parse_args()
     if args.one:
@@ -243,7 +251,7 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache),
                    "--setting", setting, "--model", args.model, "--threads", str(args.threads),
                    "--device", args.device, "--dtype", args.dtype, "--seed", str(args.seed),
-                   "--first-mention", str(args.first_mention), "--facts", str(args.facts),
+                   "--first-mention", str(args.first_mention), "--mention-gap", str(args.mention_gap), "--facts", str(args.facts),
                    "--fact-every", str(args.fact_every), "--distances", *map(str, args.distances)]
             cmd += ["--text", args.text] if args.text else []
             for flag, value in (("--bias", args.bias), ("--pool", args.pool)):
