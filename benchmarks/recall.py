@@ -134,8 +134,8 @@ def run_one(args) -> list[dict]:
                 ages = list(range(args.mention_gap, max(distances), args.mention_gap))
             else:
                 ages = [args.first_mention * 2**k for k in range(16) if args.first_mention * 2**k < max(distances)]
-            # Each fact on its own schedule (not round robin, where a fact waits its turn behind every
-            # older one and is often asked before its first mention).
+            # Each fact on its own schedule (not round robin, where after its first mention a fact waits
+            # its turn behind every live one: with twenty alive, one mention in 2,000-3,000 tokens).
             mention_at[fid] = sorted(planted[fid] + round(age * jitter.uniform(0.8, 1.2)) for age in ages)
         else:
             due = [f for f in facts if mention_at.get(f["fact_id"]) and stream.tokens_seen >= mention_at[f["fact_id"]][0]]
