@@ -116,8 +116,7 @@ def main() -> None:
                 where[fact["fact_id"]] = (digits, subject)
                 told_at[fact["fact_id"]] = stream.tokens_seen
                 last_told = stream.tokens_seen
-            elif where and (due := mention_due(where, last_mention, message)) is not None:
-                fid = due
+            elif where and (fid := mention_due(where, last_mention, message)) is not None:
                 last_mention[fid] = stream.tokens_seen if args.mention_gap else message
                 Observed.watch = {"value": where[fid][0], "subject": where[fid][1], "earlier": echoes.get(fid, [])}
                 mention = next(f["mention"] for f in facts if f["fact_id"] == fid)
