@@ -8,11 +8,13 @@ measures it on the 0.5B evaluation model: the recall stream (facts every 300 tok
 third message, Inf-MLLM at cache 512 with the shipped settings), and at every eviction driven by a
 mention whose fact is still in the cache, per layer and KV head, the share of the older slots that drew
 more attention (per window query) than the value's best digit, and than the best token of the subject
-("code of the red locker is"). 0: the top of the cache; 0.5: the middle. Also, per part, its lift: the
+("The code of the red locker is"). 0: the top of the cache; 0.5: the middle. Also, per part, its lift: the
 attention a held token of the part drew, on average, over what an older slot drew on average (1: no
 more than any). The parts: the value, the subject, and the earlier mentions' subject ("the red locker"
-in each earlier "Someone walked past the red locker.", where held). Results:
-benchmarks/results/mention_attention.json, one record per seed and layer (medians over the mentions).
+in each earlier "Someone walked past the red locker.", where held). With `--mention-gap N` each subject
+comes up every N tokens of its fact's age instead (`--out mention_attention_gap.json`), so its earlier
+mentions are still held when it comes up again. Results: benchmarks/results/mention_attention.json,
+one record per seed and layer (medians over the mentions).
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def main() -> None:
         echoes: dict[int, list[int]] = {}  # fact -> stream indices of the subject in its mentions so far
         told_at: dict[int, int] = {}
 
-        def mention_due(where, last_mention, message):
+        def mention_due():
             """The fact whose subject comes up now, or None."""
             if not args.mention_gap:  # every third message, the subject mentioned longest ago
                 return min(where, key=lambda f: last_mention.get(f, -1)) if message % 3 == 1 else None
@@ -116,7 +118,7 @@ def main() -> None:
                 where[fact["fact_id"]] = (digits, subject)
                 told_at[fact["fact_id"]] = stream.tokens_seen
                 last_told = stream.tokens_seen
-            elif where and (fid := mention_due(where, last_mention, message)) is not None:
+            elif where and (fid := mention_due()) is not None:
                 last_mention[fid] = stream.tokens_seen if args.mention_gap else message
                 Observed.watch = {"value": where[fid][0], "subject": where[fid][1], "earlier": echoes.get(fid, [])}
                 mention = next(f["mention"] for f in facts if f["fact_id"] == fid)
