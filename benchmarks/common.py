@@ -44,6 +44,21 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def synchronize() -> None:
+    """Wait for the GPU's queued work, so that a wall-clock timer measures it (a no-op on CPU)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def peak_gpu_bytes() -> int | None:
+    """Peak GPU memory allocated by this process so far, or None on CPU."""
+    import torch
+
+    return torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+
+
 def machine() -> str:
     import torch
 

@@ -19,7 +19,8 @@ import subprocess
 import sys
 import time
 
-from common import load_records, machine, peak_rss_bytes, policy_names, read_text, write_records
+from common import (load_records, machine, peak_gpu_bytes, peak_rss_bytes, policy_names, read_text, synchronize,
+                    write_records)
 
 BIASES = [0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 16.0, 64.0]
 
@@ -82,11 +83,12 @@ def run_one(args) -> list[dict]:
         chunk = ids[pos : pos + args.chunk]
         t0, c0 = time.perf_counter(), time.process_time()
         logits = stream.push_tokens(chunk, return_logits=True)
+        synchronize()
         compute_s += time.perf_counter() - t0
         cpu_s += time.process_time() - c0
         kv_first = kv_first or stream.cache.kv_nbytes()
         preds = logits[:-1] if prev_logit is None else torch.cat([prev_logit, logits[:-1]])
-        targets = chunk[1:] if prev_logit is None else chunk
+        targets = (chunk[1:] if prev_logit is None else chunk).to(preds.device)
         bin_nll.append(F.cross_entropy(preds, targets, reduction="none"))
         prev_logit = logits[-1:]
         done = pos + len(chunk)
@@ -115,6 +117,7 @@ def run_one(args) -> list[dict]:
                 "cpu_ms_per_chunk": round(1000 * cpu_s * args.chunk / done, 2),
                 "kv_bytes_constant": stream.cache.kv_nbytes() == kv_first,
                 "peak_rss_bytes": peak_rss_bytes(),
+                "peak_gpu_bytes": peak_gpu_bytes(),
                 "wall_seconds": round(time.perf_counter() - start, 1),
                 "dtype": args.dtype,
                 "device": machine(),

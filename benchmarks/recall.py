@@ -32,7 +32,8 @@ import random
 import sys
 import time
 
-from common import RESULTS, add_matrix_options, load_records, machine, matrix, policy_names, read_text, run_child
+from common import (RESULTS, add_matrix_options, load_records, machine, matrix, policy_names, read_text, run_child,
+                    synchronize)
 
 DISTANCES = [1024, 2048, 4096, 8192]  # default of --distances
 COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple", "grey", "brown"]
@@ -118,6 +119,15 @@ def run_one(args) -> list[dict]:
     where: dict[int, list[int]] = {}  # fact -> stream indices of its value's tokens
     pending = list(facts)
     records, asked = [], set()
+    push_s = 0.0  # seconds spent taking in the stream, questions apart
+
+    def push(text: str, pin: bool = False) -> None:
+        nonlocal push_s
+        t = time.perf_counter()
+        stream.push_text(text, pin=pin)
+        synchronize()
+        push_s += time.perf_counter() - t
+
     t0 = time.perf_counter()
     while len(asked) < len(facts) * len(distances):
         if pending and stream.tokens_seen >= args.fact_every * (len(facts) - len(pending) + 1):
@@ -125,7 +135,7 @@ def run_one(args) -> list[dict]:
             fact = pending.pop(0)
             words = next(filler).split()
             told = " ".join(words[: rng.randint(0, min(40, len(words)))] + [fact["statement"]])
-            stream.push_text(told, pin=args.setting == "pinned")
+            push(told, pin=args.setting == "pinned")
             fid = fact["fact_id"]
             planted[fid] = stream.tokens_seen
             where[fid] = value_positions(adapter, told, stream.tokens_seen, fact["value"])
@@ -143,9 +153,9 @@ def run_one(args) -> list[dict]:
                 fact = min(due, key=lambda f: mention_at[f["fact_id"]][0])  # the longest overdue first
                 mention_at[fact["fact_id"]].pop(0)
                 mentioned[fact["fact_id"]] += 1
-                stream.push_text(fact["mention"])
+                push(fact["mention"])
             else:
-                stream.push_text(next(filler))
+                push(next(filler))
         for fact in facts:
             fid = fact["fact_id"]
             for distance in distances:
@@ -171,7 +181,8 @@ def run_one(args) -> list[dict]:
             break  # the full cache is out of context: the remaining facts cannot be asked
     seconds = time.perf_counter() - t0
     for r in records:
-        r.update({"tokens_streamed": stream.tokens_seen, "seconds": round(seconds, 1), "device": machine(),
+        r.update({"tokens_streamed": stream.tokens_seen, "seconds": round(seconds, 1),
+                  "ms_per_token": round(1000 * push_s / stream.tokens_seen, 3), "device": machine(),
                   "dtype": args.dtype, "model": args.model, "seed": args.seed, "facts": len(facts),
                   **({"mention_gap": args.mention_gap, "first_mention": args.first_mention}
                      if args.setting == "mentioned" else {})})

