@@ -1,9 +1,11 @@
-"""CPU time per 64-token chunk for each policy, once the cache is full.
+"""Time per 64-token chunk for each policy, once the cache is full.
 
     python benchmarks/chunk_time.py [--cache 512] [--rounds 3]
+    python benchmarks/chunk_time.py --device cuda --dtype bfloat16 --out chunk_time_gpu.json
 
-Policies are measured in turns (round robin, same text) and timed in process CPU seconds, so the
-ratios hold on a machine shared with other work. Results: benchmarks/results/chunk_time.json.
+Policies are measured in turns (round robin, same text). On a CPU they are timed in process CPU seconds,
+so the ratios hold on a machine shared with other work; on a GPU in wall seconds up to the end of the
+chunk's GPU work. Results: benchmarks/results/chunk_time.json (or --out).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from common import machine, read_text, write_records
+from common import machine, read_text, synchronize, write_records
 
 def main() -> None:
     import torch
@@ -27,9 +29,20 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=16, help="timed chunks per policy and round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--text", default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default="chunk_time.json")
     args = p.parse_args()
     torch.set_num_threads(1)
-    adapter = load_model(args.model, device="cpu", dtype=args.dtype)
+    adapter = load_model(args.model, device=args.device, dtype=args.dtype)
+    on_gpu = adapter.device.type == "cuda"
+    clock = "wall" if on_gpu else "cpu"
+
+    def now() -> float:
+        if on_gpu:
+            synchronize()
+            return time.perf_counter()
+        return time.process_time()
+
     ids = adapter.tokenize(read_text(args.text))
     streams = {}
     bounded = sorted(name for name, cls in POLICIES.items() if cls.evicts)
@@ -43,21 +56,21 @@ def main() -> None:
         for policy in bounded:
             for i in range(args.chunks):
                 chunk = ids[pos + 64 * i : pos + 64 * (i + 1)]
-                c0 = time.process_time()
+                c0 = now()
                 streams[policy].push_tokens(chunk)
-                cpu[policy].append(time.process_time() - c0)
+                cpu[policy].append(now() - c0)
         pos += 64 * args.chunks
     base = sorted(cpu["streaming_llm"])[len(cpu["streaming_llm"]) // 2]
     records = []
     for policy, times in cpu.items():
         median = sorted(times)[len(times) // 2]
         records.append({"policy": policy, "cache_size": args.cache, "chunk_size": 64, "chunks": len(times),
-                        "cpu_ms_per_chunk_median": round(1000 * median, 2),
-                        "cpu_ms_per_chunk_mean": round(1000 * sum(times) / len(times), 2),
+                        f"{clock}_ms_per_chunk_median": round(1000 * median, 2),
+                        f"{clock}_ms_per_chunk_mean": round(1000 * sum(times) / len(times), 2),
                         "relative_to_streaming_llm": round(median / base, 3),
                         "dtype": args.dtype, "device": machine()})
-        print(f"{policy:14s} {1000 * median:8.1f} ms/chunk (CPU, median)  x{median / base:.2f}", flush=True)
-    write_records("chunk_time.json", records)
+        print(f"{policy:14s} {1000 * median:8.1f} ms/chunk ({clock}, median)  x{median / base:.2f}", flush=True)
+    write_records(args.out, records)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ In "original" mode positions are left as they were.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+
 import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -47,6 +49,12 @@ class PromptPositions:
 
     def __len__(self) -> int:
         return int(self.start.shape[0])
+
+    @cached_property
+    def last_end(self) -> int:
+        """One past the largest position of these tokens: read once per prompt, not once per layer (on a
+        GPU every read waits for the device)."""
+        return int(self.end.max())
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -82,8 +90,9 @@ def packed_positions(start: Tensor, end: Tensor, seq: Tensor) -> tuple[Tensor, T
     new_run = torch.ones_like(seq, dtype=torch.bool)
     new_run[:, 1:] = seq[:, 1:] != seq[:, :-1] + 1
     run_id = new_run.long().cumsum(-1) - 1  # [heads, n]
-    runs = int(run_id.max()) + 1
-    empty = torch.zeros(heads, runs, dtype=start.dtype, device=start.device)
+    # Room for n runs, the most there can be: reading the count would make the host wait for the device.
+    # Unused runs stay at 0 extent and shift nothing.
+    empty = torch.zeros(heads, n, dtype=start.dtype, device=start.device)
     run_first = empty.scatter_reduce(1, run_id, start, reduce="amin", include_self=False)
     run_last_end = empty.scatter_reduce(1, run_id, end, reduce="amax", include_self=False)
     extent = run_last_end - run_first
@@ -103,7 +112,22 @@ class BoundedLayer(CacheLayerMixin):
         super().__init__()
         self.owner = owner
         self.fill = 0
-        self.frontier = 0  # next free position after the tokens this layer has seen
+        self._frontier = 0  # next free position after the tokens this layer has seen
+        self.frontier_on_device: Tensor | None = None  # the same, once a re-pack left it on the device
+        # Whether a pinned token, or a frame's, came in since the layer was last empty: known on the host, so
+        # a policy need not ask the device (on a GPU every question makes the host wait).
+        self.may_hold_pins = False
+        self.may_hold_frames = False
+
+    @property
+    def frontier(self) -> int:
+        if self.frontier_on_device is not None:
+            self.owner.read_frontiers()
+        return self._frontier
+
+    @frontier.setter
+    def frontier(self, value: int) -> None:
+        self._frontier, self.frontier_on_device = value, None
 
     # --- storage -----------------------------------------------------------------------------------
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
@@ -179,6 +203,8 @@ class BoundedLayer(CacheLayerMixin):
         self.seq[:, self.fill : end] = staged.seq
         self.frame[:, self.fill : end] = staged.frame
         self.pinned[:, self.fill : end] = staged.pinned
+        self.may_hold_pins |= staged.pinned is not False
+        self.may_hold_frames |= staged.frame
         if self.key_origin is not None:
             self.key_origin[:, :, self.fill : end] = key_states
             self.pos_origin[:, self.fill : end] = staged.start
@@ -186,7 +212,7 @@ class BoundedLayer(CacheLayerMixin):
         self.window_queries[self.fill : end] = 0
         for stat in self.stats.values():
             stat[:, self.fill : end] = 0
-        self.frontier = max(self.frontier, int(staged.end.max()))
+        self.frontier = max(self.frontier, staged.last_end)
         self.fill = end
         return self.keys[:, :, :end], self.values[:, :, :end]
 
@@ -204,6 +230,7 @@ class BoundedLayer(CacheLayerMixin):
         self.fill = 0
         self.frontier = 0
         self.window_start = 0
+        self.may_hold_pins = self.may_hold_frames = False
 
     # --- saved state -----------------------------------------------------------------------------------
     def export_state(self) -> dict[str, Tensor]:
@@ -255,6 +282,8 @@ class BoundedLayer(CacheLayerMixin):
             self.key_origin[0, :, :fill] = state.get("key_origin", keys).to(device, dtype)
             self.pos_origin[:, :fill] = state.get("pos_origin", state["pos_start"]).to(device)
         self.fill, self.frontier, self.window_start = fill, frontier, window_start
+        self.may_hold_pins = bool(self.pinned[:, :fill].any())
+        self.may_hold_frames = bool(self.frame[:, :fill].any())
 
     # --- Inf-MLLM bookkeeping --------------------------------------------------------------------------
     def observe(self, query: Tensor, key: Tensor, scaling: float, scores: Tensor | None = None) -> None:
@@ -275,8 +304,8 @@ class BoundedLayer(CacheLayerMixin):
             fill=n,
             num_heads=self.num_heads,
             seq=self.seq[:, :n],
-            frame=self.frame[:, :n],
-            pinned=self.pinned[:, :n],
+            frame=self.frame[:, :n] if self.may_hold_frames else None,
+            pinned=self.pinned[:, :n] if self.may_hold_pins else None,
             window_attention=self.window_attention[:, :n],
             window_queries=self.window_queries[:n],
             new=n - self.window_start,
@@ -304,16 +333,17 @@ class BoundedLayer(CacheLayerMixin):
         """Close position gaps (cache mode) and rotate the keys to match."""
         n = self.fill
         start, end = packed_positions(self.pos_start[:, :n], self.pos_end[:, :n], self.seq[:, :n])
-        delta = start - self.pos_start[:, :n]
-        if bool((delta != 0).any()):
-            if self.key_origin is None:
-                self.keys[0, :, :n] = shift_rotary(self.keys[0, :, :n], delta, inv_freq)
-            else:
-                origin_delta = start - self.pos_origin[:, :n]
-                self.keys[0, :, :n] = shift_rotary(self.key_origin[0, :, :n], origin_delta, inv_freq)
+        # Rotated whether or not anything moved: a re-pack follows gaps, so something nearly always has, and
+        # asking would make the host wait for a GPU.
+        if self.key_origin is None:
+            self.keys[0, :, :n] = shift_rotary(self.keys[0, :, :n], start - self.pos_start[:, :n], inv_freq)
+        else:
+            self.keys[0, :, :n] = shift_rotary(self.key_origin[0, :, :n], start - self.pos_origin[:, :n], inv_freq)
         self.pos_start[:, :n] = start
         self.pos_end[:, :n] = end
-        self.frontier = int(end.max()) if n else 0
+        self.frontier = 0
+        if n:
+            self.frontier_on_device = end.max()  # read with every layer's at once, when next needed
 
 
 class BoundedKVCache(Cache):
@@ -406,6 +436,14 @@ class BoundedKVCache(Cache):
     def next_position(self) -> int:
         """The position the next token gets: one past every position in use."""
         return max(layer.frontier for layer in self.layers)
+
+    def read_frontiers(self) -> None:
+        """Bring every layer's frontier left on the device by a re-pack to the host in one read."""
+        waiting = [layer for layer in self.layers if layer.frontier_on_device is not None]
+        if waiting:
+            values = torch.stack([layer.frontier_on_device for layer in waiting]).tolist()
+            for layer, value in zip(waiting, values):
+                layer.frontier = value
 
     def truncate(self, fill: int, frontier: int) -> None:
         """Drop tokens appended after a snapshot of (fill, next_position) taken with no eviction since."""

@@ -27,8 +27,8 @@ class SlotView:
     window_attention: Tensor  # [heads, fill] f32: attention received from the queries since the last eviction
     window_queries: Tensor  # [fill] f32: how many of those queries could see each slot
     new: int = 0  # slots appended since the last eviction: the retrieval window's own tokens, newest last
-    frame: Tensor | None = None  # [heads, fill] bool: the slot holds a camera frame's token (else text)
-    pinned: Tensor | None = None  # [heads, fill] bool: the caller asked to keep the slot's token
+    frame: Tensor | None = None  # [heads, fill] bool: the slot holds a camera frame's token (else text); None: none does
+    pinned: Tensor | None = None  # [heads, fill] bool: the caller asked to keep the slot's token; None: none is
     stats: dict[str, Tensor] = field(default_factory=dict)  # the policy's `slot_stats`, [heads, fill], in place
 
 
@@ -338,11 +338,12 @@ class InfMLLMPolicy(EvictionPolicy):
         cand = slice(sinks, view.fill - recent)
         best = keep - sinks - recent
         frame = None if view.frame is None else view.frame[:, cand]
-        if self.text_share > 0.0 and frame is not None and bool(frame.any()) and not bool(frame.all()):
-            # Only where text and frames compete. Frame tokens come by the hundred per frame and draw
-            # attention from one another; text is sparse and is what a robot is told. Ranked on score alone,
-            # a camera flood pushes every text token out; with a share, the text competes for its slots
-            # with other text, and the rest go to whichever scores best.
+        if self.text_share > 0.0 and frame is not None:
+            # Frame tokens come by the hundred per frame and draw attention from one another; text is sparse
+            # and is what a robot is told. Ranked on score alone, a camera flood pushes every text token out;
+            # with a share, the text competes for its slots with other text, and the rest go to whichever
+            # scores best. (Where the candidates are all text the lift picks the best, whom the ranking keeps
+            # anyway, and where none is it lifts nothing; not asking which spares the host a wait for a GPU.)
             score = _lift_first(score, ~frame, by=score, room=int(self.text_share * max(best, 0)))
         if pinned is not None:
             # The newest pins first: those in the recent window are kept already and use up their share.
