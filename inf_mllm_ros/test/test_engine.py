@@ -130,6 +130,25 @@ def test_missing_and_broken_model_folders_name_the_path_and_problem(tmp_path):
         load_model(tmp_path)
 
 
+
+def test_a_copied_model_file_is_joined_in_order_and_checked_and_a_wrong_one_leaves_nothing(tmp_path):
+    """What a robot with no network gets its models from (`--qwen-gguf`): the file or its pieces."""
+    import hashlib
+
+    from inf_mllm_ros.engine.loading import join_verified, prepare_qwen
+
+    first, second = tmp_path / "piece0", tmp_path / "piece1"
+    first.write_bytes(b"GGUF-head")
+    second.write_bytes(b"-tail")
+    sha = hashlib.sha256(b"GGUF-head-tail").hexdigest()
+    assert join_verified([first, second], tmp_path / "joined", size=14, sha256=sha).read_bytes() == b"GGUF-head-tail"
+    with pytest.raises(ModelLoadError, match="nothing was kept"):
+        join_verified([second, first], tmp_path / "swapped", size=14, sha256=sha)
+    assert not list(tmp_path.glob("swapped*"))
+    with pytest.raises(ModelLoadError, match="expected 491400064 bytes"):
+        prepare_qwen(tmp_path / "qwen", parts=[first, second])
+    assert not (tmp_path / "qwen").exists()
+
 def test_engine_answers_from_several_threads_and_refuses_when_busy(smollm2):
     engine = StreamingEngine(adapter=smollm2, config=StreamConfig(capacity=256, chunk_size=64),
                              max_pending_queries=2)
