@@ -61,3 +61,37 @@ def one_torch_thread():
     warnings.filterwarnings("ignore", message=".*torchvision.*")
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def host_reads_after_attention(monkeypatch) -> list[str]:
+    """The tensor values read on the host (a bool, an int, .item(), .tolist()...) while a layer scores, evicts
+    and re-packs after attending, as they happen. On a GPU each read makes the host wait for the device, once
+    per layer per prompt: that path must ask the device nothing."""
+    import torch
+
+    from inf_mllm_ros.engine.cache import BoundedKVCache
+
+    reads, inside = [], [False]
+    after_attention = BoundedKVCache.after_attention
+
+    def watched(self, *args, **kwargs):
+        inside[0] = True
+        try:
+            return after_attention(self, *args, **kwargs)
+        finally:
+            inside[0] = False
+
+    def spy(name):
+        real = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            if inside[0]:
+                reads.append(name)
+            return real(self, *args, **kwargs)
+        return read
+
+    monkeypatch.setattr(BoundedKVCache, "after_attention", watched)
+    for name in ("__bool__", "__int__", "__float__", "__index__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, spy(name))
+    return reads

@@ -296,3 +296,19 @@ def test_the_cache_knows_which_slots_hold_frame_tokens(family, adapters):
     marks = layer.frame[0, : layer.fill].tolist()
     assert marks == [False] * text + [True] * shot + [False] * after
     assert torch.equal(layer.export_state()["frame"], layer.frame[:, : layer.fill])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_layer_asks_the_device_nothing_among_frames_and_text(family, adapters, host_reads_after_attention):
+    """Where frames and text share the cache (the text share's lift runs), a layer still reads nothing on the
+    host after attending."""
+    stream = KVStream(adapters[family], StreamConfig(capacity=48, chunk_size=8, headroom=32, policy="inf_mllm"))
+    stream.push_text("Shift starts.", stamp=0.0)
+    stream.push_frame(frames(1, seed=2)[0], 1.0)
+    host_reads_after_attention.clear()
+    evictions = stream.cache.evictions
+    for i, rgb in enumerate(frames(2, seed=3)):
+        stream.push_frame(rgb, 2.0 + i)
+        stream.push_text(f"Frame {i} seen.")
+    assert stream.cache.evictions > evictions and any(layer.may_hold_frames for layer in stream.cache.layers)
+    assert host_reads_after_attention == []
