@@ -50,7 +50,7 @@ def main() -> None:
         streams[policy] = KVStream(adapter, StreamConfig(capacity=args.cache, policy=policy, chunk_size=64,
                                                          headroom=64, system_prompt=""))
         streams[policy].push_tokens(ids[: 2 * args.cache])  # fill the cache first
-    cpu = {policy: [] for policy in bounded}
+    times = {policy: [] for policy in bounded}
     pos = 2 * args.cache
     for _ in range(args.rounds):
         for policy in bounded:
@@ -58,15 +58,15 @@ def main() -> None:
                 chunk = ids[pos + 64 * i : pos + 64 * (i + 1)]
                 c0 = now()
                 streams[policy].push_tokens(chunk)
-                cpu[policy].append(now() - c0)
+                times[policy].append(now() - c0)
         pos += 64 * args.chunks
-    base = sorted(cpu["streaming_llm"])[len(cpu["streaming_llm"]) // 2]
+    base = sorted(times["streaming_llm"])[len(times["streaming_llm"]) // 2]
     records = []
-    for policy, times in cpu.items():
-        median = sorted(times)[len(times) // 2]
-        records.append({"policy": policy, "cache_size": args.cache, "chunk_size": 64, "chunks": len(times),
+    for policy, taken in times.items():
+        median = sorted(taken)[len(taken) // 2]
+        records.append({"policy": policy, "cache_size": args.cache, "chunk_size": 64, "chunks": len(taken),
                         f"{clock}_ms_per_chunk_median": round(1000 * median, 2),
-                        f"{clock}_ms_per_chunk_mean": round(1000 * sum(times) / len(times), 2),
+                        f"{clock}_ms_per_chunk_mean": round(1000 * sum(taken) / len(taken), 2),
                         "relative_to_streaming_llm": round(median / base, 3),
                         "dtype": args.dtype, "device": machine()})
         print(f"{policy:14s} {1000 * median:8.1f} ms/chunk ({clock}, median)  x{median / base:.2f}", flush=True)

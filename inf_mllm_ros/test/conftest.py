@@ -18,6 +18,12 @@ RUN_DOMAIN_ID = str(os.getpid() % 100 + 1)
 os.environ["ROS_DOMAIN_ID"] = RUN_DOMAIN_ID
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 
+# A short passage for the engine's equivalence checks (about 250 tokens).
+LIGHTHOUSE = (
+    "The lighthouse keeper climbed the stairs every evening at dusk. He trimmed the wick, polished the lens "
+    "and wrote the weather in his log. Ships passed far out at sea, and their lights answered his. "
+) * 6
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds (real model, long streams)")

@@ -12,7 +12,8 @@ import torch
 from inf_mllm_ros.engine import scoring, triton_scoring
 from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 
-from conftest import load_prepared
+from conftest import LIGHTHOUSE, load_prepared
+from test_scoring import make_inputs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
 
@@ -29,11 +30,8 @@ CACHES = [0, 1024, 4096]
 
 
 def inputs(num_heads, num_kv, head_dim, n_past, q, dtype, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    # Scale 2 gives peaked softmaxes, closer to real attention than unit-variance noise.
-    query = (2 * torch.randn(num_heads, q, head_dim, generator=gen, device="cuda")).to(dtype)
-    key = (2 * torch.randn(num_kv, n_past + q, head_dim, generator=gen, device="cuda")).to(dtype)
-    return query, key
+    query, key = make_inputs(num_heads, num_kv, head_dim, n_past, q, dtype, seed)
+    return query.cuda(), key.cuda()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -77,10 +75,7 @@ def smollm2_bf16():
     return load_prepared("smollm2", device="cuda", dtype="bfloat16")
 
 
-TEXT = (
-    "The lighthouse keeper climbed the stairs every evening at dusk. He trimmed the wick, polished the lens "
-    "and wrote the weather in his log. Ships passed far out at sea, and their lights answered his. "
-) * 6
+TEXT = LIGHTHOUSE
 
 
 @pytest.mark.parametrize("policy", ["inf_mllm", "streaming_llm", "h2o", "full"])

@@ -11,11 +11,10 @@ from inf_mllm_ros.engine.engine import EngineBusyError, EngineNotReadyError, Str
 from inf_mllm_ros.engine.loading import ModelLoadError, load_model
 from inf_mllm_ros.engine.stream import AnswerCancelledError, KVStream, StreamConfig
 
+from conftest import LIGHTHOUSE
+
 POLICIES = ["inf_mllm", "streaming_llm", "h2o", "window", "full"]
-TEXT = (
-    "The lighthouse keeper climbed the stairs every evening at dusk. He trimmed the wick, polished the lens "
-    "and wrote the weather in his log. Ships passed far out at sea, and their lights answered his. "
-) * 6
+TEXT = LIGHTHOUSE
 
 
 @pytest.fixture(scope="module")
