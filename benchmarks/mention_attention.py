@@ -69,7 +69,7 @@ def main() -> None:
             Observed.calls[0] += 1
             if Observed.watch:
                 older = slice(self.protected(keep)[0], view.fill - view.new)
-                attention = view.window_attention[:, older] / view.window_queries[older].clamp(min=1.0)
+                attention = view.window_attention[:, older] / max(view.window_queries, 1)  # older than the window: all saw it
                 seq = view.seq[:, older]
                 for h in range(view.num_heads):
                     found = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -17,7 +18,7 @@ PLAIN = {"score_memory": False, "score_pool": 1, "text_share": 0.0}  # no score 
 VARIANTS = pytest.mark.parametrize("variant", [SHIPPED, PLAIN], ids=["shipped", "plain"])
 
 
-def view(window_attention=None, queries=8.0, new=0, policy=None) -> SlotView:
+def view(window_attention=None, queries=8, new=0, policy=None) -> SlotView:
     zeros = torch.zeros(HEADS, FILL)
     names = policy.slot_stats if policy is not None else ()
     seq = torch.arange(FILL).expand(HEADS, FILL)
@@ -28,7 +29,8 @@ def view(window_attention=None, queries=8.0, new=0, policy=None) -> SlotView:
         num_heads=HEADS,
         seq=seq,
         window_attention=zeros.clone() if window_attention is None else window_attention,
-        window_queries=torch.full((FILL,), queries),
+        window_queries=queries,
+        stream_end=FILL,
         new=new,
         stats=stats,
     )
@@ -162,7 +164,7 @@ def test_a_token_twice_as_old_needs_two_to_the_bias_times_the_attention(bias):
     for ratio, old_kept in ((0.95 * 2 ** bias, False), (1.05 * 2 ** bias, True)):
         attn = torch.full((HEADS, 10), 1e-2)
         attn[:, 4], attn[:, 5] = 1e-3 * ratio, 1e-3
-        v = SlotView(fill=10, num_heads=HEADS, seq=seq, window_attention=attn, window_queries=torch.ones(10),
+        v = SlotView(fill=10, num_heads=HEADS, seq=seq, window_attention=attn, window_queries=1, stream_end=502,
                      stats={"attention_sum": torch.zeros(HEADS, 10), "born": seq.float() + 1})
         idx = policy.select(v, 9)[0].tolist()
         assert (4 in idx, 5 in idx) == (old_kept, not old_kept), (bias, ratio)
@@ -266,7 +268,7 @@ def test_remembered_attention_trades_against_age_like_attention_now(bias):
         attn[:, 4], attn[:, 5] = 0.0, 1e-3  # the fact draws nothing now
         total = torch.zeros(HEADS, 10)
         total[:, 4] = 1e-3 * ratio / MEMORY_DECAY  # its subject's mentions, decayed once more at this eviction
-        v = SlotView(fill=10, num_heads=HEADS, seq=seq, window_attention=attn, window_queries=torch.ones(10),
+        v = SlotView(fill=10, num_heads=HEADS, seq=seq, window_attention=attn, window_queries=1, stream_end=502,
                      stats={"attention_sum": total, "born": seq.float() + 1})
         idx = policy.select(v, 9)[0].tolist()
         assert (4 in idx, 5 in idx) == (old_kept, not old_kept), (bias, ratio)
@@ -387,3 +389,14 @@ def test_pins_outrank_the_oldest_of_a_recent_window_that_would_take_every_slot()
     v.new = FILL
     assert policy.regions(v, KEEP)[1] == KEEP - 4
     assert set(range(10, 20)) <= kept(policy, v)
+
+
+@VARIANTS
+def test_a_candidate_among_the_window_s_own_tokens_is_averaged_over_the_queries_that_see_it(variant):
+    """When pins take the recent window's room at the first eviction, the window's own tokens are candidates:
+    slot j is seen by the queries from j on, and its attention is averaged over those alone."""
+    policy = inf(variant, attention_bias=0.0, score_pool=1)
+    seen_by = torch.arange(FILL, 0, -1, dtype=torch.float32)  # slot j: queries j .. FILL - 1
+    v = view(window_attention=(1e-2 * seen_by).expand(HEADS, FILL).clone(), queries=FILL, new=FILL, policy=policy)
+    score = policy.scores(v, sinks=4, recent=10)
+    assert torch.allclose(score, torch.full_like(score, math.log(1e-2))), "the same attention per query"

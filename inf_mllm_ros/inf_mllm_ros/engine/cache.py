@@ -22,7 +22,7 @@ from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .policies import EvictionPolicy, SlotView
-from .scoring import visible_counts, window_scores
+from .scoring import window_scores
 
 POSITION_MODES = ("cache", "original")
 
@@ -37,18 +37,27 @@ class PromptPositions:
 
     start: Tensor  # [q] int64: the position the key is rotated with
     end: Tensor  # [q] int64: one past the largest position component of the token
-    seq: Tensor  # [q] int64: index of the token in the stream
+    first_seq: int  # index in the stream of the first of these tokens (the others follow it)
     frame: bool = False  # the tokens belong to a camera frame's prompt (else to text)
     pinned: bool | Tensor = False  # the caller asked to keep these tokens (or [q] bool, per token)
 
     @classmethod
     def contiguous(cls, first_position: int, first_seq: int, length: int, device=None) -> "PromptPositions":
         pos = torch.arange(first_position, first_position + length, dtype=torch.long, device=device)
-        seq = torch.arange(first_seq, first_seq + length, dtype=torch.long, device=device)
-        return cls(pos, pos + 1, seq)
+        return cls(pos, pos + 1, first_seq)
 
     def __len__(self) -> int:
         return int(self.start.shape[0])
+
+    @property
+    def seq_end(self) -> int:
+        """One past the stream index of the last of these tokens: the stream's clock once they are in."""
+        return self.first_seq + len(self)
+
+    @cached_property
+    def seq(self) -> Tensor:
+        """[q] int64: index of each token in the stream, made once per prompt on the positions' device."""
+        return torch.arange(self.first_seq, self.seq_end, dtype=torch.long, device=self.start.device)
 
     @cached_property
     def last_end(self) -> int:
@@ -112,6 +121,9 @@ class BoundedLayer(CacheLayerMixin):
         super().__init__()
         self.owner = owner
         self.fill = 0
+        # Queries scored since the last eviction (the retrieval window), each seeing every older slot: a
+        # count on the host, so that the policy's average needs no per-slot tally on the device.
+        self.window_queries = 0
         self._frontier = 0  # next free position after the tokens this layer has seen
         self.frontier_on_device: Tensor | None = None  # the same, once a re-pack left it on the device
         # Whether a pinned token, or a frame's, came in since the layer was last empty: known on the host, so
@@ -152,7 +164,6 @@ class BoundedLayer(CacheLayerMixin):
         self.pinned = torch.zeros(heads, slots, dtype=torch.bool, device=key_states.device)
         f32 = dict(dtype=torch.float32, device=key_states.device)
         self.window_attention = torch.zeros(heads, slots, **f32)
-        self.window_queries = torch.zeros(slots, **f32)
         self.window_start = 0  # first slot appended since the last eviction
         self.stats = {name: torch.zeros(heads, slots, **f32) for name in self.owner.policy.slot_stats}
         self.is_initialized = True
@@ -170,7 +181,7 @@ class BoundedLayer(CacheLayerMixin):
     def nbytes(self) -> int:
         if not self.is_initialized:
             return 0
-        tensors = [self.keys, self.values, self.window_queries, *self._per_head()]
+        tensors = [self.keys, self.values, *self._per_head()]
         if self.key_origin is not None:
             tensors.append(self.key_origin)
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -209,7 +220,6 @@ class BoundedLayer(CacheLayerMixin):
             self.key_origin[:, :, self.fill : end] = key_states
             self.pos_origin[:, self.fill : end] = staged.start
         self.window_attention[:, self.fill : end] = 0
-        self.window_queries[self.fill : end] = 0
         for stat in self.stats.values():
             stat[:, self.fill : end] = 0
         self.frontier = max(self.frontier, staged.last_end)
@@ -229,7 +239,7 @@ class BoundedLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.fill = 0
         self.frontier = 0
-        self.window_start = 0
+        self.window_start = self.window_queries = 0
         self.may_hold_pins = self.may_hold_frames = False
 
     # --- saved state -----------------------------------------------------------------------------------
@@ -242,8 +252,9 @@ class BoundedLayer(CacheLayerMixin):
             "keys": self.keys[0, :, :n], "values": self.values[0, :, :n],
             "pos_start": self.pos_start[:, :n], "pos_end": self.pos_end[:, :n], "seq": self.seq[:, :n],
             "frame": self.frame[:, :n], "pinned": self.pinned[:, :n],
-            "window_attention": self.window_attention[:, :n], "window_queries": self.window_queries[:n],
-            "counters": torch.tensor([self.fill, self.frontier, self.window_start], dtype=torch.long),
+            "window_attention": self.window_attention[:, :n],
+            "counters": torch.tensor([self.fill, self.frontier, self.window_start, self.window_queries],
+                                     dtype=torch.long),
         }
         state.update({f"stat.{name}": stat[:, :n] for name, stat in self.stats.items()})
         if self.key_origin is not None:
@@ -255,7 +266,12 @@ class BoundedLayer(CacheLayerMixin):
         if not state:
             self.reset()
             return
-        fill, frontier, window_start = (int(v) for v in state["counters"])
+        fill, frontier, window_start, *window_queries = (int(v) for v in state["counters"])
+        if not window_queries:
+            # Files written while each slot kept its own count: the slots older than the window hold the
+            # window's, the largest.
+            counts = state.get("window_queries")
+            window_queries = [int(counts.max()) if counts is not None and counts.numel() else 0]
         keys, values = state["keys"], state["values"]
         if fill > self.owner.capacity or keys.shape[1] != fill:
             raise ValueError(f"saved layer holds {keys.shape[1]} tokens (fill {fill}); the cache keeps {self.owner.capacity}")
@@ -271,7 +287,6 @@ class BoundedLayer(CacheLayerMixin):
         self.values[0, :, :fill] = values.to(device, dtype)
         for name in ("pos_start", "pos_end", "seq", "window_attention"):
             getattr(self, name)[:, :fill] = state[name].to(device)
-        self.window_queries[:fill] = state["window_queries"].to(device)
         # Files written before slots knew their kind or pins: every slot counts as text, unpinned.
         self.frame[:, :fill] = state["frame"].to(device) if "frame" in state else False
         self.pinned[:, :fill] = state["pinned"].to(device) if "pinned" in state else False
@@ -282,6 +297,7 @@ class BoundedLayer(CacheLayerMixin):
             self.key_origin[0, :, :fill] = state.get("key_origin", keys).to(device, dtype)
             self.pos_origin[:, :fill] = state.get("pos_origin", state["pos_start"]).to(device)
         self.fill, self.frontier, self.window_start = fill, frontier, window_start
+        self.window_queries = window_queries[0]
         self.may_hold_pins = bool(self.pinned[:, :fill].any())
         self.may_hold_frames = bool(self.frame[:, :fill].any())
 
@@ -292,8 +308,8 @@ class BoundedLayer(CacheLayerMixin):
         n_past = self.fill - q
         if scores is None:
             scores = window_scores(query[0], key[0], n_past, scaling, backend=self.owner.scoring_backend)
-        self.window_attention[:, : self.fill] += scores
-        self.window_queries[: self.fill] += visible_counts(n_past, q, scores.device)
+        self.window_attention[:, : self.fill].add_(scores)
+        self.window_queries += q
 
     def evict(self, policy: EvictionPolicy, keep: int) -> int:
         """Keep `keep` slots chosen by the policy; returns how many tokens were evicted."""
@@ -307,8 +323,9 @@ class BoundedLayer(CacheLayerMixin):
             frame=self.frame[:, :n] if self.may_hold_frames else None,
             pinned=self.pinned[:, :n] if self.may_hold_pins else None,
             window_attention=self.window_attention[:, :n],
-            window_queries=self.window_queries[:n],
+            window_queries=self.window_queries,
             new=n - self.window_start,
+            stream_end=self.owner.staged.seq_end,
             stats={name: stat[:, :n] for name, stat in self.stats.items()},
         )
         idx = policy.select(view, keep)
@@ -316,7 +333,7 @@ class BoundedLayer(CacheLayerMixin):
         self.fill = keep
         # The retrieval window ends with the eviction it drove.
         self.window_attention[:, :keep] = 0
-        self.window_queries[:keep] = 0
+        self.window_queries = 0
         self.window_start = keep
         return n - keep
 

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .scoring import visible_counts
+
 
 @dataclass
 class SlotView:
@@ -25,7 +27,8 @@ class SlotView:
     num_heads: int
     seq: Tensor  # [heads, fill] int64: index of each token in the stream
     window_attention: Tensor  # [heads, fill] f32: attention received from the queries since the last eviction
-    window_queries: Tensor  # [fill] f32: how many of those queries could see each slot
+    window_queries: int  # how many queries those are: the newest slots', each seeing every slot before it
+    stream_end: int  # one past the stream index of the newest slot (the stream's clock)
     new: int = 0  # slots appended since the last eviction: the retrieval window's own tokens, newest last
     frame: Tensor | None = None  # [heads, fill] bool: the slot holds a camera frame's token (else text); None: none does
     pinned: Tensor | None = None  # [heads, fill] bool: the caller asked to keep the slot's token; None: none is
@@ -302,16 +305,24 @@ class InfMLLMPolicy(EvictionPolicy):
 
     def scores(self, view: SlotView, sinks: int, recent: int) -> Tensor:
         """Scores of the candidates (slots sinks .. fill - recent), updating their memory."""
-        now = view.seq[:, view.fill - 1 : view.fill].to(torch.float32) + 1.0  # one past the newest token
+        now = float(view.stream_end)
         if view.new:
             view.stats["born"][:, view.fill - view.new :] = now
-        cand = slice(sinks, view.fill - recent)
-        attention = view.window_attention[:, cand] / view.window_queries[cand].clamp(min=1.0)
+        end = view.fill - recent
+        cand = slice(sinks, end)
+        attention = view.window_attention[:, cand]
+        if end <= view.fill - view.new:
+            # Every candidate is older than the window: each window query saw it.
+            attention = attention / max(view.window_queries, 1)
+        else:
+            # Candidates among the window's own tokens (at the first eviction, or when pins take the recent
+            # window's room) are seen by the window's queries from their own on.
+            attention = attention / visible_counts(view.fill - view.new, view.new, attention.device)[cand]
         if self.score_memory:
             # Attention that keeps coming adds up; once it stops it fades by a tenth per prompt.
-            seen = view.window_queries[cand] > 0  # a window that judged nothing (after a restore) ages nothing
             total = view.stats["attention_sum"][:, cand]
-            total.copy_(torch.where(seen, MEMORY_DECAY * total + attention, total))
+            if view.window_queries:  # a window that judged nothing (after a restore) ages nothing
+                total.mul_(MEMORY_DECAY).add_(attention)
             attention = total
         score = torch.log(attention.clamp(min=1e-30))
         n = score.shape[-1]
@@ -320,8 +331,8 @@ class InfMLLMPolicy(EvictionPolicy):
             score = F.max_pool1d(score[:, None], self.score_pool, stride=1, padding=self.score_pool // 2)[:, 0]
         if self.attention_bias > 0.0 and n > 0:
             # Tokens pushed since the candidate's block ended: the queries that will judge the cache next.
-            age = (now - view.stats["born"][:, cand]).clamp(min=1.0)
-            score = score - self.attention_bias * torch.log(age)
+            age = (now - view.stats["born"][:, cand]).clamp_(min=1.0)
+            score = score.sub_(torch.log_(age), alpha=self.attention_bias)
         return score
 
     def select(self, view: SlotView, keep: int) -> Tensor:

@@ -389,7 +389,7 @@ class KVStream:
         positions = PromptPositions(
             start=(start + offset).to(device=device, dtype=torch.long),
             end=(prompt.extent + offset).to(device=device, dtype=torch.long),
-            seq=torch.arange(self.tokens_seen, self.tokens_seen + q, device=device),
+            first_seq=self.tokens_seen,
             frame=prompt.token_ids is None,  # text prompts carry their token ids; a frame's are embeddings
             pinned=pinned if isinstance(pinned, bool) else pinned.to(device),
         )
