@@ -395,7 +395,7 @@ def test_pins_outrank_the_oldest_of_a_recent_window_that_would_take_every_slot()
 def test_a_candidate_among_the_window_s_own_tokens_is_averaged_over_the_queries_that_see_it(variant):
     """When pins take the recent window's room at the first eviction, the window's own tokens are candidates:
     slot j is seen by the queries from j on, and its attention is averaged over those alone."""
-    policy = inf(variant, attention_bias=0.0, score_pool=1)
+    policy = inf(variant)  # every slot is new: all are equally old, so the bias weighs them alike
     seen_by = torch.arange(FILL, 0, -1, dtype=torch.float32)  # slot j: queries j .. FILL - 1
     v = view(window_attention=(1e-2 * seen_by).expand(HEADS, FILL).clone(), queries=FILL, new=FILL, policy=policy)
     score = policy.scores(v, sinks=4, recent=10)
