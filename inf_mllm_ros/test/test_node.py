@@ -521,6 +521,7 @@ def test_sigterm_answers_the_callers_waiting_then_exits_cleanly(probe, node):
     answered = lambda: sum(call.done() for call in calls)
     probe.stats.wait(lambda m: 1 <= m.queries_waiting and m.queries_waiting + answered() < len(calls),
                      timeout=60, what="one query being answered and one waiting")
+    unanswered = len(calls) - answered()
     node.proc.send_signal(signal.SIGTERM)
     probe.alive = lambda: None  # the node is expected to leave
     probe.wait_for(lambda: answered() == len(calls), 30, "every caller answered after SIGTERM")
@@ -528,8 +529,9 @@ def test_sigterm_answers_the_callers_waiting_then_exits_cleanly(probe, node):
     refused = [not r.success for r in responses]
     for response in responses:
         assert response.success or response.message == "node is shutting down", response
-    # answers come in order: those before the signal succeed, the one being written and those behind it do not
-    assert refused == sorted(refused) and sum(refused) >= 2, responses
+    # Answers come in order: those done before the signal succeed, the one being written and those behind it
+    # do not (the one being written may just have ended on its own as the signal came).
+    assert refused == sorted(refused) and sum(refused) >= max(2, unanswered - 1), (unanswered, responses)
     assert node.proc.wait(30) == 0, node.log()[-3000:]
     assert node.stop() == 0
 
