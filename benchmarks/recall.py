@@ -111,7 +111,8 @@ def run_one(args) -> list[dict]:
     if args.policy == "full":
         limit = adapter.max_context - 512
         capacity = limit
-    knobs = {k: v for k, v in (("attention_bias", args.bias), ("score_pool", args.pool)) if v is not None}
+    knobs = {**getattr(args, "policy_settings", {}),
+             **{k: v for k, v in (("attention_bias", args.bias), ("score_pool", args.pool)) if v is not None}}
     stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=64, policy_settings=knobs))
     planted: dict[int, int] = {}  # fact -> tokens seen when it was stated
     mention_at: dict[int, list[int]] = {}  # fact -> stream positions of its mentions still to come
