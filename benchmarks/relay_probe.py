@@ -36,6 +36,7 @@ class RelayPolicy(InfMLLMPolicy):
     name: ClassVar[str] = "inf_mllm_relay"
     relay: float = knob(0.5, "Share of a prompt's attention passed on to the slots it attended to most.",
                         low=0.0, high=10.0)
+    hops: int = knob(1, "How far credit goes on: 1, to a prompt's references; 2, on to theirs; ...", low=1, high=16)
 
     def __post_init__(self):
         super().__post_init__()
@@ -62,7 +63,15 @@ class RelayPolicy(InfMLLMPolicy):
                 1, block.clamp(min=0), torch.where(block >= 0, per_query, 0.0))
             ref_seq = torch.stack(seqs, 1).flatten(1)  # [heads, prompts * m]
             ref_w = torch.stack(weights, 1)  # [heads, prompts, m]
-            credit = (self.relay * paid[:, :, None] * ref_w).flatten(1)
+            # Credit a prompt receives passes on to its own references, up to `hops` prompts back.
+            ref_prompt = torch.searchsorted(starts, ref_seq, right=True) - 1
+            total, passing = paid, paid
+            for _ in range(self.hops - 1):
+                flow = (self.relay * passing[:, :, None] * ref_w).flatten(1)
+                passing = torch.zeros_like(paid).scatter_add_(1, ref_prompt.clamp(min=0),
+                                                             torch.where(ref_prompt >= 0, flow, 0.0))
+                total = total + passing
+            credit = (self.relay * total[:, :, None] * ref_w).flatten(1)
             where = torch.searchsorted(view.seq.contiguous(), ref_seq).clamp(max=view.fill - 1)
             held = view.seq.gather(1, where) == ref_seq
             bonus = torch.zeros_like(per_query).scatter_add_(1, where, torch.where(held, credit, 0.0))
@@ -81,7 +90,7 @@ class RelayPolicy(InfMLLMPolicy):
             weights.append(torch.zeros(view.num_heads, REFERENCES))
 
 
-def trace(relay: float, threads: int) -> None:
+def trace(relay: float, hops: int, threads: int) -> None:
     from inf_mllm_ros.engine.loading import load_model
     from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 
@@ -89,7 +98,7 @@ def trace(relay: float, threads: int) -> None:
     adapter = load_model("qwen2.5-0.5b", device="cpu", dtype="float32")
     fact = make_facts(0)[0]
     records = []
-    for policy, settings in (("inf_mllm", {}), ("inf_mllm_relay", {"relay": relay})):
+    for policy, settings in (("inf_mllm", {}), ("inf_mllm_relay", {"relay": relay, "hops": hops})):
         stream = KVStream(adapter, StreamConfig(capacity=512, policy=policy, chunk_size=64, policy_settings=settings))
         filler = iter(paragraphs(read_text(None)))
         for _ in range(10):
@@ -105,31 +114,33 @@ def trace(relay: float, threads: int) -> None:
             if mention:
                 mentions.pop(0)
             records.append({"policy": policy, "cache_size": 512, "relay": settings.get("relay", 0.0),
+                            "hops": settings.get("hops", 0),
                             "age": stream.tokens_seen - planted, "mention": mention,
                             "value_kept_in_layer_heads": round(value_kept(stream, where), 3)})
         print(policy, [(r["age"], r["value_kept_in_layer_heads"]) for r in records if r["policy"] == policy][::4])
-    write_records("relay_trace.json", records)
+    write_records("relay_trace.json" if hops == 1 else f"relay_trace_{hops}_hops.json", records)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--relay", type=float, default=0.5)
+    p.add_argument("--hops", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="recall_relay.json")
     p.add_argument("--trace", action="store_true", help="one fact's value held as it ages, with and without the relay")
     args = p.parse_args()
     if args.trace:
-        return trace(args.relay, args.threads)
+        return trace(args.relay, args.hops, args.threads)
     records = []
     for seed in args.seeds:
         run = SimpleNamespace(policy="inf_mllm_relay", cache=512, setting="mentioned", seed=seed, threads=args.threads,
                               model="qwen2.5-0.5b", device="cpu", dtype="float32", text=None, facts=6,
                               fact_every=1500, distances=[2048, 4096], bias=None, pool=None, first_mention=192,
-                              mention_gap=0, policy_settings={"relay": args.relay})
+                              mention_gap=0, policy_settings={"relay": args.relay, "hops": args.hops})
         found = run_one(run)
         for r in found:
-            r["relay"] = args.relay
+            r["relay"], r["hops"] = args.relay, args.hops
         records += found
         print(f"seed {seed}: recalled {sum(r['recalled'] for r in found)}/{len(found)}, value held "
               f"{sum(r['value_kept_in_layer_heads'] for r in found) / len(found):.3f}", flush=True)
