@@ -1,4 +1,4 @@
-"""Tensor operations per layer that each policy runs after a layer has attended: a count of GPU kernels.
+"""Tensor operations that each policy runs after the layers have attended: a count of GPU kernels.
 
     python benchmarks/eviction_ops.py [--cache 512] [--out eviction_ops.json]
 
@@ -8,7 +8,9 @@ says what a policy costs there, and it can be counted on any machine. Counted he
 operations that only make a view (slices, reshapes) left out. On a GPU the scoring itself adds a Triton
 kernel or a few matmuls per layer for inf_mllm and h2o (on the CPU it shares the attention's softmax and
 is not counted). One 64-token chunk of text through SmolLM2-135M once the cache is full, the shipped
-settings. Results: benchmarks/results/eviction_ops.json.
+settings. `ops_per_chunk` is everything the cache runs after attention in the chunk, every layer
+together; `ops_per_layer` the same per layer (since layers of one shape are evicted and re-packed in one
+pass, a fixed count per chunk spread over them). Results: benchmarks/results/eviction_ops.json.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ def count_ops(stream, chunk) -> dict[str, Counter]:
     """Operations run in each phase of every layer while `chunk` is pushed, by aten name."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from inf_mllm_ros.engine.cache import BoundedLayer
+    from inf_mllm_ros.engine.cache import BoundedKVCache, BoundedLayer
 
     counts = {phase: Counter() for phase in PHASES.values()}
+    total = counts["all"] = Counter()
 
     class Counting(TorchDispatchMode):
         def __init__(self, into: Counter):
@@ -47,13 +50,21 @@ def count_ops(stream, chunk) -> dict[str, Counter]:
                 return originals[name](self, *args, **kwargs)
         return method
 
+    after_attention = BoundedKVCache.after_attention
+
+    def counted_after_attention(self, *args, **kwargs):
+        with Counting(total):
+            return after_attention(self, *args, **kwargs)
+
     try:
         for name in PHASES:
             setattr(BoundedLayer, name, counted(name))
+        BoundedKVCache.after_attention = counted_after_attention
         stream.push_tokens(chunk)
     finally:
         for name, original in originals.items():
             setattr(BoundedLayer, name, original)
+        BoundedKVCache.after_attention = after_attention
     return counts
 
 
@@ -69,6 +80,8 @@ def main() -> None:
     p.add_argument("--cache", type=int, default=512)
     p.add_argument("--text", default=None)
     p.add_argument("--out", default="eviction_ops.json")
+    p.add_argument("--one-layer-at-a-time", action="store_true",
+                   help="evict and re-pack layer by layer (the cache's stack_layers=False), for comparison")
     p.add_argument("--label", default="current", help="names the code measured (records of other labels are kept)")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -78,17 +91,20 @@ def main() -> None:
     for policy in sorted(name for name, cls in POLICIES.items() if cls.evicts):
         stream = KVStream(adapter, StreamConfig(capacity=args.cache, policy=policy, chunk_size=64, headroom=64,
                                                 system_prompt=""))
+        stream.cache.stack_layers = not args.one_layer_at_a_time  # before the first token allocates storage
         stream.push_tokens(ids[: 2 * args.cache])  # the cache is full and has evicted
         counts = count_ops(stream, ids[2 * args.cache : 2 * args.cache + 64])
         layers = adapter.num_layers
+        total = counts.pop("all")
         per_layer = {phase: sum(c.values()) / layers for phase, c in counts.items()}
         records.append({"policy": policy, "cache_size": args.cache, "chunk_size": 64, "model": args.model,
+                        "ops_per_chunk": sum(total.values()),
                         **{f"ops_per_layer_{phase}": round(n, 2) for phase, n in per_layer.items()},
-                        "ops_per_layer": round(sum(per_layer.values()), 2),
+                        "ops_per_layer": round(sum(total.values()) / layers, 2),
                         **{f"{phase}.{name}": round(n / layers, 2) for phase, c in counts.items()
                            for name, n in c.most_common()},
                         "code": args.label, "device": machine()})
-        print(f"{policy:14s} {sum(per_layer.values()):6.1f} ops per layer "
+        print(f"{policy:14s} {sum(total.values()):6d} ops per chunk ({sum(total.values()) / layers:.1f} per layer) "
               + " ".join(f"{phase} {n:.1f}" for phase, n in per_layer.items()), flush=True)
     kept = [r for r in load_records(args.out) if r.get("code") != args.label]
     write_records(args.out, kept + records)

@@ -167,3 +167,31 @@ def test_scoring_evicting_and_repacking_never_read_a_tensor_on_the_host(tiny, po
     stream.push_tokens(torch.randint(0, 300, (64,)))
     assert stream.cache.evictions == evictions + 4  # scored, evicted and re-packed: the path was taken
     assert host_reads_after_attention == []
+
+
+@pytest.mark.parametrize("policy", BOUNDED)
+@pytest.mark.parametrize("pinned", [False, True])
+def test_evicting_every_layer_at_once_keeps_what_one_layer_at_a_time_keeps(tiny, policy, pinned):
+    """Layers of one shape share storage and are evicted and re-packed in one pass; the slots kept, their
+    keys and their positions are those of evicting layer by layer."""
+    generator = torch.Generator().manual_seed(3)
+    streams = [make_stream(tiny, capacity=48, policy=policy, chunk_size=16, headroom=16) for _ in range(2)]
+    streams[1].cache.stack_layers = False  # before the first token: the layers get storage of their own
+    for size in [40, 16, 7, 33, 64, 21]:
+        ids = torch.randint(0, 300, (size,), generator=generator)
+        pin = pinned and size == 7
+        for stream in streams:
+            stream._push(stream.adapter.text_prompt(ids), pinned=pin)
+    together, one_by_one = (stream.cache for stream in streams)
+    assert together._all_layers() is not None and one_by_one._all_layers() is None
+    assert together.evictions == one_by_one.evictions > 3
+    assert together.next_position == one_by_one.next_position
+    for a, b in zip(together.layers, one_by_one.layers):
+        assert a.fill == b.fill == 48
+        assert torch.equal(a.seq[:, :48], b.seq[:, :48])
+        assert torch.equal(a.pos_start[:, :48], b.pos_start[:, :48])
+        assert torch.equal(a.pinned[:, :48], b.pinned[:, :48])
+        assert torch.allclose(a.keys[:, :, :48], b.keys[:, :, :48], atol=1e-6)
+        assert torch.equal(a.values[:, :, :48], b.values[:, :, :48])
+    if pinned and policy == "inf_mllm":
+        assert together.pinned_held() == 7

@@ -1,8 +1,14 @@
 """A bounded KV cache for transformers decoder models.
 
-Each layer owns storage for `capacity + headroom` tokens, allocated once at the first update and
+Each layer has storage for `capacity + headroom` tokens, allocated once at the first update and
 never reallocated. New tokens are appended; when a prompt is complete the eviction policy chooses,
 per KV head, which `capacity` slots survive, and they are gathered to the front in stream order.
+
+Layers of one shape (the usual case) share one block of storage, each layer a slice of it, so that
+eviction and re-packing run once for the whole model after the last layer has attended, on every
+layer-head at once: a fixed number of tensor operations per prompt instead of that many per layer (on
+a GPU a small model's time goes mostly to launching them). The choice is the same slot for slot:
+each layer-head is still ranked on its own attention.
 
 Positions. Every slot remembers the RoPE position its key was rotated with (`pos_start`; `pos_end`
 is one past the largest position component the token uses, which differs from `pos_start + 1` only
@@ -117,9 +123,10 @@ class BoundedLayer(CacheLayerMixin):
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, owner: "BoundedKVCache"):
+    def __init__(self, owner: "BoundedKVCache", index: int = 0):
         super().__init__()
         self.owner = owner
+        self.index = index  # place among the cache's layers (its slice of shared storage)
         self.fill = 0
         # Queries scored since the last eviction (the retrieval window), each seeing every older slot: a
         # count on the host, so that the policy's average needs no per-slot tally on the device.
@@ -146,26 +153,24 @@ class BoundedLayer(CacheLayerMixin):
         _, heads, _, head_dim = key_states.shape
         slots = self.owner.slots
         self.dtype, self.device = key_states.dtype, key_states.device
-        self.keys = torch.zeros(1, heads, slots, head_dim, dtype=key_states.dtype, device=key_states.device)
-        self.values = torch.zeros(
-            1, heads, slots, value_states.shape[-1], dtype=value_states.dtype, device=value_states.device
-        )
+        store = self.owner.storage_for(self.index, key_states.device)
+        self.keys = store("keys", (1, heads, slots, head_dim), key_states.dtype)
+        self.values = store("values", (1, heads, slots, value_states.shape[-1]), value_states.dtype)
         # In half precision every re-pack would round the re-rotated keys again, and long-lived keys (the
         # saddles) are re-packed most. Keeping each key as the model rotated it, with that position, lets
         # every re-pack rotate from the original: one rounding, however often a key moves.
         exact = key_states.dtype == torch.float32 or self.owner.position_mode != "cache"
-        self.key_origin = None if exact else torch.zeros_like(self.keys)
-        long = dict(dtype=torch.long, device=key_states.device)
-        self.pos_start = torch.zeros(heads, slots, **long)
-        self.pos_end = torch.zeros(heads, slots, **long)
-        self.pos_origin = None if exact else torch.zeros(heads, slots, **long)
-        self.seq = torch.zeros(heads, slots, **long)
-        self.frame = torch.zeros(heads, slots, dtype=torch.bool, device=key_states.device)
-        self.pinned = torch.zeros(heads, slots, dtype=torch.bool, device=key_states.device)
-        f32 = dict(dtype=torch.float32, device=key_states.device)
-        self.window_attention = torch.zeros(heads, slots, **f32)
+        self.key_origin = None if exact else store("key_origin", self.keys.shape, key_states.dtype)
+        self.pos_start = store("pos_start", (heads, slots), torch.long)
+        self.pos_end = store("pos_end", (heads, slots), torch.long)
+        self.pos_origin = None if exact else store("pos_origin", (heads, slots), torch.long)
+        self.seq = store("seq", (heads, slots), torch.long)
+        self.frame = store("frame", (heads, slots), torch.bool)
+        self.pinned = store("pinned", (heads, slots), torch.bool)
+        self.window_attention = store("window_attention", (heads, slots), torch.float32)
         self.window_start = 0  # first slot appended since the last eviction
-        self.stats = {name: torch.zeros(heads, slots, **f32) for name in self.owner.policy.slot_stats}
+        self.stats = {name: store(f"stat.{name}", (heads, slots), torch.float32)
+                      for name in self.owner.policy.slot_stats}
         self.is_initialized = True
 
     @property
@@ -346,8 +351,8 @@ class BoundedLayer(CacheLayerMixin):
         for meta in self._per_head():
             meta[:, :keep] = torch.gather(meta, 1, idx)
 
-    def pack_positions(self, inv_freq: Tensor) -> None:
-        """Close position gaps (cache mode) and rotate the keys to match."""
+    def pack_positions(self, inv_freq: Tensor) -> Tensor:
+        """Close position gaps (cache mode) and rotate the keys to match. Returns the slots' new ends."""
         n = self.fill
         start, end = packed_positions(self.pos_start[:, :n], self.pos_end[:, :n], self.seq[:, :n])
         # Rotated whether or not anything moved: a re-pack follows gaps, so something nearly always has, and
@@ -361,6 +366,7 @@ class BoundedLayer(CacheLayerMixin):
         self.frontier = 0
         if n:
             self.frontier_on_device = end.max()  # read with every layer's at once, when next needed
+        return end
 
 
 class BoundedKVCache(Cache):
@@ -371,6 +377,9 @@ class BoundedKVCache(Cache):
     rope_inv_freq: the model's RoPE inverse frequencies, needed to re-pack positions in "cache" mode.
     position_slack: in "cache" mode, re-pack only once the positions hold more than this many unused
         values (0 re-packs after every eviction; a larger value rotates long-lived keys less often).
+    stack_layers: evict and re-pack every layer in one pass over storage shared by the layers (when they
+        are of one shape); False: one layer at a time. Either way after the last layer has attended, and
+        the same slots are kept.
     """
 
     def __init__(
@@ -384,6 +393,7 @@ class BoundedKVCache(Cache):
         rope_inv_freq: Tensor | None = None,
         position_slack: int = 0,
         scoring_backend: str = "auto",
+        stack_layers: bool = True,
     ):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -406,7 +416,13 @@ class BoundedKVCache(Cache):
         self.observing = True
         self.tokens_evicted = 0
         self.evictions = 0
-        super().__init__(layers=[BoundedLayer(self) for _ in range(num_layers)])
+        self.stack_layers = stack_layers
+        # Storage of every layer by name, [layers, ...]: each layer holds a slice. A layer of another shape
+        # (some models vary heads per layer) gets storage of its own and the layers are evicted one by one.
+        self._storage: dict[str, Tensor] = {}
+        self._uniform = True
+        self._stacked: BoundedLayer | None = None  # one layer over the whole storage, rows layer by layer
+        super().__init__(layers=[BoundedLayer(self, i) for i in range(num_layers)])
 
     @property
     def slots(self) -> int:
@@ -432,17 +448,79 @@ class BoundedKVCache(Cache):
 
     def after_attention(self, layer_idx: int, query: Tensor, key: Tensor, scaling: float,
                         scores: Tensor | None = None) -> None:
-        """Called by the attention function once a layer has attended: score, then maybe evict."""
-        layer = self.layers[layer_idx]
+        """Called by the attention function once a layer has attended: score; after the last layer, maybe
+        evict and re-pack. (Every layer already holds the new block while it attends, so waiting for the
+        last one leaves the peak where it was.)"""
         if self.wants_scores:
-            layer.observe(query, key, scaling, scores)
-        if self.evict_after_prompt and layer.fill > self.capacity:
-            evicted = layer.evict(self.policy, self.capacity)
-            if layer_idx == 0:
+            self.layers[layer_idx].observe(query, key, scaling, scores)
+        if layer_idx != len(self.layers) - 1:
+            return
+        stacked = self._all_layers()
+        if stacked is not None:
+            self._evict_and_pack(stacked, self.layers)
+        else:
+            for layer in self.layers:
+                self._evict_and_pack(layer, [layer])
+
+    def _evict_and_pack(self, rows: "BoundedLayer", layers: list["BoundedLayer"]) -> None:
+        """Evict and re-pack `rows`, the storage of `layers` (one layer, or all of them stacked)."""
+        if self.evict_after_prompt and rows.fill > self.capacity:
+            evicted = rows.evict(self.policy, self.capacity)
+            if layers[0] is self.layers[0]:
                 self.tokens_evicted += evicted
                 self.evictions += 1
-        if self.pack_after_prompt and layer.frontier - layer.fill > self.position_slack:
-            layer.pack_positions(self.rope_inv_freq)
+            for layer in layers:
+                layer.fill, layer.window_queries, layer.window_start = rows.fill, 0, rows.window_start
+        if self.pack_after_prompt and any(layer.frontier - layer.fill > self.position_slack for layer in layers):
+            end = rows.pack_positions(self.rope_inv_freq)
+            if rows is not layers[0] and rows.fill:
+                # Each layer's frontier: the largest position end among its own rows.
+                ends = end.reshape(len(layers), -1).amax(-1)
+                for i, layer in enumerate(layers):
+                    layer.frontier = 0
+                    layer.frontier_on_device = ends[i]
+
+    def storage_for(self, index: int, device: torch.device):
+        """A function giving layer `index` its zeroed storage of a name, shape and dtype: a slice of the
+        layers' shared block, or its own where its shape differs from the first layer's."""
+        def store(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+            shared = self._storage.get(name)
+            if shared is None and self.stack_layers and self._uniform:
+                shared = self._storage[name] = torch.zeros(len(self.layers), *shape, dtype=dtype, device=device)
+            if shared is not None and shared.shape[1:] == shape and shared.dtype == dtype and shared.device == device:
+                return shared[index]
+            self._uniform = False
+            return torch.zeros(*shape, dtype=dtype, device=device)
+        return store
+
+    def _all_layers(self) -> "BoundedLayer | None":
+        """One layer object whose rows are every layer-head (layer by layer), or None where the layers do
+        not share their storage. Its counters are the layers' (the same in every layer)."""
+        if not (self.stack_layers and self._uniform and all(layer.is_initialized for layer in self.layers)):
+            return None
+        if self._stacked is None:
+            def rows(name: str) -> Tensor:  # [layers, heads, slots] -> [layers * heads, slots]
+                return self._storage[name].flatten(0, 1)
+
+            def kv(name: str) -> Tensor:  # [layers, 1, heads, slots, dim] -> [1, layers * heads, slots, dim]
+                return self._storage[name].transpose(0, 1).flatten(1, 2)
+
+            first = self.layers[0]
+            stacked = BoundedLayer(self, -1)
+            stacked.dtype, stacked.device = first.dtype, first.device
+            stacked.keys, stacked.values = kv("keys"), kv("values")
+            stacked.key_origin = None if first.key_origin is None else kv("key_origin")
+            stacked.pos_origin = None if first.pos_origin is None else rows("pos_origin")
+            for name in ("pos_start", "pos_end", "seq", "frame", "pinned", "window_attention"):
+                setattr(stacked, name, rows(name))
+            stacked.stats = {name: rows(f"stat.{name}") for name in first.stats}
+            stacked.is_initialized = True
+            self._stacked = stacked
+        stacked, first = self._stacked, self.layers[0]
+        stacked.fill, stacked.window_queries, stacked.window_start = first.fill, first.window_queries, first.window_start
+        stacked.may_hold_pins = any(layer.may_hold_pins for layer in self.layers)
+        stacked.may_hold_frames = any(layer.may_hold_frames for layer in self.layers)
+        return stacked
 
     # --- state -----------------------------------------------------------------------------------------
     @property
