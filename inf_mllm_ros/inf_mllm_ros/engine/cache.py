@@ -453,7 +453,7 @@ class BoundedKVCache(Cache):
         last one leaves the peak where it was.)"""
         if self.wants_scores:
             self.layers[layer_idx].observe(query, key, scaling, scores)
-        if layer_idx != len(self.layers) - 1:
+        if layer_idx != len(self.layers) - 1 or not (self.evict_after_prompt or self.pack_after_prompt):
             return
         stacked = self._all_layers()
         if stacked is not None:
