@@ -7,6 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from inf_mllm_ros.engine import cache as cache_module
 from inf_mllm_ros.engine.adapters import CausalLMAdapter
 from inf_mllm_ros.engine.cache import BoundedLayer, CacheOverflowError, packed_positions, shift_rotary
 from inf_mllm_ros.engine.stream import KVStream, StreamConfig
@@ -171,17 +172,23 @@ def test_scoring_evicting_and_repacking_never_read_a_tensor_on_the_host(tiny, po
 
 @pytest.mark.parametrize("policy", BOUNDED)
 @pytest.mark.parametrize("pinned", [False, True])
-def test_evicting_every_layer_at_once_keeps_what_one_layer_at_a_time_keeps(tiny, policy, pinned):
+@pytest.mark.parametrize("one_row_at_a_time", [False, True])
+def test_evicting_every_layer_at_once_keeps_what_one_layer_at_a_time_keeps(tiny, policy, pinned, one_row_at_a_time,
+                                                                           monkeypatch):
     """Layers of one shape share storage and are evicted and re-packed in one pass; the slots kept, their
-    keys and their positions are those of evicting layer by layer."""
+    keys and their positions are those of evicting layer by layer. Keys and values move in blocks of
+    layer-heads whose temporaries fit a budget (one layer-head per block with a budget of one byte)."""
     generator = torch.Generator().manual_seed(3)
+    pushes = [(torch.randint(0, 300, (size,), generator=generator), pinned and size == 7)
+              for size in [40, 16, 7, 33, 64, 21]]
     streams = [make_stream(tiny, capacity=48, policy=policy, chunk_size=16, headroom=16) for _ in range(2)]
     streams[1].cache.stack_layers = False  # before the first token: the layers get storage of their own
-    for size in [40, 16, 7, 33, 64, 21]:
-        ids = torch.randint(0, 300, (size,), generator=generator)
-        pin = pinned and size == 7
-        for stream in streams:
-            stream._push(stream.adapter.text_prompt(ids), pinned=pin)
+    for ids, pin in pushes:  # layer by layer, whole layers in one block each
+        streams[1]._push(streams[1].adapter.text_prompt(ids), pinned=pin)
+    if one_row_at_a_time:
+        monkeypatch.setattr(cache_module, "TEMPORARY_BYTES", 1)
+    for ids, pin in pushes:
+        streams[0]._push(streams[0].adapter.text_prompt(ids), pinned=pin)
     together, one_by_one = (stream.cache for stream in streams)
     assert together._all_layers() is not None and one_by_one._all_layers() is None
     assert together.evictions == one_by_one.evictions > 3

@@ -31,6 +31,9 @@ from .policies import EvictionPolicy, SlotView
 from .scoring import window_scores
 
 POSITION_MODES = ("cache", "original")
+# The most one temporary tensor of a gather or a re-pack may take: with every layer evicted in one pass, a
+# rotation of every key at once would briefly hold several float32 copies of the whole cache.
+TEMPORARY_BYTES = 4 << 20
 
 
 class CacheOverflowError(RuntimeError):
@@ -346,8 +349,10 @@ class BoundedLayer(CacheLayerMixin):
         keep = idx.shape[-1]
         stores = (self.keys, self.values) if self.key_origin is None else (self.keys, self.values, self.key_origin)
         for store in stores:
-            full = idx[None, :, :, None].expand(1, -1, -1, store.shape[-1])
-            store[:, :, :keep] = torch.gather(store, 2, full)
+            dim = store.shape[-1]
+            for rows in self._row_blocks(keep * dim * store.element_size()):
+                full = idx[rows, :, None].expand(-1, -1, dim)
+                store[0, rows, :keep] = torch.gather(store[0, rows], 1, full)
         for meta in self._per_head():
             meta[:, :keep] = torch.gather(meta, 1, idx)
 
@@ -358,15 +363,24 @@ class BoundedLayer(CacheLayerMixin):
         # Rotated whether or not anything moved: a re-pack follows gaps, so something nearly always has, and
         # asking would make the host wait for a GPU.
         if self.key_origin is None:
-            self.keys[0, :, :n] = shift_rotary(self.keys[0, :, :n], start - self.pos_start[:, :n], inv_freq)
+            source, shift = self.keys, start - self.pos_start[:, :n]
         else:
-            self.keys[0, :, :n] = shift_rotary(self.key_origin[0, :, :n], start - self.pos_origin[:, :n], inv_freq)
+            source, shift = self.key_origin, start - self.pos_origin[:, :n]
+        for rows in self._row_blocks(n * self.keys.shape[-1] * 4):  # the rotation runs in float32
+            self.keys[0, rows, :n] = shift_rotary(source[0, rows, :n], shift[rows], inv_freq)
         self.pos_start[:, :n] = start
         self.pos_end[:, :n] = end
         self.frontier = 0
         if n:
             self.frontier_on_device = end.max()  # read with every layer's at once, when next needed
         return end
+
+    def _row_blocks(self, bytes_per_row: int) -> list[slice]:
+        """The rows (layer-heads) in blocks whose temporaries take at most TEMPORARY_BYTES each: all at once
+        for a small model, where launches dominate; a bounded peak for a large model and cache."""
+        rows = self.keys.shape[1]
+        step = max(1, TEMPORARY_BYTES // max(bytes_per_row, 1))
+        return [slice(first, min(first + step, rows)) for first in range(0, rows, step)]
 
 
 class BoundedKVCache(Cache):
