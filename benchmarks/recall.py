@@ -190,6 +190,32 @@ def run_one(args) -> list[dict]:
     return records
 
 
+MENTION_AGES = (192, 384, 768, 1536)  # the ages at which trace_fact mentions its fact
+
+
+def trace_fact(stream, adapter, fact: dict, *, before: int = 10, until: int = 2100) -> list[dict]:
+    """One fact told after `before` paragraphs of the novel (after 20 words of the next), mentioned at
+    MENTION_AGES, followed until it is `until` tokens old: per message pushed, the fact's age, whether the
+    message was a mention, and the share of layer-heads holding the value (the diagnostics' trace)."""
+    filler = iter(paragraphs(read_text(None)))
+    for _ in range(before):
+        stream.push_text(next(filler))
+    told = " ".join(next(filler).split()[:20] + [fact["statement"]])
+    stream.push_text(told)
+    planted = stream.tokens_seen
+    where = value_positions(adapter, told, planted, fact["value"])
+    mentions = [planted + age for age in MENTION_AGES]
+    trace = []
+    while stream.tokens_seen - planted < until:
+        mention = bool(mentions) and stream.tokens_seen >= mentions[0]
+        stream.push_text(fact["mention"] if mention else next(filler))
+        if mention:
+            mentions.pop(0)
+        trace.append({"age": stream.tokens_seen - planted, "mention": mention,
+                      "value_kept_in_layer_heads": round(value_kept(stream, where), 3)})
+    return trace
+
+
 def plot(name: str = "recall.json") -> None:
     import matplotlib
 

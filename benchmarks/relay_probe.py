@@ -23,9 +23,9 @@ from typing import ClassVar
 
 import torch
 
-from common import read_text, write_records
+from common import write_records
 from inf_mllm_ros.engine.policies import InfMLLMPolicy, SlotView, knob, register
-from recall import make_facts, paragraphs, run_one, value_kept, value_positions
+from recall import make_facts, run_one, trace_fact
 
 REFERENCES = 8  # older slots remembered per prompt, layer and head
 
@@ -100,23 +100,8 @@ def trace(relay: float, hops: int, threads: int) -> None:
     records = []
     for policy, settings in (("inf_mllm", {}), ("inf_mllm_relay", {"relay": relay, "hops": hops})):
         stream = KVStream(adapter, StreamConfig(capacity=512, policy=policy, chunk_size=64, policy_settings=settings))
-        filler = iter(paragraphs(read_text(None)))
-        for _ in range(10):
-            stream.push_text(next(filler))
-        told = " ".join(next(filler).split()[:20] + [fact["statement"]])
-        stream.push_text(told)
-        planted = stream.tokens_seen
-        where = value_positions(adapter, told, planted, fact["value"])
-        mentions = [planted + age for age in (192, 384, 768, 1536)]
-        while stream.tokens_seen - planted < 2100:
-            mention = bool(mentions) and stream.tokens_seen >= mentions[0]
-            stream.push_text(fact["mention"] if mention else next(filler))
-            if mention:
-                mentions.pop(0)
-            records.append({"policy": policy, "cache_size": 512, "relay": settings.get("relay", 0.0),
-                            "hops": settings.get("hops", 0),
-                            "age": stream.tokens_seen - planted, "mention": mention,
-                            "value_kept_in_layer_heads": round(value_kept(stream, where), 3)})
+        records += [{"policy": policy, "cache_size": 512, "relay": settings.get("relay", 0.0),
+                     "hops": settings.get("hops", 0), **r} for r in trace_fact(stream, adapter, fact)]
         print(policy, [(r["age"], r["value_kept_in_layer_heads"]) for r in records if r["policy"] == policy][::4])
     write_records("relay_trace.json" if hops == 1 else f"relay_trace_{hops}_hops.json", records)
 

@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 
 import inf_mllm_ros.engine.policies as policies
-from common import read_text, write_records
+from common import write_records
 from inf_mllm_ros.engine.cache import BoundedKVCache
 from inf_mllm_ros.engine.policies import InfMLLMPolicy, SlotView, knob, register
-from recall import make_facts, paragraphs, value_kept, value_positions
+from recall import make_facts, trace_fact
 
 
 @register
@@ -121,23 +121,8 @@ def main() -> None:
             fact = make_facts(seed)[0]
             stream = KVStream(adapter, StreamConfig(capacity=512, policy=policy, chunk_size=64,
                                                     policy_settings=settings))
-            filler = iter(paragraphs(read_text(None)))
-            for _ in range(10 + 5 * seed):
-                stream.push_text(next(filler))
-            told = " ".join(next(filler).split()[:20] + [fact["statement"]])
-            stream.push_text(told)
-            planted = stream.tokens_seen
-            where = value_positions(adapter, told, planted, fact["value"])
-            mentions = [planted + age for age in (192, 384, 768, 1536)]
-            run = []
-            while stream.tokens_seen - planted < 2100:
-                mention = bool(mentions) and stream.tokens_seen >= mentions[0]
-                stream.push_text(fact["mention"] if mention else next(filler))
-                if mention:
-                    mentions.pop(0)
-                run.append({"policy": policy, "cache_size": 512, "seed": seed, "policy_settings": settings,
-                            "age": stream.tokens_seen - planted, "mention": mention,
-                            "value_kept_in_layer_heads": round(value_kept(stream, where), 3)})
+            run = [{"policy": policy, "cache_size": 512, "seed": seed, "policy_settings": settings, **r}
+                   for r in trace_fact(stream, adapter, fact, before=10 + 5 * seed)]
             answer = stream.ask(fact["question"], max_new_tokens=12).text
             for r in run:
                 r.update({"answer_at_end": answer, "recalled_at_end": fact["value"] in answer})
