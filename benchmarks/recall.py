@@ -8,7 +8,8 @@
 Facts ("The code of the red locker is 4817.") are planted along one stream of text messages
 (paragraphs of a novel, pushed as a robot's messages would be), one every `--fact-every` tokens, each
 after a random number of the paragraph's words so that facts sit at varied offsets in the stream and
-in its chunks. Every fact is asked about ("What is the code of the red locker?") as the stream moves
+in its chunks; with `--fact-alone`, each fact is a message of its own, as a robot is told one (the
+paragraphs before it still vary its offset). Every fact is asked about ("What is the code of the red locker?") as the stream moves
 each of `--distances` tokens past it: one stream per policy, cache and setting. The settings:
 - `forgotten`: the fact is never referred to again. No eviction by attention can be expected to keep
   it; reported anyway.
@@ -112,7 +113,8 @@ def run_one(args) -> list[dict]:
         limit = adapter.max_context - 512
         capacity = limit
     knobs = {**getattr(args, "policy_settings", {}),
-             **{k: v for k, v in (("attention_bias", args.bias), ("score_pool", args.pool)) if v is not None}}
+             **{k: v for k, v in (("attention_bias", args.bias), ("score_pool", args.pool),
+                                  ("reference_lift", args.reference_lift)) if v is not None}}
     stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=64, policy_settings=knobs))
     planted: dict[int, int] = {}  # fact -> tokens seen when it was stated
     mention_at: dict[int, list[int]] = {}  # fact -> stream positions of its mentions still to come
@@ -135,7 +137,8 @@ def run_one(args) -> list[dict]:
             # Plant the next fact after a random part of a paragraph.
             fact = pending.pop(0)
             words = next(filler).split()
-            told = " ".join(words[: rng.randint(0, min(40, len(words)))] + [fact["statement"]])
+            cut = rng.randint(0, min(40, len(words)))  # drawn either way: the same facts and schedules
+            told = fact["statement"] if args.fact_alone else " ".join(words[:cut] + [fact["statement"]])
             push(told, pin=args.setting == "pinned")
             fid = fact["fact_id"]
             planted[fid] = stream.tokens_seen
@@ -172,6 +175,7 @@ def run_one(args) -> list[dict]:
                         "distance": distance,
                         "actual_distance": stream.tokens_seen - planted[fid],
                         "mentions_before": mentioned[fid] if args.setting == "mentioned" else 0,
+                        "fact_alone": args.fact_alone,
                         "value": fact["value"],
                         "answer": answer.text,
                         "recalled": fact["value"] in answer.text,
@@ -263,6 +267,8 @@ def main() -> None:
     p.add_argument("--caches", type=int, nargs="+", default=[512, 1024])
     p.add_argument("--facts", type=int, default=20)
     p.add_argument("--fact-every", type=int, default=400, help="tokens between planted facts")
+    p.add_argument("--fact-alone", action="store_true",
+                   help="each fact is a message of its own (as a robot is told one), not the end of a paragraph")
     p.add_argument("--distances", type=int, nargs="+", default=DISTANCES)
     # window is streaming_llm without its sinks: not worth a 0.5B stream by default.
     p.add_argument("--policies", nargs="+", default=[n for n in policy_names() if n != "window"],
@@ -271,6 +277,7 @@ def main() -> None:
                    choices=["mentioned", "forgotten", "pinned"])
     p.add_argument("--bias", type=float, default=None, help="inf_mllm attention_bias (default: shipped)")
     p.add_argument("--pool", type=int, default=None, help="inf_mllm score_pool (default: shipped)")
+    p.add_argument("--reference-lift", type=float, default=None, help="inf_mllm reference_lift (default: shipped)")
     p.add_argument("--first-mention", type=int, default=192,
                    help="mentioned: a fact's age in tokens at its first mention; each later one at twice the age")
     p.add_argument("--mention-gap", type=int, default=0,
@@ -291,8 +298,9 @@ def main() -> None:
                    "--device", args.device, "--dtype", args.dtype, "--seed", str(args.seed),
                    "--first-mention", str(args.first_mention), "--mention-gap", str(args.mention_gap), "--facts", str(args.facts),
                    "--fact-every", str(args.fact_every), "--distances", *map(str, args.distances)]
+            cmd += ["--fact-alone"] if args.fact_alone else []
             cmd += ["--text", args.text] if args.text else []
-            for flag, value in (("--bias", args.bias), ("--pool", args.pool)):
+            for flag, value in (("--bias", args.bias), ("--pool", args.pool), ("--reference-lift", args.reference_lift)):
                 cmd += [flag, str(value)] if value is not None else []
             t = time.time()
             new = run_child(cmd, records, args.out)
