@@ -113,8 +113,7 @@ def run_one(args) -> list[dict]:
         limit = adapter.max_context - 512
         capacity = limit
     knobs = {**getattr(args, "policy_settings", {}),
-             **{k: v for k, v in (("attention_bias", args.bias), ("score_pool", args.pool),
-                                  ("reference_lift", args.reference_lift)) if v is not None}}
+             **{k: v for k, v in (("attention_bias", args.bias), ("score_pool", args.pool)) if v is not None}}
     stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=64, policy_settings=knobs))
     planted: dict[int, int] = {}  # fact -> tokens seen when it was stated
     mention_at: dict[int, list[int]] = {}  # fact -> stream positions of its mentions still to come
@@ -277,7 +276,6 @@ def main() -> None:
                    choices=["mentioned", "forgotten", "pinned"])
     p.add_argument("--bias", type=float, default=None, help="inf_mllm attention_bias (default: shipped)")
     p.add_argument("--pool", type=int, default=None, help="inf_mllm score_pool (default: shipped)")
-    p.add_argument("--reference-lift", type=float, default=None, help="inf_mllm reference_lift (default: shipped)")
     p.add_argument("--first-mention", type=int, default=192,
                    help="mentioned: a fact's age in tokens at its first mention; each later one at twice the age")
     p.add_argument("--mention-gap", type=int, default=0,
@@ -300,7 +298,7 @@ def main() -> None:
                    "--fact-every", str(args.fact_every), "--distances", *map(str, args.distances)]
             cmd += ["--fact-alone"] if args.fact_alone else []
             cmd += ["--text", args.text] if args.text else []
-            for flag, value in (("--bias", args.bias), ("--pool", args.pool), ("--reference-lift", args.reference_lift)):
+            for flag, value in (("--bias", args.bias), ("--pool", args.pool)):
                 cmd += [flag, str(value)] if value is not None else []
             t = time.time()
             new = run_child(cmd, records, args.out)

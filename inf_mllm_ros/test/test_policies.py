@@ -400,29 +400,3 @@ def test_a_candidate_among_the_window_s_own_tokens_is_averaged_over_the_queries_
     v = view(window_attention=(1e-2 * seen_by).expand(HEADS, FILL).clone(), queries=FILL, new=FILL, policy=policy)
     score = policy.scores(v, sinks=4, recent=10)
     assert torch.allclose(score, torch.full_like(score, math.log(1e-2))), "the same attention per query"
-
-
-@pytest.mark.parametrize("lift, steady", [(4.0, False), (0.0, False), (4.0, True)])
-def test_a_token_referred_to_is_young_again_and_so_is_its_phrase(lift, steady):
-    """Slot 10 came in 800 tokens ago; the other candidates 5-76 tokens ago. A prompt now pays it 4.5 times
-    the average candidate's attention: over reference_lift (4), so its age starts again, and it and its
-    pooled neighbours keep their slots; counted from arrival, 4.5 times the attention at 10 times the age
-    loses to the young. A token that has drawn that much at every prompt (steady) was not referred to: it
-    is what it usually draws, so its age runs on (it may keep its slot on its sum, as any token may)."""
-    policy = inf(reference_lift=lift)
-    attn = torch.full((HEADS, FILL), 8.0 / FILL)
-    attn[:, 10] *= 4.5
-    v = view(attn, policy=policy)
-    v.stream_end = 1000
-    v.stats["born"][:] = 1000.0 - (FILL - torch.arange(FILL).float())
-    v.stats["born"][:, 10] = 200.0
-    if steady:  # the decayed sum of 4.5 times the average at every prompt: the level is 4.5 / (1 - decay)
-        v.stats["attention_sum"][:, 10] = 4.5 / FILL / (1 - MEMORY_DECAY)
-    slots = kept(policy, v)
-    expect = lift > 0 and not steady
-    assert bool((v.stats["born"][:, 10] == 1000).all()) == expect
-    assert (v.stats["born"][:, 9] < 1000).all() and (v.stats["born"][:, 11] < 1000).all(), "only the referred token"
-    if not steady:
-        phrase = set(range(10 - 6, 10 + 7))  # score_pool 13, centred
-        assert (phrase <= slots) == expect, sorted(slots)
-        assert (10 in slots) == expect

@@ -244,8 +244,7 @@ class InfMLLMPolicy(EvictionPolicy):
     and a kept token keeps its neighbours (each candidate scores as the best within `score_pool` slots
     centred on it):
 
-        score = log A - attention_bias * log(age)      (age: tokens pushed since the candidate's block,
-                                                        or since it was last referred to)
+        score = log A - attention_bias * log(age)      (age: tokens pushed since the candidate's block)
 
     that is A / age^attention_bias: a token twice as old keeps its slot against a younger one only if it
     has drawn 2^attention_bias times more attention (10 times as old: 10^attention_bias). Both terms are
@@ -254,10 +253,7 @@ class InfMLLMPolicy(EvictionPolicy):
     A bias of 0 lets early winners hold the cache for good; a very large bias turns the candidates into a
     window. Age counts from the end of the block a token came in (`born`, stamped at the first eviction
     that sees it), so the tokens of one block are equally old: the bias prefers newer blocks, never the
-    second half of a block. A token that one window pays more than `reference_lift` times the average
-    candidate's attention has been referred to, and its age starts again: what keeps being referred to
-    stays young however long ago it came in, and ages from its last reference once nothing refers to it.
-    Pooling comes after the age term, so the words beside a referred token are as young as it is.
+    second half of a block.
     A camera frame brings a hundred tokens or more that draw attention from one another; the text a
     robot is told is sparse. So `text_share` of the candidate slots go to the best-scored text tokens
     whenever there is that much text, and the rest to the best of everything.
@@ -285,10 +281,6 @@ class InfMLLMPolicy(EvictionPolicy):
     score_pool: int = knob(
         13, "A kept token keeps the tokens around it, in a centred window of this many slots (odd); "
         "1: single tokens.", low=1, high=255, step=2)
-    reference_lift: float = knob(
-        4.0, "A token that one prompt pays this many times the average candidate's attention counts as referred "
-        "to, and its age for attention_bias starts again; 0: age always counts from when the token arrived.",
-        low=0.0, high=1000.0, live=True)
     text_share: float = knob(
         0.5, "Share of the candidate slots kept for the best-scored text tokens whenever there is that much "
         "text, so a flood of camera frames cannot push the text out of memory; 0: text and frames compete "
@@ -326,14 +318,6 @@ class InfMLLMPolicy(EvictionPolicy):
             # Candidates among the window's own tokens (at the first eviction, or when pins take the recent
             # window's room) are seen by the window's queries from their own on.
             attention = attention / visible_counts(view.fill - view.new, view.new, attention.device)[cand]
-        if self.reference_lift > 0.0 and view.window_queries and end <= view.fill - view.new and attention.numel():
-            # A reference is a surprise: far more attention than the average candidate draws, and than the
-            # token itself has drawn per prompt of late ((1 - decay) * A is that level for attention that
-            # keeps coming). Its age starts again, so a fact whose subject comes up stays young, while a
-            # token that draws much attention at every prompt (punctuation, turn markers) ages like any.
-            usual = view.stats["attention_sum"][:, cand] * (1.0 - MEMORY_DECAY)
-            referred = attention > self.reference_lift * torch.maximum(attention.mean(-1, keepdim=True), usual)
-            view.stats["born"][:, cand].masked_fill_(referred, now)
         if self.score_memory:
             # Attention that keeps coming adds up; once it stops it fades by a tenth per prompt.
             total = view.stats["attention_sum"][:, cand]
@@ -342,14 +326,13 @@ class InfMLLMPolicy(EvictionPolicy):
             attention = total
         score = torch.log(attention.clamp(min=1e-30))
         n = score.shape[-1]
+        if self.score_pool > 1 and n > 1:
+            # A token that draws attention is usually part of a phrase: keep its neighbours with it.
+            score = F.max_pool1d(score[:, None], self.score_pool, stride=1, padding=self.score_pool // 2)[:, 0]
         if self.attention_bias > 0.0 and n > 0:
-            # Tokens pushed since the candidate's block ended, or since it was last referred to.
+            # Tokens pushed since the candidate's block ended: the queries that will judge the cache next.
             age = (now - view.stats["born"][:, cand]).clamp_(min=1.0)
             score = score.sub_(torch.log_(age), alpha=self.attention_bias)
-        if self.score_pool > 1 and n > 1:
-            # A token that draws attention is usually part of a phrase: keep its neighbours with it, as young
-            # as it is.
-            score = F.max_pool1d(score[:, None], self.score_pool, stride=1, padding=self.score_pool // 2)[:, 0]
         return score
 
     def select(self, view: SlotView, keep: int) -> Tensor:
