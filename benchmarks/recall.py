@@ -9,8 +9,8 @@ Facts ("The code of the red locker is 4817.") are planted along one stream of te
 (paragraphs of a novel, pushed as a robot's messages would be), one every `--fact-every` tokens, each
 after a random number of the paragraph's words so that facts sit at varied offsets in the stream and
 in its chunks; with `--fact-alone`, each fact is a message of its own, as a robot is told one (the
-paragraphs before it still vary its offset). Every fact is asked about ("What is the code of the red locker?") as the stream moves
-each of `--distances` tokens past it: one stream per policy, cache and setting. The settings:
+paragraphs before it still vary its offset). Every fact is asked about ("What is the code of the red
+locker?") as the stream moves each of `--distances` tokens past it: one stream per policy, cache and setting. The settings:
 - `forgotten`: the fact is never referred to again. No eviction by attention can be expected to keep
   it; reported anyway.
 - `mentioned`: its subject comes up again now and then without its value ("Someone walked past the
@@ -133,7 +133,7 @@ def run_one(args) -> list[dict]:
     t0 = time.perf_counter()
     while len(asked) < len(facts) * len(distances):
         if pending and stream.tokens_seen >= args.fact_every * (len(facts) - len(pending) + 1):
-            # Plant the next fact after a random part of a paragraph.
+            # Plant the next fact after a random part of a paragraph, or alone.
             fact = pending.pop(0)
             words = next(filler).split()
             cut = rng.randint(0, min(40, len(words)))  # drawn either way: the same facts and schedules
