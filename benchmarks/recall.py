@@ -10,7 +10,8 @@ Facts ("The code of the red locker is 4817.") are planted along one stream of te
 after a random number of the paragraph's words so that facts sit at varied offsets in the stream and
 in its chunks; with `--fact-alone`, each fact is a message of its own, as a robot is told one (the
 paragraphs before it still vary its offset). Every fact is asked about ("What is the code of the red
-locker?") as the stream moves each of `--distances` tokens past it: one stream per policy, cache and setting. The settings:
+locker?") as the stream moves each of `--distances` tokens past it: one stream per policy, cache and
+setting. The settings:
 - `forgotten`: the fact is never referred to again. No eviction by attention can be expected to keep
   it; reported anyway.
 - `mentioned`: its subject comes up again now and then without its value ("Someone walked past the
