@@ -513,17 +513,13 @@ def test_full_size_raw_frames_from_another_process_reach_the_node(probe):
             next_time += 1 / 30
             time.sleep(max(0.0, next_time - time.monotonic()))
         handled = lambda m: handled_total(m) - handled_total(before)
-        # The last frames may still wait for the rate gate or the model. Best effort over one machine's
-        # shared memory loses some frames (from under 60 % to all of them arrived in runs here); with Fast DDS's
-        # defaults almost none do.
-        try:
-            probe.stats.wait(lambda m: handled(m) >= 0.6 * sent, timeout=20, what="60 % of the frames")
-        except AssertionError:
-            pass
+        # Best effort over one machine's shared memory loses some frames (from under 60 % to all of them
+        # arrived in runs here); with Fast DDS's defaults almost none do. The last frames may still wait for
+        # the rate gate or the model.
+        probe.stats.wait(lambda m: handled(m) >= 0.3 * sent, timeout=60,
+                         what=f"{width}x{height}: 30% of {sent} frames ingested or dropped (profile {profile})")
         time.sleep(1.0)
-        arrived = handled(probe.stats.last)
-        print(f"{width}x{height} rgb8: sent {sent}, ingested or dropped {arrived}")
-        assert arrived >= 0.3 * sent, f"{width}x{height}: {arrived} of {sent} frames arrived (profile {profile})"
+        print(f"{width}x{height} rgb8: sent {sent}, ingested or dropped {handled(probe.stats.last)}")
     probe.node.destroy_publisher(camera)
 
 
