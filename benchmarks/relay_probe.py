@@ -43,10 +43,10 @@ class RelayPolicy(InfMLLMPolicy):
         self._starts: list[int] = []  # stream index of each prompt's first token (shared by the layers)
         self._refs: dict[int, tuple[list, list]] = {}  # layer -> per prompt: ([heads, m] seq, [heads, m] weight)
 
-    def scores(self, view: SlotView, sinks: int, recent: int) -> torch.Tensor:
+    def drawn(self, view: SlotView, sinks: int, recent: int) -> torch.Tensor:
         if view.new and view.window_queries:
             self._remember_and_relay(view, sinks)
-        return super().scores(view, sinks, recent)
+        return super().drawn(view, sinks, recent)
 
     def _remember_and_relay(self, view: SlotView, sinks: int) -> None:
         layer = view.stats["born"].data_ptr()

@@ -255,8 +255,10 @@ class InfMLLMPolicy(EvictionPolicy):
     that sees it), so the tokens of one block are equally old: the bias prefers newer blocks, never the
     second half of a block.
     A camera frame brings a hundred tokens or more that draw attention from one another; the text a
-    robot is told is sparse. So `text_share` of the candidate slots go to the best-scored text tokens
-    whenever there is that much text, and the rest to the best of everything.
+    robot is told is sparse. So `text_share` of the candidate slots go to the text tokens that have drawn
+    the most attention, their age aside, whenever there is that much text, and the rest to the best of
+    everything. The bias is what keeps frames from holding the cache; inside the text's share it would
+    only put each newer mention of a subject ahead of the older fact it refers to.
     Attention keeps only what something has referred to: a fact a robot is told and not asked about for
     an hour draws none. So a caller may pin a message (`KVStream.push_text(..., pin=True)`): its tokens
     rank above every other candidate, the newest pins first, in up to `pin_share` of the candidate slots;
@@ -282,9 +284,9 @@ class InfMLLMPolicy(EvictionPolicy):
         13, "A kept token keeps the tokens around it, in a centred window of this many slots (odd); "
         "1: single tokens.", low=1, high=255, step=2)
     text_share: float = knob(
-        0.5, "Share of the candidate slots kept for the best-scored text tokens whenever there is that much "
-        "text, so a flood of camera frames cannot push the text out of memory; 0: text and frames compete "
-        "on score alone.", low=0.0, high=1.0, live=True)
+        0.5, "Share of the candidate slots kept for the text tokens that have drawn the most attention (their "
+        "age aside) whenever there is that much text, so a flood of camera frames cannot push the text out of "
+        "memory; 0: text and frames compete on score alone.", low=0.0, high=1.0, live=True)
     pin_share: float = knob(
         0.5, "Share of the candidate slots that pinned messages may hold whatever their score, the newest pins "
         "first; older pins compete on score. 0: pins are ignored.", low=0.0, high=1.0, live=True)
@@ -303,11 +305,11 @@ class InfMLLMPolicy(EvictionPolicy):
         sinks, recent = self.protected(keep)
         return sinks, min(max(recent, 2 * view.new), keep - sinks)
 
-    def scores(self, view: SlotView, sinks: int, recent: int) -> Tensor:
-        """Scores of the candidates (slots sinks .. fill - recent), updating their memory."""
-        now = float(view.stream_end)
+    def drawn(self, view: SlotView, sinks: int, recent: int) -> Tensor:
+        """Log of the attention the candidates (slots sinks .. fill - recent) have drawn, pooled; updates
+        their memory and stamps the window's own tokens with their block's end."""
         if view.new:
-            view.stats["born"][:, view.fill - view.new :] = now
+            view.stats["born"][:, view.fill - view.new :] = float(view.stream_end)
         end = view.fill - recent
         cand = slice(sinks, end)
         attention = view.window_attention[:, cand]
@@ -324,16 +326,25 @@ class InfMLLMPolicy(EvictionPolicy):
             if view.window_queries:  # a window that judged nothing (after a restore) ages nothing
                 total.mul_(MEMORY_DECAY).add_(attention)
             attention = total
-        score = torch.log(attention.clamp(min=1e-30))
-        n = score.shape[-1]
-        if self.score_pool > 1 and n > 1:
+        drawn = torch.log(attention.clamp(min=1e-30))
+        if self.score_pool > 1 and drawn.shape[-1] > 1:
             # A token that draws attention is usually part of a phrase: keep its neighbours with it.
-            score = F.max_pool1d(score[:, None], self.score_pool, stride=1, padding=self.score_pool // 2)[:, 0]
-        if self.attention_bias > 0.0 and n > 0:
-            # Tokens pushed since the candidate's block ended: the queries that will judge the cache next.
-            age = (now - view.stats["born"][:, cand]).clamp_(min=1.0)
-            score = score.sub_(torch.log_(age), alpha=self.attention_bias)
-        return score
+            drawn = F.max_pool1d(drawn[:, None], self.score_pool, stride=1, padding=self.score_pool // 2)[:, 0]
+        return drawn
+
+    def aged(self, view: SlotView, drawn: Tensor, sinks: int) -> Tensor:
+        """The candidates' scores from what they have drawn (`drawn`, from slot `sinks` on): less the bias
+        times the log of their age."""
+        if self.attention_bias == 0.0 or drawn.shape[-1] == 0:
+            return drawn
+        # Tokens pushed since the candidate's block ended: the queries that will judge the cache next.
+        born = view.stats["born"][:, sinks : sinks + drawn.shape[-1]]
+        age = (float(view.stream_end) - born).clamp_(min=1.0)
+        return drawn - self.attention_bias * torch.log_(age)
+
+    def scores(self, view: SlotView, sinks: int, recent: int) -> Tensor:
+        """Scores of the candidates (slots sinks .. fill - recent), updating their memory."""
+        return self.aged(view, self.drawn(view, sinks, recent), sinks)
 
     def select(self, view: SlotView, keep: int) -> Tensor:
         sinks, recent = self.regions(view, keep)
@@ -345,17 +356,19 @@ class InfMLLMPolicy(EvictionPolicy):
             recent = min(recent, keep - sinks - min(int(pinned[:, sinks:].sum(-1).max()), pin_room))
         else:
             pinned = None
-        score = self.scores(view, sinks, recent)
+        drawn = self.drawn(view, sinks, recent)
+        score = self.aged(view, drawn, sinks)
         cand = slice(sinks, view.fill - recent)
         best = keep - sinks - recent
         frame = None if view.frame is None else view.frame[:, cand]
         if self.text_share > 0.0 and frame is not None:
             # Frame tokens come by the hundred per frame and draw attention from one another; text is sparse
             # and is what a robot is told. Ranked on score alone, a camera flood pushes every text token out;
-            # with a share, the text competes for its slots with other text, and the rest go to whichever
-            # scores best. (Where the candidates are all text the lift picks the best, whom the ranking keeps
-            # anyway, and where none is it lifts nothing; not asking which spares the host a wait for a GPU.)
-            score = _lift_first(score, ~frame, by=score, room=int(self.text_share * max(best, 0)))
+            # with a share, the text competes for its slots with other text, by the attention it has drawn
+            # (a fact told long ago is no less true: with the age term each newer mention of its subject would
+            # outrank it), and the rest go to whichever scores best. (Where none is text the lift lifts
+            # nothing; not asking which spares the host a wait for a GPU.)
+            score = _lift_first(score, ~frame, by=drawn, room=int(self.text_share * max(best, 0)))
         if pinned is not None:
             # The newest pins first: those in the recent window are kept already and use up their share.
             room = pin_room - pinned[:, view.fill - recent : view.fill].sum(-1, keepdim=True)
