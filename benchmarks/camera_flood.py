@@ -13,7 +13,8 @@ is asked about (the question is not kept in memory). In the `mentioned` setting,
 every `--mention-every` frames names a subject without its value ("Someone walked past the red
 locker."), as a robot's narration would; in `forgotten` nothing refers to the facts again.
 One stream per policy, cache and setting; the full cache is the ceiling. Results:
-benchmarks/results/camera_flood.json (one record per fact and question time) and .png.
+benchmarks/results/camera_flood.json (one record per fact and question time, with how many slots per
+layer-head hold the facts' and the mentions' tokens then) and .png.
 """
 
 from __future__ import annotations
@@ -42,6 +43,20 @@ def frames(seed: int):
         i += 1
 
 
+def slots_held(stream, ranges: list[tuple[int, int]]) -> float:
+    """Slots per layer-head (mean) holding a token from one of the stream index ranges [start, end)."""
+    import torch
+
+    counts = []
+    for i in range(len(stream.cache.layers)):
+        seq = stream.cache.cached_seq(i)
+        inside = torch.zeros_like(seq, dtype=torch.bool)
+        for start, end in ranges:
+            inside |= (seq >= start) & (seq < end)
+        counts.append(inside.sum(-1).float().mean())
+    return round(float(torch.stack(counts).mean()), 1)
+
+
 def run_one(args) -> list[dict]:
     import torch
 
@@ -55,9 +70,16 @@ def run_one(args) -> list[dict]:
     settings = {"text_share": args.text_share} if args.policy == "inf_mllm" and args.text_share is not None else {}
     stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=128,
                                             policy_settings=settings))
+    spans = {"fact": [], "mention": []}  # stream index ranges of the facts' and the mentions' messages
+
+    def tell(kind: str, text: str, stamp: float) -> None:
+        start = stream.tokens_seen
+        stream.push_text(text, stamp=stamp)
+        spans[kind].append((start, stream.tokens_seen))
+
     t = 0.0
     for fact in facts:
-        stream.push_text(fact["statement"], stamp=t)
+        tell("fact", fact["statement"], t)
         t += 1.0
     after_facts = stream.tokens_seen
     camera = frames(args.seed)
@@ -67,9 +89,10 @@ def run_one(args) -> list[dict]:
         stream.push_frame(next(camera), stamp=t)
         t += 1.0
         if args.setting == "mentioned" and n % args.mention_every == 0:
-            stream.push_text(facts[mentioned % len(facts)]["mention"], stamp=t)
+            tell("mention", facts[mentioned % len(facts)]["mention"], t)
             mentioned += 1
         if n % args.ask_every == 0:
+            held = {f"{kind}_slots_held": slots_held(stream, ranges) for kind, ranges in spans.items()}
             for fact in facts:
                 answer = stream.ask(fact["question"], max_new_tokens=12)
                 records.append({
@@ -77,7 +100,7 @@ def run_one(args) -> list[dict]:
                     "setting": args.setting, "fact_id": fact["fact_id"], "frames_after": n,
                     "tokens_after": stream.tokens_seen - after_facts, "value": fact["value"],
                     "answer": answer.text, "recalled": fact["value"] in answer.text,
-                    "text_share": stream.policy.describe().get("text_share"),
+                    "text_share": stream.policy.describe().get("text_share"), **held,
                 })
             print(f"  {args.policy} {capacity} {args.setting}: {n} frames, "
                   f"{sum(r['recalled'] for r in records[-len(facts):])}/{len(facts)}", file=sys.stderr, flush=True)
