@@ -54,12 +54,12 @@ def evict_all_layers(cache: BoundedKVCache) -> int:
     first = views[0]
     sinks, recent = policy.regions(first, keep)
     # Inf-MLLM's memory update per layer-head, without its pooling and bias (applied once, below).
-    bias, pool = policy.attention_bias, policy.score_pool
-    policy.attention_bias, policy.score_pool, policies.MEMORY_DECAY = 0.0, 1, policy.decay
+    bias, pool, decay = policy.attention_bias, policy.score_pool, policies.MEMORY_DECAY
+    policy.score_pool, policies.MEMORY_DECAY = 1, policy.decay
     try:
-        attention = torch.cat([policy.scores(v, sinks, recent).exp() for v in views])  # [layer-heads, candidates]
+        attention = torch.cat([policy.drawn(v, sinks, recent).exp() for v in views])  # [layer-heads, candidates]
     finally:
-        policy.attention_bias, policy.score_pool, policies.MEMORY_DECAY = bias, pool, 0.9
+        policy.score_pool, policies.MEMORY_DECAY = pool, decay
     relative = attention / attention.mean(-1, keepdim=True).clamp(min=1e-30)
     score = torch.log(relative.mean(0).clamp(min=1e-30))[None]
     if pool > 1 and score.shape[-1] > 1:
