@@ -23,8 +23,9 @@ def stamp_seconds(header_stamp: Any | None, now_ns: int) -> float:
 class StreamClock:
     """Stream time: seconds since the first input taken in (a refused input does not start it)."""
 
-    def __init__(self) -> None:
-        self.origin: float | None = None  # seconds (stamp_seconds) of the first input taken in
+    def __init__(self, origin: float | None = None) -> None:
+        # Seconds (stamp_seconds) of stream time 0: the first input taken in, or a restored memory's.
+        self.origin = origin
 
     def __call__(self, header_stamp: Any | None, now_ns: int) -> float:
         seconds = stamp_seconds(header_stamp, now_ns)

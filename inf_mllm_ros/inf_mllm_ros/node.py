@@ -75,6 +75,8 @@ DIAGNOSTICS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliabil
 WARN_MODEL_DROPS_PER_S = 0.5
 SHUTTING_DOWN = "node is shutting down"
 NOT_CONFIGURED = "node is not configured: no model is loaded (configure it through its lifecycle)"
+LOADING = "model is still loading"
+INACTIVE = "node is inactive: it takes no input and answers no question until it is activated"
 
 
 def descriptor(p: Param) -> ParameterDescriptor:
@@ -120,7 +122,7 @@ class InfMLLMNode(LifecycleNode):
         self.autostarting = bool(self.get_parameter("autostart").value)
         self._lock = threading.Lock()  # the counters below, written from several threads
         self._stopping = threading.Event()  # set at shutdown: queries are answered "node is shutting down"
-        self._in_service = 0  # query and reset callbacks running now
+        self._in_service = 0  # service and action callbacks running now
         self._inputs_rejected = 0
         self._frames_dropped = 0  # held back by frame_rate
         self._queries_failed = 0  # failed before or after the engine (empty, timed out)
@@ -185,6 +187,8 @@ class InfMLLMNode(LifecycleNode):
             self.get_logger().error(f"{exc}; configure failed (queries answer success=false with this reason)")
             self._publish_stats()
             return TransitionCallbackReturn.FAILURE
+        # Times go on from a restored memory's clock: its first input was stream time 0.
+        self._stream_clock = StreamClock(self.engine.time_origin)
         self._report_ready(time.monotonic() - started)
         return TransitionCallbackReturn.SUCCESS
 
@@ -258,7 +262,7 @@ class InfMLLMNode(LifecycleNode):
 
     @property
     def services_busy(self) -> int:
-        """Query and reset callbacks running now (each has a caller waiting for its response)."""
+        """Service and action callbacks running now (each has a caller waiting for its response)."""
         with self._lock:
             return self._in_service
 
@@ -281,7 +285,9 @@ class InfMLLMNode(LifecycleNode):
     def _close_engine(self) -> None:
         self.engine.close(timeout=30.0)
         saved = getattr(self.engine, "last_saved", None)
-        if saved is not None:
+        if getattr(self.engine, "final_save_skipped", False):
+            self.get_logger().warning(self.engine.memory_status)
+        elif saved is not None:
             self.get_logger().info(f"memory saved to {saved.path}: {saved.fill} tokens held, {saved.tokens_seen} seen")
 
     @contextmanager
@@ -332,8 +338,6 @@ class InfMLLMNode(LifecycleNode):
                 engine.checkpoint_period = p.value  # from the next save on
             elif p.name == "system_prompt" and engine is not None:
                 engine.config.system_prompt = p.value
-            elif p.name == "max_new_tokens" and engine is not None:
-                engine.config.max_new_tokens = p.value
             if p.name in knobs or p.name in ("frame_rate", "description_period", "system_prompt",
                           "description_prompt", "max_new_tokens", "checkpoint_period"):
                 self.get_logger().info(f"{p.name} set to {p.value!r}")
@@ -422,8 +426,11 @@ class InfMLLMNode(LifecycleNode):
         self._publish_stats()
 
     def _stream_time(self, stamp) -> float:
-        """Seconds since the first input; a zero stamp means now."""
-        return self._stream_clock(stamp, self.get_clock().now().nanoseconds)
+        """Seconds since the first input (of the memory, across restarts); a zero stamp means now."""
+        seconds = self._stream_clock(stamp, self.get_clock().now().nanoseconds)
+        if self.engine.time_origin is None:  # the first input: the memory keeps its clock from now on
+            self.engine.time_origin = self._stream_clock.origin
+        return seconds
 
     def _ros_time(self, stream_time: float | None) -> Time:
         if stream_time is None or self._stream_clock.origin is None:
@@ -610,17 +617,12 @@ class InfMLLMNode(LifecycleNode):
             return response
 
     def _on_query(self, request: Query.Request, response: Query.Response) -> Query.Response:
-        return self._served(self._answer, request, response)
-
-    def _answer(self, request: Query.Request, response: Query.Response) -> Query.Response:
-        return self._ask_engine(request, response)
+        return self._served(self._ask_engine, request, response)
 
     def _ask_engine(self, request, response, on_token=None, cancel: threading.Event | None = None,
                     cancelled=lambda: False):
         """Answer a Query request or an Ask goal into its response or result (the same fields)."""
         start = time.monotonic()
-        if self._stopping.is_set():
-            return self._query_failed(response, SHUTTING_DOWN)
         engine = self.engine
         unusable = self._lifecycle_refusal(engine, ask=True)
         if unusable:
@@ -681,30 +683,36 @@ class InfMLLMNode(LifecycleNode):
 
     def _execute_ask(self, goal_handle) -> Ask.Result:
         """The ~/ask action: the answer so far as feedback after each token; cancel stops it at the next one."""
-        with self._serving():
-            def feedback(text: str, n: int) -> None:
-                goal_handle.publish_feedback(Ask.Feedback(partial_answer=text, tokens_generated=n))
+        def feedback(text: str, n: int) -> None:
+            goal_handle.publish_feedback(Ask.Feedback(partial_answer=text, tokens_generated=n))
 
-            result = self._ask_engine(goal_handle.request, Ask.Result(), on_token=feedback, cancel=threading.Event(),
-                                      cancelled=lambda: goal_handle.is_cancel_requested)
-            if not result.success and self._stopping.is_set():
-                result.message = SHUTTING_DOWN
-            if result.success:
-                goal_handle.succeed()
-            elif result.message == "cancelled" and goal_handle.is_cancel_requested:
-                goal_handle.canceled()
-            else:
-                goal_handle.abort()
-            return result
+        def answer(request, result: Ask.Result) -> Ask.Result:
+            return self._ask_engine(request, result, on_token=feedback, cancel=threading.Event(),
+                                    cancelled=lambda: goal_handle.is_cancel_requested)
 
-    def _lifecycle_refusal(self, engine: StreamingEngine | None, ask: bool = False) -> str | None:
-        """Why a service cannot be served in the node's lifecycle state, or None."""
-        if self.autostarting and (engine is None or (ask and not self._active and engine.ready.is_set())):
-            return "model is still loading"
+        result = self._served(answer, goal_handle.request, Ask.Result())
+        if result.success:
+            goal_handle.succeed()
+        elif result.message == "cancelled" and goal_handle.is_cancel_requested:
+            goal_handle.canceled()
+        else:
+            goal_handle.abort()
+        return result
+
+    def _lifecycle_refusal(self, engine: StreamingEngine | None, *, ask: bool) -> str | None:
+        """Why a request cannot be served in the node's state, or None: the same words from every service.
+        A question also needs the node active; one asked while the model loads hears why from the engine,
+        which counts it."""
+        if self._stopping.is_set():
+            return SHUTTING_DOWN
         if engine is None:
-            return NOT_CONFIGURED
-        if ask and not self._active and engine.ready.is_set():
-            return "node is inactive: it takes no input and answers no question until it is activated"
+            return LOADING if self.autostarting else NOT_CONFIGURED
+        if not engine.ready.is_set():
+            if ask:
+                return None
+            return f"model failed to load: {engine.load_error}" if engine.load_error else LOADING
+        if ask and not self._active:
+            return LOADING if self.autostarting else INACTIVE
         return None
 
     def _query_failed(self, response: Query.Response, reason: str) -> Query.Response:
@@ -717,17 +725,10 @@ class InfMLLMNode(LifecycleNode):
         return self._served(self._clear, request, response)
 
     def _clear(self, _request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
-        if self._stopping.is_set():
-            response.success, response.message = False, SHUTTING_DOWN
-            return response
         engine = self.engine
-        if engine is None:
-            response.success, response.message = False, NOT_CONFIGURED
-            return response
-        if not engine.ready.is_set():
-            error = engine.load_error
-            response.success = False
-            response.message = f"model failed to load: {error}" if error else "model is still loading; nothing to clear yet"
+        refusal = self._lifecycle_refusal(engine, ask=False)
+        if refusal:
+            response.success, response.message = False, refusal
             return response
         done, _ = self._wait_control(engine.submit_reset, response, "reset")
         if not done:
@@ -752,8 +753,9 @@ class InfMLLMNode(LifecycleNode):
 
     def _save_memory(self, _request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         engine = self.engine
-        if self._stopping.is_set() or engine is None:
-            response.success, response.message = False, SHUTTING_DOWN if self._stopping.is_set() else NOT_CONFIGURED
+        refusal = self._lifecycle_refusal(engine, ask=False)
+        if refusal:
+            response.success, response.message = False, refusal
             return response
         done, info = self._wait_control(engine.submit_save, response, "saved")
         if not done:

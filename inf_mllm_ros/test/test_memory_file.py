@@ -197,6 +197,61 @@ def test_periodic_checkpoints_save_only_a_changed_memory(folders, tmp_path):
     assert engine.counters.checkpoints_failed == 0
 
 
+def test_a_checkpoint_period_set_at_run_time_applies_at_once(folders, tmp_path):
+    path = tmp_path / "m"
+    engine = StreamingEngine(folders["llama"], config(), device="cpu", dtype="float32", memory_file=str(path))
+    engine.wait_ready(60)
+    engine.push_text(TEXTS[0], timeout=60)
+    time.sleep(0.5)
+    assert not path.exists(), "period 0: saves only on request and at close"
+    engine.checkpoint_period = 0.2  # the worker sleeps with nothing due: the new period must wake it
+    deadline = time.monotonic() + 20
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert path.exists(), "a period set at run time saves a changed memory within that period"
+    engine.close()
+
+
+def test_a_close_that_stops_a_message_part_way_keeps_the_file_of_the_save_before(folders, tmp_path):
+    path = tmp_path / "m"
+    engine = StreamingEngine(folders["llama"], StreamConfig(capacity=48, policy="inf_mllm", chunk_size=8),
+                             device="cpu", dtype="float32", memory_file=str(path))
+    engine.wait_ready(60)
+    engine.push_text(TEXTS[0], timeout=60)
+    saved = engine.submit_save().result(60)
+    stream = engine._stream
+    forward, blocks = stream._forward, []
+
+    def close_at_the_second_block(*args, **kwargs):
+        blocks.append(1)
+        if len(blocks) == 2:
+            engine.close(timeout=0)  # as a shutdown would, between two blocks of one message
+        return forward(*args, **kwargs)
+
+    stream._forward = close_at_the_second_block
+    future = engine.submit_text("Later: " + " ".join(TEXTS))
+    engine._worker.join(60)
+    assert future.exception() is not None and len(blocks) == 2
+    assert stream.stopped_mid_prompt and engine.final_save_skipped and "skipped" in engine.memory_status
+    restored = KVStream(load_model(folders["llama"], device="cpu", dtype="float32"),
+                        StreamConfig(capacity=48, policy="inf_mllm", chunk_size=8))
+    assert load_memory(restored, path).tokens_seen == saved.tokens_seen, "the file holds the save before"
+
+
+def test_the_stream_s_time_origin_is_saved_with_the_memory_and_kept_by_a_reset(folders, tmp_path):
+    adapter = load_model(folders["llama"], device="cpu", dtype="float32")
+    saved = KVStream(adapter, config())
+    saved.time_origin = 1_700_000_123.25
+    saved.push_text(TEXTS[0], stamp=3.0)
+    save_memory(saved, tmp_path / "m")
+    restored = KVStream(adapter, config())
+    assert restored.time_origin is None
+    load_memory(restored, tmp_path / "m")
+    assert restored.time_origin == 1_700_000_123.25
+    restored.reset()
+    assert restored.time_origin == 1_700_000_123.25, "the caller's clock goes on after a reset"
+
+
 WRITER = """
 import sys, torch
 from inf_mllm_ros.engine.loading import load_model

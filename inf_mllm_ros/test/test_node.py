@@ -646,7 +646,8 @@ def test_the_lifecycle_keeps_the_memory_through_deactivate_and_cleanup(tmp_path)
 
 
 def test_a_restart_keeps_the_memory(tmp_path):
-    """A fact told before a restart is recalled after it; a save on request reports what it wrote."""
+    """A fact told before a restart is recalled after it, and the frame seen before it keeps its time; a
+    save on request reports what it wrote."""
     params = dict(PARAMS, memory_file=str(tmp_path / "memory.safetensors"), checkpoint_period=0.0)
     fqn = f"{NAMESPACE}/keeper"
 
@@ -664,10 +665,17 @@ def test_a_restart_keeps_the_memory(tmp_path):
     process, probe = start(0)
     try:
         text = probe.node.create_publisher(String, f"{NAMESPACE}/text", RELIABLE)
+        image = probe.node.create_publisher(Image, f"{NAMESPACE}/image", RELIABLE)
+        frame = image_msg(rgb_to_image_fields(rgb()))
+        frame.header.stamp = probe.node.get_clock().now().to_msg()
+        publish_until_matched(probe, image, frame)
+        probe.stats.wait(lambda m: m.frames_ingested >= 1, timeout=60, what="the frame ingested")
         publish_until_matched(probe, text, String(data=FACT))
         told = probe.stats.wait(lambda m: m.texts_ingested >= 1, timeout=60, what="the fact ingested")
         before = ask(probe, PROBE, max_new_tokens=16)
         assert before.success and "dock 3" in before.answer.lower(), before
+        seen = before.newest_frame_stamp
+        assert abs((seen.sec - frame.header.stamp.sec) + (seen.nanosec - frame.header.stamp.nanosec) * 1e-9) < 1e-6
         saved = probe.call(probe.save, Trigger.Request(), timeout=60)
         assert saved.success and "memory.safetensors" in saved.message, saved.message
     finally:
@@ -679,6 +687,8 @@ def test_a_restart_keeps_the_memory(tmp_path):
     try:
         after = ask(probe, PROBE, max_new_tokens=16)
         assert after.success and after.answer == before.answer, (before, after)
+        # The memory's clock came back with it: the frame is still dated when it was seen.
+        assert after.newest_frame_stamp == before.newest_frame_stamp, (before, after)
         stats = probe.stats.wait(lambda m: m.model_ready, timeout=30, what="stats")
         assert stats.texts_ingested == told.texts_ingested and stats.tokens_seen == told.tokens_seen
     finally:
@@ -711,6 +721,7 @@ class StandInEngine:
         self.ready = threading.Event()
         self.ready.set()
         self.load_error = None
+        self.time_origin = None
         self.answer = lambda: Future()
 
     def wait_ready(self, timeout=None):

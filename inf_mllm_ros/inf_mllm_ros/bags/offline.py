@@ -160,7 +160,12 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
         if adapter is None:
             from ..engine.loading import load_model
 
-            adapter = load_model(settings["model"], device=str(settings["device"]), dtype=str(settings["dtype"]))
+            if settings["torch_threads"] > 0:  # as the node's engine does
+                import torch
+
+                torch.set_num_threads(settings["torch_threads"])
+            adapter = load_model(settings["model"], device=str(settings["device"]), dtype=str(settings["dtype"]),
+                                 trust_remote_code=bool(settings["trust_remote_code"]))
         stream = KVStream(adapter, config)
         result.model = {k: str(v) for k, v in adapter.describe().items()}
         if adapter.notice:
@@ -283,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-frame-pixels", type=int, help="bound on a frame's pixels; 0: the model's own")
     p.add_argument("--max-new-tokens", type=int, help="longest answer in tokens")
     p.add_argument("--frame-rate", type=float,
-                   help="frames per bag second at most (0: every frame, the default)")
+                   help="frames per bag second at most, as the node's frame_rate (0: every frame)")
     p.add_argument("--remap", action="append", default=[], metavar="FROM:=TO",
                    help="map a bag topic to a node input (image, image/compressed, text), as for the replay")
     p.add_argument("--topics", nargs="+", metavar="TOPIC", help="use only these bag topics")

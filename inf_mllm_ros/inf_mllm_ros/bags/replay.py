@@ -7,8 +7,8 @@ Each message's serialized bytes are published as they are, with a publisher of i
 ``/clock`` carries the bag time (as ``ros2 bag play --clock``), so a node with ``use_sim_time``
 stamps texts with bag time. Timed play keeps the bag's pace times ``--rate``. Lockstep play sends
 each message the node takes only once the node has taken the previous one in (its
-``~/cache_stats`` counters frames_ingested + texts_ingested + inputs_rejected went up), so a run is
-deterministic; the node must then ingest frames as they come (``frame_rate:=0.0``).
+``~/cache_stats`` counters frames_ingested + texts_ingested + inputs_rejected + frames_dropped went
+up), so a run is deterministic; with ``frame_rate:=0.0`` on the node every frame goes in.
 
 Questions are sent to ``<node>/query`` once the replay has passed their bag time, and the answers
 are printed (and written with ``--answers-out``), then the latest description and memory figures.

@@ -81,6 +81,11 @@ class ChatFormat:
         return self.user_prefix, text, self.user_suffix + self.assistant_prefix
 
 
+def stamped(text: str, stamp: float | None) -> str:
+    """Text as the model sees it: after the stream time it came at, when it has one."""
+    return text if stamp is None else f"[{clock(float(stamp))}] {text}"
+
+
 def clock(stamp: float) -> str:
     """Stream time as h:mm:ss.s, short enough to cost few tokens."""
     if not math.isfinite(stamp):

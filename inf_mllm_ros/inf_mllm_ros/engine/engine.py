@@ -5,7 +5,7 @@ Order of work. Each time the worker is free it takes, in this order:
 1. control (reset), at once;
 2. the waiting camera frame, if it is due: the previous job was not a frame and at least
    `frame_period` seconds have passed since the last frame was taken (`frame_period` 0: frames and
-   other work alternate; None: a frame only when nothing else waits);
+   other work alternate);
 3. otherwise the oldest message: a question alone, or every text waiting in a row before the next
    question, pushed together in one model call (`KVStream.push_texts`: each text still its own user
    turn with its own time marker, counted one by one in `texts_ingested`, its future resolved with
@@ -22,8 +22,9 @@ Texts and questions have bounded queues; when one is full the call is refused at
 Memory file. With `memory_file` set, the worker restores the memory from it once the model is loaded
 (a file that cannot be used is renamed aside with the reason in `memory_status`, and the stream starts
 fresh), saves it every `checkpoint_period` seconds when it has changed, on `submit_save`, and last of
-all when the engine closes. Saving runs on the worker between jobs, so a file is always a memory that
-existed between two inputs.
+all when the engine closes (unless closing stopped an input part-way in: the file then keeps the memory
+of the save before). Saving runs on the worker between jobs, so a file is always a memory that existed
+between two inputs.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class StreamingEngine:
         max_pending_texts: int = 64,
         max_pending_queries: int = 8,
         on_ingested: Callable[[str], None] | None = None,
-        frame_period: float | None = 0.0,
+        frame_period: float = 0.0,
         memory_file: str | None = None,
         checkpoint_period: float = 0.0,
         torch_threads: int = 0,
@@ -115,9 +116,10 @@ class StreamingEngine:
         self._last_kind: str | None = None
         self._closed = False
         self.memory_file = os.path.expanduser(memory_file) if memory_file else None
-        self.checkpoint_period = checkpoint_period  # seconds; 0: only on submit_save and at close
+        self.checkpoint_period = checkpoint_period
         self.memory_status = "no memory file" if self.memory_file is None else "not restored yet"
         self.last_saved: MemoryFileInfo | None = None
+        self.final_save_skipped = False  # closing stopped an input part-way in, so the last save was not made
         self._saved_state: tuple | None = None
         self._next_checkpoint = float("inf")
         self._fingerprint: str | None = None
@@ -301,6 +303,31 @@ class StreamingEngine:
             return {"texts": self._pending_texts, "queries": self._pending_queries, "frame": self._frame is not None}
 
     @property
+    def checkpoint_period(self) -> float:
+        """Seconds between saves of a changed memory; 0: only on submit_save and at close. May change at
+        any time: the next save is due that long from now."""
+        return self._checkpoint_period
+
+    @checkpoint_period.setter
+    def checkpoint_period(self, seconds: float) -> None:
+        with self._lock:
+            self._checkpoint_period = seconds
+            self._schedule_checkpoint()
+            self._lock.notify()  # the worker may be asleep until the previous due time
+
+    @property
+    def time_origin(self) -> float | None:
+        """The caller's time of stream time 0 (`KVStream.time_origin`: saved with the memory, restored with
+        it); None until the model is loaded or the caller sets it."""
+        return None if self._stream is None else self._stream.time_origin
+
+    @time_origin.setter
+    def time_origin(self, seconds: float | None) -> None:
+        if self._stream is None:
+            raise EngineNotReadyError("model is still loading")
+        self._stream.time_origin = seconds
+
+    @property
     def adapter(self) -> ModelAdapter | None:
         return None if self._stream is None else self._stream.adapter
 
@@ -313,6 +340,7 @@ class StreamingEngine:
             waiting = list(self._control) + list(self._messages) + ([self._frame] if self._frame else [])
             self._control.clear()
             self._messages.clear()
+            self._pending_texts = self._pending_queries = 0
             self._frame = None
             self._lock.notify_all()
         for _, _, future in waiting:
@@ -358,7 +386,8 @@ class StreamingEngine:
                     continue
                 try:
                     outcome, ok = fn(self._stream), True
-                except Exception as exc:  # the stream left its memory as it was; the caller gets the reason
+                except Exception as exc:  # the caller gets the reason (a prompt that failed part-way in
+                    # leaves the blocks that went in: a message cut short)
                     outcome, ok = exc, False
                 self._snapshot_stats()
                 self._count(kind, future, ok=ok)
@@ -369,7 +398,12 @@ class StreamingEngine:
             if time.monotonic() >= self._next_checkpoint:
                 self._checkpoint()
         if self.memory_file is not None:
-            self._checkpoint()  # the last save, after the job that close() stopped
+            self.final_save_skipped = self._stream.stopped_mid_prompt
+            if self.final_save_skipped:
+                self.memory_status = (f"last save skipped: closing stopped an input part-way in; {self.memory_file} "
+                                      "keeps the memory of the save before")
+            else:
+                self._checkpoint()  # the last save, after the job that close() stopped
 
     # --- memory file ---------------------------------------------------------------------------------
     def _memory_state(self, stream: KVStream) -> tuple:
@@ -429,7 +463,7 @@ class StreamingEngine:
             return False
         try:
             counts = self._stream.push_texts([item for item, _ in live])
-        except Exception as exc:  # the stream left its memory as it was; every caller gets the reason
+        except Exception as exc:  # every caller gets the reason (see _run on a prompt failed part-way in)
             self._snapshot_stats()
             for _, future in live:
                 future.set_exception(exc)
@@ -447,10 +481,7 @@ class StreamingEngine:
             self._stats = self._stream.stats()
 
     def _frame_due(self, now: float) -> bool:
-        period = self.frame_period
-        if period is None or self._last_kind == "frame":
-            return False
-        return now - self._last_frame_taken >= period
+        return self._last_kind != "frame" and now - self._last_frame_taken >= self.frame_period
 
     def _next_job(self):
         """The next job as (kind, fn, future); kind "texts" carries the batch of text jobs in place of fn."""

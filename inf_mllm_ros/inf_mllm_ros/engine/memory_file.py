@@ -114,7 +114,8 @@ def save_memory(stream, path: str | os.PathLike, fingerprint: str | None = None)
 
 
 def load_memory(stream, path: str | os.PathLike, fingerprint: str | None = None) -> MemoryFileInfo:
-    """Replace the stream's memory with the file's, or raise MemoryFileError and leave the stream as it was."""
+    """Replace the stream's memory with the file's, or raise MemoryFileError: the stream is left as it was,
+    or empty where the file's memory proved inconsistent while it was being taken in."""
     start = time.monotonic()
     path = Path(path)
     try:

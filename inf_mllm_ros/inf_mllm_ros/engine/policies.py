@@ -226,7 +226,7 @@ class InfMLLMPolicy(EvictionPolicy):
     """Inf-MLLM: attention sinks, a recent window, and the attention saddles between, with a recency bias.
 
     Kept always: the first `sink_size` tokens of the stream, and the newest `recent_size` tokens, at
-    least the block just pushed and the one before it. A block's own queries cannot judge it fairly (its
+    least twice the block just pushed (so the block before it too when blocks come in one size). A block's own queries cannot judge it fairly (its
     last key would be judged by one query, its own), and the next block's queries sit right after it,
     where local attention favours its last tokens; so a block is first judged by the block after next.
     The tokens between are the candidates. At each eviction the candidates' attention from the retrieval
@@ -299,9 +299,10 @@ class InfMLLMPolicy(EvictionPolicy):
         return sinks, min(_recent(self.recent_size, capacity), capacity - sinks)
 
     def regions(self, view: SlotView, keep: int) -> tuple[int, int]:
-        """(sinks, recent) at this eviction: the protected slots, and at least the block just pushed and the
-        one before it in the recent window: the queries right after a block are the ones whose local
-        attention favours its last tokens, so a block is first judged by the block after next."""
+        """(sinks, recent) at this eviction: the protected slots, and at least twice the block just pushed in
+        the recent window (the block before it too, when blocks come in one size): the queries right after a
+        block are the ones whose local attention favours its last tokens, so a block is first judged by the
+        block after next. (The size of the block before is not known here, only the one just pushed.)"""
         sinks, recent = self.protected(keep)
         return sinks, min(max(recent, 2 * view.new), keep - sinks)
 

@@ -19,7 +19,7 @@ from torch import Tensor
 from .adapters import ModelAdapter, Prompt
 from .attention import cache_observing
 from .cache import BoundedKVCache, CacheOverflowError, PromptPositions
-from .chat import clock as _clock
+from .chat import stamped
 from .policies import make_policy
 from .text_rules import is_blank
 
@@ -137,6 +137,10 @@ class KVStream:
             scoring_backend=cfg.scoring_backend,
         )
         self._stop_ids = adapter.stop_token_ids
+        # The caller's time of stream time 0 (the node: its clock's seconds at the first input). Saved with
+        # the memory, so that after a restart new inputs are timed on the clock of the memory's; a reset
+        # keeps it, as the caller's clock goes on.
+        self.time_origin: float | None = None
         self.reset()
 
     # --- state ---------------------------------------------------------------------------------------
@@ -148,12 +152,15 @@ class KVStream:
         self.texts_ingested = 0
         self.newest_frame_stamp: float | None = None
         self._started = False
+        # Set when `stop_requested` ended a prompt after some of its blocks went in: the memory then holds
+        # part of an input, which a final save should not keep.
+        self.stopped_mid_prompt = False
 
     def clock_state(self) -> dict:
         """The stream's clock and counters (saved with the memory; see memory_file)."""
         return {"tokens_seen": self.tokens_seen, "frames_ingested": self.frames_ingested,
                 "texts_ingested": self.texts_ingested, "newest_frame_stamp": self.newest_frame_stamp,
-                "started": self._started}
+                "started": self._started, "time_origin": self.time_origin}
 
     def restore_clock(self, state: dict) -> None:
         self.tokens_seen = int(state["tokens_seen"])
@@ -162,6 +169,8 @@ class KVStream:
         stamp = state["newest_frame_stamp"]
         self.newest_frame_stamp = None if stamp is None else float(stamp)
         self._started = bool(state["started"])
+        origin = state.get("time_origin")  # absent from files written before it was kept
+        self.time_origin = None if origin is None else float(origin)
 
     def set_policy_knob(self, name: str, value) -> None:
         """Change one of the policy's live settings (from the next eviction); ValueError if it cannot."""
@@ -192,14 +201,7 @@ class KVStream:
         """Push one message as a user turn; returns the number of tokens it took. A pinned message is kept
         ahead of what attention chooses, within the policy's pin budget (`InfMLLMPolicy.pin_share`; the
         baselines ignore pins)."""
-        if is_blank(text):
-            raise ValueError("empty text")
-        self._ensure_started()
-        content = text if stamp is None else f"[{_clock(stamp)}] {text}"
-        turn = self.adapter.tokenize_turn(self.adapter.chat.user_parts(content))
-        n = self._push(self.adapter.text_prompt(turn), pinned=pin)
-        self.texts_ingested += 1
-        return n
+        return self.push_texts([(text, stamp, pin)])[0]
 
     def push_texts(self, items: list[tuple]) -> list[int]:
         """Push several messages, each its own user turn with its own time marker, as one prompt.
@@ -214,11 +216,8 @@ class KVStream:
         if any(is_blank(text) for text, _, _ in items):
             raise ValueError("empty text")
         self._ensure_started()
-        turns = [
-            self.adapter.tokenize_turn(self.adapter.chat.user_parts(
-                text if stamp is None else f"[{_clock(stamp)}] {text}"))
-            for text, stamp, _ in items
-        ]
+        turns = [self.adapter.tokenize_turn(self.adapter.chat.user_parts(stamped(text, stamp)))
+                 for text, stamp, _ in items]
         pinned = torch.cat([torch.full((len(t),), pin) for t, (_, _, pin) in zip(turns, items)])
         self._push(self.adapter.text_prompt(torch.cat(turns)), pinned=pinned if bool(pinned.any()) else False)
         self.texts_ingested += len(items)
@@ -287,20 +286,20 @@ class KVStream:
     def _answer_tokens(self, ids: Tensor, max_new: int, keep: bool) -> list[int]:
         # Room in the headroom for the question and the whole answer.
         fits = self.cache.slots - self.cache.fill - ids.numel() >= max_new
+        suffix = self.adapter.chat.assistant_suffix
+        closing = self.adapter.tokenize(suffix) if suffix else None  # ends a kept answer's turn
         if keep and fits:
             # Answer as if not kept, then keep question and answer as one prompt: a cancelled answer
             # leaves the memory as it was.
             tokens = self._answer_tokens(ids, max_new, keep=False)
             kept = [t for t in tokens if t not in self._stop_ids]
-            closing = self.adapter.tokenize(self.adapter.chat.assistant_suffix) if self.adapter.chat.assistant_suffix else None
             prompt = torch.cat([ids, torch.tensor(kept, dtype=torch.long, device=ids.device)]
                                + ([closing.to(ids.device)] if closing is not None else []))
             self._push(self.adapter.text_prompt(prompt))
             return tokens
         if keep:
-            logits = self._push(self.adapter.text_prompt(ids), return_logits=True)[-1:]
+            logits = self._push(self.adapter.text_prompt(ids), last_logits=True)
             tokens = self._generate(logits, max_new, keep=True)
-            closing = self.adapter.tokenize(self.adapter.chat.assistant_suffix) if self.adapter.chat.assistant_suffix else None
             tail = [tokens[-1]] if tokens and tokens[-1] not in self._stop_ids else []
             tail_ids = torch.tensor(tail, dtype=torch.long, device=ids.device)
             if closing is not None:
@@ -350,11 +349,14 @@ class KVStream:
         if not self._started:
             self._started = True
             if self.config.system_prompt:
-                system = self.adapter.chat.system(self.config.system_prompt)
-                self._push(self.adapter.text_prompt(self.adapter.tokenize(system)))
+                # Tokenized as the characters it is, like every text (ModelAdapter.tokenize_turn).
+                system = self.adapter.tokenize_turn(self.adapter.chat.system_parts(self.config.system_prompt))
+                self._push(self.adapter.text_prompt(system))
 
-    def _push(self, prompt: Prompt, *, return_logits: bool = False, pinned: bool | Tensor = False):
-        """Push a prompt in blocks of at most chunk_size tokens, evicting after each block.
+    def _push(self, prompt: Prompt, *, return_logits: bool = False, last_logits: bool = False,
+              pinned: bool | Tensor = False):
+        """Push a prompt in blocks of at most chunk_size tokens, evicting after each block. Returns its
+        token count, or every token's logits (`return_logits`), or the last token's (`last_logits`).
 
         Text is contiguous in 1-D, so each block is a prompt of its own (positions re-based, packed after
         each). A frame keeps one base position for all its blocks so its 2-D layout stays intact, and its
@@ -368,6 +370,7 @@ class KVStream:
         outputs = []
         for start in range(0, total, chunk):
             if self.stop_requested:
+                self.stopped_mid_prompt = start > 0
                 raise StreamStoppedError("stopped while pushing a prompt")
             block = prompt.slice(start, min(start + chunk, total))
             last = start + chunk >= total
@@ -378,8 +381,11 @@ class KVStream:
                 offset, pack = base, last
             logits = self._forward(block, offset, evict=True, pack=pack, observe=True, all_logits=return_logits,
                                    pinned=pinned if isinstance(pinned, bool) else pinned[start : start + len(block)])
-            outputs.append(logits)
-        return torch.cat(outputs) if return_logits else total
+            if return_logits:
+                outputs.append(logits)
+        if return_logits:
+            return torch.cat(outputs)
+        return logits[-1:] if last_logits else total
 
     def _forward(self, prompt: Prompt, offset: int, *, evict: bool, pack: bool, observe: bool,
                  all_logits: bool = False, pinned: bool | Tensor = False) -> Tensor:

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import ATTENTION_NAME
-from ..chat import ChatFormat, clock
+from ..chat import ChatFormat, stamped
 
 
 class FramesNotSupportedError(ValueError):
@@ -336,8 +336,7 @@ class VisionLanguageAdapter(ModelAdapter):
 
     # --- frames --------------------------------------------------------------------------------------
     def frame_text(self, stamp: float | None) -> str:
-        marker = "" if stamp is None else f"[{clock(float(stamp))}] "
-        return self.chat.user(f"{marker}{self.image_placeholder}")
+        return self.chat.user(stamped(self.image_placeholder, stamp))
 
     def processor_kwargs(self, height: int, width: int, max_pixels: int | None) -> dict:
         """Extra processor arguments that keep the frame within max_pixels (the image is already scaled)."""
