@@ -38,9 +38,14 @@ def text_refusal(text: Any, max_text_chars: int) -> tuple[str, str] | None:
     """(kind, reason) when a text message is refused, else None."""
     if is_blank(text):
         return "text_empty", "empty text message refused (no visible character)"
+    too_long = length_refusal("text", text, max_text_chars)
+    return ("text_too_long", f"{too_long}; split it into shorter messages") if too_long else None
+
+
+def length_refusal(what: str, text: str, max_text_chars: int) -> str | None:
+    """Why a text or a question is too long for the model to take in bounded time, or None."""
     if len(text) > max_text_chars:
-        return "text_too_long", (f"text of {len(text)} characters refused: longer than max_text_chars "
-                                 f"({max_text_chars}); split it into shorter messages")
+        return f"{what} of {len(text)} characters refused: longer than max_text_chars ({max_text_chars})"
     return None
 
 
@@ -78,4 +83,4 @@ class FrameGate:
         return True
 
 
-__all__ = ["FrameGate", "StreamClock", "stamp_seconds", "text_refusal"]
+__all__ = ["FrameGate", "StreamClock", "length_refusal", "stamp_seconds", "text_refusal"]

@@ -54,8 +54,9 @@ from .engine.engine import EngineBusyError, EngineNotReadyError, FrameDroppedErr
 from .engine.stream import AnswerCancelledError
 from .engine.text_rules import is_blank
 from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
-from .input_rules import FrameGate, StreamClock, stamp_seconds, text_refusal
-from .settings import BY_NAME, MAX_NEW_TOKENS_LIMIT, PARAMETERS, PERIODS, Param, knob_problem, period_problem, stream_config
+from .input_rules import FrameGate, StreamClock, length_refusal, stamp_seconds, text_refusal
+from .settings import (BY_NAME, MAX_NEW_TOKENS_LIMIT, PARAMETERS, PERIODS, Param, knob_problem, period_problem,
+                       stream_config, value_problem)
 
 NODE_NAME = "inf_mllm"
 
@@ -111,10 +112,10 @@ class InfMLLMNode(LifecycleNode):
         super().__init__(node_name, **kwargs)
         for p in PARAMETERS:
             self.declare_parameter(p.name, p.default, descriptor(p))
-        for name in PERIODS:
-            problem = period_problem(name, self._param(name))
+        for p in PARAMETERS:  # what the descriptors cannot say (a policy's name, a period's rule)
+            problem = value_problem(p.name, self._param(p.name))
             if problem:
-                raise InvalidParameterValueException(name, self._param(name), problem)
+                raise InvalidParameterValueException(p.name, self._param(p.name), problem)
         self._engine_factory = engine_factory
         self.engine: StreamingEngine | None = None
         self._active = False
@@ -162,21 +163,27 @@ class InfMLLMNode(LifecycleNode):
         self._stats_pub = self.create_publisher(CacheStats, "~/cache_stats", STATS_QOS)
         self._description_pub = self.create_publisher(Description, "~/description", LATCHED_QOS)
         self._set_timer("stats", self._param("stats_period"))
-        config = stream_config({p.name: self._param(p.name) for p in PARAMETERS})
-        self.get_logger().info(
-            f"loading model {self._param('model')!r} (cache {config.capacity} tokens, policy {config.policy}"
-            + "".join(f", {k} {v}" for k, v in config.policy_settings.items()) + ")")
-        started = time.monotonic()
-        self.engine = self._engine_factory(
-            self._param("model"), config, device=self._param("device"), dtype=self._param("dtype"),
-            trust_remote_code=self._param("trust_remote_code"),
-            max_pending_texts=self._param("max_pending_texts"),
-            max_pending_queries=self._param("max_pending_queries"),
-            on_ingested=lambda kind: self._post("ingested", kind),
-            memory_file=self._param("memory_file") or None,
-            checkpoint_period=self._param("checkpoint_period"),
-            torch_threads=self._param("torch_threads"),
-        )
+        try:
+            config = stream_config({p.name: self._param(p.name) for p in PARAMETERS})
+            self.get_logger().info(
+                f"loading model {self._param('model')!r} (cache {config.capacity} tokens, policy {config.policy}"
+                + "".join(f", {k} {v}" for k, v in config.policy_settings.items()) + ")")
+            started = time.monotonic()
+            self.engine = self._engine_factory(
+                self._param("model"), config, device=self._param("device"), dtype=self._param("dtype"),
+                trust_remote_code=self._param("trust_remote_code"),
+                max_pending_texts=self._param("max_pending_texts"),
+                max_pending_queries=self._param("max_pending_queries"),
+                on_ingested=lambda kind: self._post("ingested", kind),
+                memory_file=self._param("memory_file") or None,
+                checkpoint_period=self._param("checkpoint_period"),
+                torch_threads=self._param("torch_threads"),
+            )
+        except Exception as exc:  # rclpy would swallow it: say why here
+            self._last_error = f"configure failed: {type(exc).__name__}: {exc}"
+            self.get_logger().error(self._last_error)
+            self._publish_stats()
+            return TransitionCallbackReturn.FAILURE
         self._set_frame_period(self._param("frame_rate"))
         self._publish_stats()
         # The engine signals readiness; meanwhile the services answer "model is still loading".
@@ -631,6 +638,9 @@ class InfMLLMNode(LifecycleNode):
         max_new = request.max_new_tokens or self._param("max_new_tokens")
         if is_blank(question):
             return self._query_failed(response, "empty question")
+        too_long = length_refusal("question", question, self._param("max_text_chars"))
+        if too_long:  # a kept question goes in whole before its answer: it must be short enough to stop soon
+            return self._query_failed(response, too_long)
         if max_new > MAX_NEW_TOKENS_LIMIT:
             return self._query_failed(response, f"max_new_tokens {max_new} is above the limit {MAX_NEW_TOKENS_LIMIT}")
         timeout = self._param("query_timeout")

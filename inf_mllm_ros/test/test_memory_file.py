@@ -197,6 +197,15 @@ def test_periodic_checkpoints_save_only_a_changed_memory(folders, tmp_path):
     assert engine.counters.checkpoints_failed == 0
 
 
+def test_a_memory_file_that_names_a_directory_is_refused_and_the_directory_left_alone(folders, tmp_path):
+    folder = tmp_path / "memories"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("kept")
+    with pytest.raises(ValueError, match="is a directory"):
+        StreamingEngine(folders["llama"], config(), device="cpu", dtype="float32", memory_file=str(folder))
+    assert (folder / "notes.txt").read_text() == "kept" and [p.name for p in tmp_path.iterdir()] == ["memories"]
+
+
 def test_a_checkpoint_period_set_at_run_time_applies_at_once(folders, tmp_path):
     path = tmp_path / "m"
     engine = StreamingEngine(folders["llama"], config(), device="cpu", dtype="float32", memory_file=str(path))

@@ -393,6 +393,22 @@ def test_query_errors_say_why(probe):
     assert not invisible.success and invisible.message == "empty question"
     too_long = ask(probe, PROBE, max_new_tokens=1_000_000)
     assert not too_long.success and "limit" in too_long.message
+    # Longer than a text may be (max_text_chars 500 here), kept or not: refused before the model sees it.
+    question = "Where is it?" + " Where is it?" * 39  # 519 characters
+    for keep in (False, True):
+        huge = probe.call(probe.query, Query.Request(question=question, keep_in_memory=keep), timeout=180)
+        assert not huge.success and huge.message == ("question of 519 characters refused: longer than "
+                                                     "max_text_chars (500)"), huge.message
+
+
+def test_an_unknown_eviction_policy_is_refused_at_start_with_its_reason(tmp_path):
+    process = NodeProcess(REPO_ROOT, dict(os.environ), tmp_path, dict(PARAMS, eviction_policy="lru"), "unknown")
+    try:
+        code = process.proc.wait(60)
+    finally:
+        process.stop()
+    assert code == 1
+    assert "eviction_policy must be one of" in process.log() and "'lru'" in process.log(), process.log()[-2000:]
 
 
 def test_description_is_latched_for_late_joiners(probe):

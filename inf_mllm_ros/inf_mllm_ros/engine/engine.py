@@ -116,6 +116,8 @@ class StreamingEngine:
         self._last_kind: str | None = None
         self._closed = False
         self.memory_file = os.path.expanduser(memory_file) if memory_file else None
+        if self.memory_file is not None and os.path.isdir(self.memory_file):
+            raise ValueError(f"memory_file {self.memory_file} is a directory; give the path of a file (in it or elsewhere)")
         self.checkpoint_period = checkpoint_period
         self.memory_status = "no memory file" if self.memory_file is None else "not restored yet"
         self.last_saved: MemoryFileInfo | None = None
