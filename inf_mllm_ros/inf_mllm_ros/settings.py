@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .engine.loading import DEFAULT_MODEL
-from .engine.policies import POLICIES
+from .engine.policies import POLICIES, setting_problem
 from .engine.stream import DEFAULT_DESCRIPTION_PROMPT, DEFAULT_SYSTEM_PROMPT, StreamConfig
 from .image_conversion import DEFAULT_MAX_DECODED_PIXELS
 
@@ -134,16 +134,9 @@ def value_problem(name: str, value) -> str | None:
     p = BY_NAME.get(name)
     if p is None:
         return f"{name!r} is not a parameter of inf_mllm_node"
-    expected = p.type
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if type(value) is not expected:
-        return f"{name} must be of type {expected.__name__}, got {value!r}"
-    if p.low is not None and not isinstance(value, (bool, str)):
-        if not p.low <= value <= p.high:
-            return f"{name} must be in [{p.low:g}, {p.high:g}], got {value!r}"
-        if expected is int and p.step > 1 and (value - int(p.low)) % p.step:
-            return f"{name} must be {int(p.low)} plus a multiple of {p.step}, got {value!r}"
+    problem = setting_problem(name, value, p.type, p.low, p.high, p.step)
+    if problem:
+        return problem
     if name in PERIODS:
         return period_problem(name, value)
     if name == "eviction_policy" and value not in POLICIES:

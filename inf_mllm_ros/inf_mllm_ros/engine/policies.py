@@ -100,21 +100,31 @@ class EvictionPolicy(ABC):
         return {"policy": self.name, **{name: getattr(self, name) for name in self.knobs()}}
 
 
-def _checked(f: Field, value):
-    """The value for knob `f`, or ValueError naming it (ints stay ints; an int is taken for a float)."""
-    expected = type(f.default)
+def setting_problem(name: str, value, expected: type, low: float | None = None, high: float | None = None,
+                    step: int = 1) -> str | None:
+    """Why `value` is refused for a setting of type `expected` in [low, high] (numbers; with `step`, on a grid
+    from `low`), or None. An int is taken for a float. The one rule for the policies' knobs and the node's
+    parameters."""
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if type(value) is not expected:
-        raise ValueError(f"{f.name} must be of type {expected.__name__}, got {value!r}")
-    low, high, step = f.metadata["low"], f.metadata["high"], f.metadata["step"]
-    if low is None:
-        return value
+        return f"{name} must be of type {expected.__name__}, got {value!r}"
+    if low is None or isinstance(value, (bool, str)):
+        return None
     if not low <= value <= high:
-        raise ValueError(f"{f.name} must be in [{low:g}, {high:g}], got {value!r}")
+        return f"{name} must be in [{low:g}, {high:g}], got {value!r}"
     if step > 1 and (value - low) % step:
-        raise ValueError(f"{f.name} must be {low:g} plus a multiple of {step}, got {value!r}")
-    return value
+        return f"{name} must be {low:g} plus a multiple of {step}, got {value!r}"
+    return None
+
+
+def _checked(f: Field, value):
+    """The value for knob `f`, or ValueError naming it (ints stay ints; an int is taken for a float)."""
+    expected = type(f.default)
+    problem = setting_problem(f.name, value, expected, f.metadata["low"], f.metadata["high"], f.metadata["step"])
+    if problem:
+        raise ValueError(problem)
+    return float(value) if expected is float else value
 
 
 POLICIES: dict[str, type[EvictionPolicy]] = {}
