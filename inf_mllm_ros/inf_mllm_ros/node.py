@@ -292,9 +292,7 @@ class InfMLLMNode(LifecycleNode):
     def _close_engine(self) -> None:
         self.engine.close(timeout=30.0)
         saved = getattr(self.engine, "last_saved", None)
-        if getattr(self.engine, "final_save_skipped", False):
-            self.get_logger().warning(self.engine.memory_status)
-        elif saved is not None:
+        if saved is not None:
             self.get_logger().info(f"memory saved to {saved.path}: {saved.fill} tokens held, {saved.tokens_seen} seen")
 
     @contextmanager
@@ -700,14 +698,15 @@ class InfMLLMNode(LifecycleNode):
             return self._ask_engine(request, result, on_token=feedback, cancel=threading.Event(),
                                     cancelled=lambda: goal_handle.is_cancel_requested)
 
-        result = self._served(answer, goal_handle.request, Ask.Result())
-        if result.success:
-            goal_handle.succeed()
-        elif result.message == "cancelled" and goal_handle.is_cancel_requested:
-            goal_handle.canceled()
-        else:
-            goal_handle.abort()
-        return result
+        with self._serving():  # in flight until the goal's end is out, so that shutdown waits for it
+            result = self._served(answer, goal_handle.request, Ask.Result())
+            if result.success:
+                goal_handle.succeed()
+            elif result.message == "cancelled" and goal_handle.is_cancel_requested:
+                goal_handle.canceled()
+            else:
+                goal_handle.abort()
+            return result
 
     def _lifecycle_refusal(self, engine: StreamingEngine | None, *, ask: bool) -> str | None:
         """Why a request cannot be served in the node's state, or None: the same words from every service.

@@ -107,6 +107,24 @@ def test_an_answer_streams_token_by_token_and_a_cancel_leaves_memory_as_it_was(s
     assert torch.equal(layer.keys[:, :, : layer.fill], before[4])
 
 
+def test_a_cancel_after_a_long_kept_question_went_in_closes_its_turn(smollm2, monkeypatch):
+    # Question and answer do not fit the headroom together (max_new_tokens above it), so the question goes
+    # into the memory first and the answer follows it there; a cancel then ends the turn, as a complete
+    # answer would have.
+    stream = KVStream(smollm2, StreamConfig(capacity=128, policy="inf_mllm", chunk_size=32))
+    stream.push_text(TEXT)
+    assert stream.cache.slots - stream.cache.fill < 1000
+    pushed = []
+    original = smollm2.text_prompt
+    monkeypatch.setattr(smollm2, "text_prompt", lambda ids: pushed.append(ids.tolist()) or original(ids))
+    cancel = threading.Event()
+    with pytest.raises(AnswerCancelledError):
+        stream.ask("Tell me everything about the keeper.", max_new_tokens=1000, keep_in_memory=True,
+                   on_token=lambda text, n: n == 3 and cancel.set(), cancel=cancel)
+    assert pushed[-1] == stream._closing.tolist(), "the turn is closed"
+    assert len(pushed) == 1 + 3 + 1, "the question, the three answer tokens before the cancel, the closing"
+
+
 def test_stream_far_past_the_context_stays_bounded_and_answers(smollm2):
     stream = KVStream(smollm2, StreamConfig(capacity=128, policy="inf_mllm", chunk_size=64))
     ids = smollm2.tokenize(TEXT * 4)

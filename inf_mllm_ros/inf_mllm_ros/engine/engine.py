@@ -22,8 +22,8 @@ Texts and questions have bounded queues; when one is full the call is refused at
 Memory file. With `memory_file` set, the worker restores the memory from it once the model is loaded
 (a file that cannot be used is renamed aside with the reason in `memory_status`, and the stream starts
 fresh), saves it every `checkpoint_period` seconds when it has changed, on `submit_save`, and last of
-all when the engine closes (unless closing stopped an input part-way in: the file then keeps the memory
-of the save before). Saving runs on the worker between jobs, so a file is always a memory that existed
+all when the engine closes (after the input in progress, which closing lets finish; an answer stops at
+its next token). Saving runs on the worker between jobs, so a file is always a memory that existed
 between two inputs.
 """
 
@@ -121,7 +121,6 @@ class StreamingEngine:
         self.checkpoint_period = checkpoint_period
         self.memory_status = "no memory file" if self.memory_file is None else "not restored yet"
         self.last_saved: MemoryFileInfo | None = None
-        self.final_save_skipped = False  # closing stopped an input part-way in, so the last save was not made
         self._saved_state: tuple | None = None
         self._next_checkpoint = float("inf")
         self._fingerprint: str | None = None
@@ -307,12 +306,14 @@ class StreamingEngine:
     @property
     def checkpoint_period(self) -> float:
         """Seconds between saves of a changed memory; 0: only on submit_save and at close. May change at
-        any time: the next save is due that long from now."""
+        any time: a new period makes the next save due that long from now."""
         return self._checkpoint_period
 
     @checkpoint_period.setter
     def checkpoint_period(self, seconds: float) -> None:
         with self._lock:
+            if seconds == getattr(self, "_checkpoint_period", None):
+                return  # the same period again: the save due stays due
             self._checkpoint_period = seconds
             self._schedule_checkpoint()
             self._lock.notify()  # the worker may be asleep until the previous due time
@@ -334,7 +335,8 @@ class StreamingEngine:
         return None if self._stream is None else self._stream.adapter
 
     def close(self, timeout: float | None = 10.0) -> None:
-        """Stop taking work, fail what is waiting, and stop the current job at its next token or block."""
+        """Stop taking work, fail what is waiting, and stop the current answer at its next token (an input
+        being pushed is finished: the memory stays whole)."""
         with self._lock:
             self._closed = True
             if self._stream is not None:
@@ -388,8 +390,8 @@ class StreamingEngine:
                     continue
                 try:
                     outcome, ok = fn(self._stream), True
-                except Exception as exc:  # the caller gets the reason (a prompt that failed part-way in
-                    # leaves the blocks that went in: a message cut short)
+                except Exception as exc:  # the caller gets the reason (a prompt that failed part-way in,
+                    # out of memory say, leaves the blocks that went in: a message cut short)
                     outcome, ok = exc, False
                 self._snapshot_stats()
                 self._count(kind, future, ok=ok)
@@ -400,12 +402,7 @@ class StreamingEngine:
             if time.monotonic() >= self._next_checkpoint:
                 self._checkpoint()
         if self.memory_file is not None:
-            self.final_save_skipped = self._stream.stopped_mid_prompt
-            if self.final_save_skipped:
-                self.memory_status = (f"last save skipped: closing stopped an input part-way in; {self.memory_file} "
-                                      "keeps the memory of the save before")
-            else:
-                self._checkpoint()  # the last save, after the job that close() stopped
+            self._checkpoint()  # the last save, after the job that close() stopped or let finish
 
     # --- memory file ---------------------------------------------------------------------------------
     def _memory_state(self, stream: KVStream) -> tuple:

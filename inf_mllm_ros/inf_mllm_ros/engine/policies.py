@@ -236,7 +236,7 @@ class InfMLLMPolicy(EvictionPolicy):
     """Inf-MLLM: attention sinks, a recent window, and the attention saddles between, with a recency bias.
 
     Kept always: the first `sink_size` tokens of the stream, and the newest `recent_size` tokens, at
-    least twice the block just pushed (so the block before it too when blocks come in one size). A block's own queries cannot judge it fairly (its
+    least twice the block just pushed (so the block before it too, unless that one was longer). A block's own queries cannot judge it fairly (its
     last key would be judged by one query, its own), and the next block's queries sit right after it,
     where local attention favours its last tokens; so a block is first judged by the block after next.
     The tokens between are the candidates. At each eviction the candidates' attention from the retrieval
@@ -310,7 +310,7 @@ class InfMLLMPolicy(EvictionPolicy):
 
     def regions(self, view: SlotView, keep: int) -> tuple[int, int]:
         """(sinks, recent) at this eviction: the protected slots, and at least twice the block just pushed in
-        the recent window (the block before it too, when blocks come in one size): the queries right after a
+        the recent window (the block before it too, unless that one was longer): the queries right after a
         block are the ones whose local attention favours its last tokens, so a block is first judged by the
         block after next. (The size of the block before is not known here, only the one just pushed.)"""
         sinks, recent = self.protected(keep)

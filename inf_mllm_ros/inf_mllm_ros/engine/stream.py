@@ -94,7 +94,7 @@ class StreamStats:
 
 
 class StreamStoppedError(RuntimeError):
-    """The stream was asked to stop (shutdown) in the middle of a prompt or an answer."""
+    """The stream was asked to stop (shutdown) in the middle of an answer."""
 
 
 class AnswerCancelledError(RuntimeError):
@@ -108,8 +108,10 @@ TokenCallback = Callable[[str, int], None]
 class KVStream:
     """Text, frames and questions into one model through a bounded KV cache.
 
-    Setting `stop_requested` (from any thread) ends the current prompt or answer at the next block or
-    token with StreamStoppedError, so a shutdown never waits for a long generation.
+    Setting `stop_requested` (from any thread) ends the current answer at the next token with
+    StreamStoppedError, so a shutdown never waits for a long generation. An input being pushed is
+    finished first (one frame, or one batch of texts: bounded), so the memory is always whole: the one a
+    shutdown saves is a memory between two inputs.
     """
 
     stop_requested = False
@@ -137,6 +139,8 @@ class KVStream:
             scoring_backend=cfg.scoring_backend,
         )
         self._stop_ids = adapter.stop_token_ids
+        suffix = adapter.chat.assistant_suffix
+        self._closing = adapter.tokenize(suffix) if suffix else None  # ends a kept answer's turn
         # The caller's time of stream time 0 (the node: its clock's seconds at the first input). Saved with
         # the memory, so that after a restart new inputs are timed on the clock of the memory's; a reset
         # keeps it, as the caller's clock goes on.
@@ -152,9 +156,6 @@ class KVStream:
         self.texts_ingested = 0
         self.newest_frame_stamp: float | None = None
         self._started = False
-        # Set when `stop_requested` ended a prompt after some of its blocks went in: the memory then holds
-        # part of an input, which a final save should not keep.
-        self.stopped_mid_prompt = False
 
     def clock_state(self) -> dict:
         """The stream's clock and counters (saved with the memory; see memory_file)."""
@@ -249,7 +250,8 @@ class KVStream:
         on_token gets the answer so far after each token. Setting `cancel` stops the answer at the next token
         with AnswerCancelledError and leaves the memory as it was, also with keep_in_memory (the question
         and answer are kept only once the answer is complete), unless the question is too long for the
-        headroom and has to be pushed into the memory before the answer.
+        headroom and has to be pushed into the memory before the answer: it then stays, with the answer so
+        far and its turn closed.
         """
         if is_blank(question):
             raise ValueError("empty question")
@@ -286,8 +288,7 @@ class KVStream:
     def _answer_tokens(self, ids: Tensor, max_new: int, keep: bool) -> list[int]:
         # Room in the headroom for the question and the whole answer.
         fits = self.cache.slots - self.cache.fill - ids.numel() >= max_new
-        suffix = self.adapter.chat.assistant_suffix
-        closing = self.adapter.tokenize(suffix) if suffix else None  # ends a kept answer's turn
+        closing = self._closing
         if keep and fits:
             # Answer as if not kept, then keep question and answer as one prompt: a cancelled answer
             # leaves the memory as it was.
@@ -299,7 +300,13 @@ class KVStream:
             return tokens
         if keep:
             logits = self._push(self.adapter.text_prompt(ids), last_logits=True)
-            tokens = self._generate(logits, max_new, keep=True)
+            try:
+                tokens = self._generate(logits, max_new, keep=True)
+            except (StreamStoppedError, AnswerCancelledError):
+                # The question and the answer so far are in the memory: end the turn, so that it stays whole.
+                if closing is not None:
+                    self._push(self.adapter.text_prompt(closing))
+                raise
             tail = [tokens[-1]] if tokens and tokens[-1] not in self._stop_ids else []
             tail_ids = torch.tensor(tail, dtype=torch.long, device=ids.device)
             if closing is not None:
@@ -369,9 +376,6 @@ class KVStream:
         base = self.cache.next_position
         outputs = []
         for start in range(0, total, chunk):
-            if self.stop_requested:
-                self.stopped_mid_prompt = start > 0
-                raise StreamStoppedError("stopped while pushing a prompt")
             block = prompt.slice(start, min(start + chunk, total))
             last = start + chunk >= total
             if prompt.token_ids is not None:
