@@ -7,6 +7,7 @@ threaded `StreamingEngine` wraps it for concurrent callers.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -139,13 +140,17 @@ class KVStream:
             scoring_backend=cfg.scoring_backend,
         )
         self._stop_ids = adapter.stop_token_ids
-        suffix = adapter.chat.assistant_suffix
-        self._closing = adapter.tokenize(suffix) if suffix else None  # ends a kept answer's turn
         # The caller's time of stream time 0 (the node: its clock's seconds at the first input). Saved with
         # the memory, so that after a restart new inputs are timed on the clock of the memory's; a reset
         # keeps it, as the caller's clock goes on.
         self.time_origin: float | None = None
         self.reset()
+
+    @functools.cached_property
+    def _closing(self) -> Tensor | None:
+        """The template's end of an assistant turn, which closes a kept answer (tokenized once, when needed)."""
+        suffix = self.adapter.chat.assistant_suffix
+        return self.adapter.tokenize(suffix) if suffix else None
 
     # --- state ---------------------------------------------------------------------------------------
     def reset(self) -> None:
