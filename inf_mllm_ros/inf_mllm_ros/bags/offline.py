@@ -158,12 +158,9 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
     try:
         config, result.settings = stream_config(settings)
         if adapter is None:
-            from ..engine.loading import load_model
+            from ..engine.loading import load_model, use_torch_threads
 
-            if settings["torch_threads"] > 0:  # as the node's engine does
-                import torch
-
-                torch.set_num_threads(settings["torch_threads"])
+            use_torch_threads(settings["torch_threads"])  # as the node's engine does
             adapter = load_model(settings["model"], device=str(settings["device"]), dtype=str(settings["dtype"]),
                                  trust_remote_code=bool(settings["trust_remote_code"]))
         stream = KVStream(adapter, config)

@@ -40,7 +40,7 @@ from typing import Callable
 import numpy as np
 
 from .adapters import ModelAdapter
-from .loading import DEFAULT_MODEL, load_model
+from .loading import DEFAULT_MODEL, load_model, use_torch_threads
 from .memory_file import MemoryFileError, MemoryFileInfo, load_memory, model_fingerprint, save_memory, set_aside
 from .policies import make_policy
 from .stream import Answer, KVStream, StreamConfig, StreamStats
@@ -117,7 +117,8 @@ class StreamingEngine:
         self._closed = False
         self.memory_file = os.path.expanduser(memory_file) if memory_file else None
         if self.memory_file is not None and os.path.isdir(self.memory_file):
-            raise ValueError(f"memory_file {self.memory_file} is a directory; give the path of a file (in it or elsewhere)")
+            raise ValueError(f"memory_file {self.memory_file} is a directory; give the path of a file "
+                             "(in it or elsewhere)")
         self.checkpoint_period = checkpoint_period
         self.memory_status = "no memory file" if self.memory_file is None else "not restored yet"
         self.last_saved: MemoryFileInfo | None = None
@@ -354,10 +355,7 @@ class StreamingEngine:
 
     # --- worker --------------------------------------------------------------------------------------
     def _run(self, loader) -> None:
-        if self.torch_threads > 0:
-            import torch
-
-            torch.set_num_threads(self.torch_threads)  # process-wide: the model is the process's main work
+        use_torch_threads(self.torch_threads)
         try:
             adapter = loader()
             with self._lock:  # a policy setting changed during the load is in the configuration by now

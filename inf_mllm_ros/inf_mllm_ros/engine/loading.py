@@ -70,6 +70,12 @@ class ModelLoadError(RuntimeError):
     """A model folder is missing or unusable; the message names the path and the problem."""
 
 
+def use_torch_threads(threads: int) -> None:
+    """CPU threads torch uses, process-wide (the model is the process's main work); 0: torch's default."""
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+
 def home() -> Path:
     return Path(os.environ.get("INF_MLLM_HOME", Path.home() / ".cache" / "inf_mllm_ros")).expanduser()
 

@@ -236,9 +236,10 @@ class InfMLLMPolicy(EvictionPolicy):
     """Inf-MLLM: attention sinks, a recent window, and the attention saddles between, with a recency bias.
 
     Kept always: the first `sink_size` tokens of the stream, and the newest `recent_size` tokens, at
-    least twice the block just pushed (so the block before it too, unless that one was longer). A block's own queries cannot judge it fairly (its
-    last key would be judged by one query, its own), and the next block's queries sit right after it,
-    where local attention favours its last tokens; so a block is first judged by the block after next.
+    least twice the block just pushed (so the block before it too, unless that one was longer). A block's
+    own queries cannot judge it fairly (its last key would be judged by one query, its own), and the next
+    block's queries sit right after it, where local attention favours its last tokens; so a block is first
+    judged by the block after next.
     The tokens between are the candidates. At each eviction the candidates' attention from the retrieval
     window (the queries pushed since the last eviction) is averaged per query: every candidate is older
     than the window, so every window query sees it. With `score_memory`, a candidate's attention A is the
