@@ -160,14 +160,24 @@ def test_repacked_keys_stay_exact_over_a_thousand_repacks(dtype):
 
 
 @pytest.mark.parametrize("policy", ["inf_mllm", "streaming_llm", "h2o"])
-def test_scoring_evicting_and_repacking_never_read_a_tensor_on_the_host(tiny, policy, host_reads_after_attention):
+@pytest.mark.parametrize("pinned", [False, True])
+def test_scoring_evicting_and_repacking_never_read_a_tensor_on_the_host(tiny, policy, pinned,
+                                                                        host_reads_after_attention):
     stream = make_stream(tiny, capacity=48, policy=policy, chunk_size=16, headroom=16)
     stream.push_tokens(torch.randint(0, 300, (80,)))  # full, evicting after every block
+    if pinned:
+        stream._push(stream.adapter.text_prompt(torch.randint(0, 300, (7,))), pinned=True)
     host_reads_after_attention.clear()
     evictions = stream.cache.evictions
     stream.push_tokens(torch.randint(0, 300, (64,)))
     assert stream.cache.evictions == evictions + 4  # scored, evicted and re-packed: the path was taken
-    assert host_reads_after_attention == []
+    if pinned and policy == "inf_mllm":
+        # While pins are held, Inf-MLLM asks whether any is still there and how many one layer-head holds
+        # (so that the recent window leaves them room): two reads per eviction, for every layer at once.
+        assert stream.cache.pinned_held() == 7
+        assert host_reads_after_attention == ["__bool__", "__int__"] * 4
+    else:
+        assert host_reads_after_attention == []
 
 
 @pytest.mark.parametrize("policy", BOUNDED)
