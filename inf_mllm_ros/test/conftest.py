@@ -30,14 +30,14 @@ def pytest_configure(config):
 
 
 def load_prepared(model: str, device: str = "cpu", dtype: str = "float32"):
-    """An embedded model (float32 on the CPU unless told), or the test skipped where setup has not prepared
-    it (its weights are downloaded once by scripts/setup.sh)."""
-    from inf_mllm_ros.engine.loading import ModelLoadError, load_model
+    """An embedded model (float32 on the CPU unless told), or the test skipped where the model cannot be had
+    here (not prepared, not downloadable, no GPU). A model that is there and fails to load fails the test."""
+    from inf_mllm_ros.engine.loading import ModelUnavailableError, load_model
 
     try:
         return load_model(model, device=device, dtype=dtype)
-    except ModelLoadError as exc:
-        pytest.skip(f"{model} is not prepared here: {exc}")
+    except ModelUnavailableError as exc:
+        pytest.skip(f"{model} is not available here: {exc}")
 
 
 @pytest.fixture

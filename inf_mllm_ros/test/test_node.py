@@ -40,6 +40,7 @@ from inf_mllm_interfaces.srv import Query
 from inf_mllm_ros.engine.loading import SMALL_MODEL
 from inf_mllm_ros.engine.policies import policy_defaults
 from inf_mllm_ros.image_conversion import DEFAULT_MAX_DECODED_PIXELS, rgb_to_compressed_fields, rgb_to_image_fields
+from inf_mllm_ros.settings import PARAMETERS
 from image_bombs import jpeg_bomb, png_bomb, png_header_only
 from ros_helpers import Latest, RosProbe
 
@@ -200,10 +201,13 @@ def test_query_answers_from_published_text(probe):
 
 
 def test_cache_stats(probe):
-    stats = ready_stats(probe)
+    ready_stats(probe)
+    publish_until_matched(probe, probe.text, String(data=FACT))  # whatever ran before, something is in memory
+    stats = probe.stats.wait(lambda m: m.tokens_seen > 0, timeout=60, what="the text in cache_stats")
     assert stats.eviction_policy == "inf_mllm"
     assert stats.attention_bias == pytest.approx(policy_defaults("inf_mllm")["attention_bias"])
     assert stats.kv_bytes > 0 and stats.fill > 0 and stats.tokens_seen >= stats.fill
+    assert ask(probe, PROBE).success
     probe.stats.wait(lambda m: m.queries_answered >= 1, timeout=10, what="the answered query counted")
     # Published periodically too, not only after inputs.
     count = len(probe.stats.messages)
@@ -212,22 +216,29 @@ def test_cache_stats(probe):
 
 def test_parameters_at_run_time(probe):
     ready_stats(probe)
-    [ok] = probe.set_parameters(FQN, attention_bias=2.5)
-    assert ok.successful, ok.reason
-    probe.stats.wait(lambda m: m.attention_bias == pytest.approx(2.5), timeout=10, what="the new bias in stats")
+    try:
+        [ok] = probe.set_parameters(FQN, attention_bias=2.5)
+        assert ok.successful, ok.reason
+        probe.stats.wait(lambda m: m.attention_bias == pytest.approx(2.5), timeout=10, what="the new bias in stats")
 
-    [out_of_range] = probe.set_parameters(FQN, attention_bias=200.0)
-    assert not out_of_range.successful and "range" in out_of_range.reason.lower(), out_of_range.reason
-    [read_only] = probe.set_parameters(FQN, cache_size=2048)
-    assert not read_only.successful and "read-only" in read_only.reason.lower(), read_only.reason
-    [wrong_type] = probe.set_parameters(FQN, frame_rate="fast")
-    assert not wrong_type.successful and wrong_type.reason
-    for name, value in (("frame_rate", 4.0), ("max_new_tokens", 16), ("description_prompt", "What is there?")):
-        [result] = probe.set_parameters(FQN, **{name: value})
-        assert result.successful, (name, result.reason)
-    time.sleep(1.0)
-    assert probe.stats.last.attention_bias == pytest.approx(2.5)
-    assert probe.stats.last.capacity == PARAMS["cache_size"]
+        [out_of_range] = probe.set_parameters(FQN, attention_bias=200.0)
+        assert not out_of_range.successful and "range" in out_of_range.reason.lower(), out_of_range.reason
+        [read_only] = probe.set_parameters(FQN, cache_size=2048)
+        assert not read_only.successful and "read-only" in read_only.reason.lower(), read_only.reason
+        [wrong_type] = probe.set_parameters(FQN, frame_rate="fast")
+        assert not wrong_type.successful and wrong_type.reason
+        for name, value in (("frame_rate", 4.0), ("max_new_tokens", 16), ("description_prompt", "What is there?")):
+            [result] = probe.set_parameters(FQN, **{name: value})
+            assert result.successful, (name, result.reason)
+        time.sleep(1.0)
+        assert probe.stats.last.attention_bias == pytest.approx(2.5)
+        assert probe.stats.last.capacity == PARAMS["cache_size"]
+    finally:
+        # The node is shared by this module's tests: they run with the settings it started with.
+        shipped = {**{p.name: p.default for p in PARAMETERS}, **policy_defaults("inf_mllm"), **PARAMS}
+        for name in ("attention_bias", "frame_rate", "max_new_tokens", "description_prompt"):
+            [result] = probe.set_parameters(FQN, **{name: shipped[name]})
+            assert result.successful, (name, result.reason)
 
 
 def test_periods_have_a_lower_bound(probe):

