@@ -72,8 +72,8 @@ def test_inf_mllm_recalls_facts_that_streaming_llm_loses(qwen, paragraphs):
     streaming = [recall(qwen, paragraphs, "streaming_llm", trial) for trial in range(2)]
     assert not any(r[0] for r in streaming), f"streaming_llm cannot hold a fact {DISTANCE} tokens back: {streaming}"
     assert all(r[1] == 0.0 for r in streaming)
-    # Measured here over six trials: every value kept in 25-77 % of layer-heads, six of six recalled (with each
-    # token's peak memory alone: 15-77 %, three of six).
+    # Measured here: trials 0-3 (these), four of four recalled, every value kept in 35-77 % of layer-heads;
+    # trials 0-5, six of six, 25-77 % (with each token's peak memory alone: 15-77 %, three of six).
     assert all(r[1] > 0.1 for r in inf), f"inf_mllm keeps every fact's value in some layer-heads: {inf}"
     assert sum(r[0] for r in inf) >= 3, f"inf_mllm recalls: {inf}"
 
@@ -116,7 +116,8 @@ def test_pinned_facts_stay_in_every_layer_and_head_and_are_recalled(qwen, paragr
     # Unpinned, nothing refers to the facts again: attention has no reason to keep them.
     unpinned = pinned_facts(qwen, paragraphs, 0, pin=False)
     print(f"pinned (recalled, kept): {pinned}; unpinned: {unpinned}")
-    assert sum(kept for _, kept in unpinned) < 2.0, f"unpinned facts mostly evicted: {unpinned}"
+    assert sum(kept for _, kept in unpinned) < 0.8, f"unpinned facts mostly evicted: {unpinned}"
+    assert sum(r for r, _ in unpinned) <= 1, f"unpinned facts mostly lost: {unpinned}"
     assert sum(r for r, _ in pinned) >= 6, f"pinned facts recalled: {pinned}"
     assert sum(r for r, _ in pinned[:4]) > sum(r for r, _ in unpinned), (pinned, unpinned)
 
