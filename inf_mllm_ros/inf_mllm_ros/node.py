@@ -99,7 +99,7 @@ class InfMLLMNode(LifecycleNode):
     - unconfigured: parameters and services only; a question is answered "not configured";
     - configure: builds the engine and loads the model (services answer "model is still loading" meanwhile,
       `~/cache_stats` says `model_ready` false); fails, with the reason logged, if the model cannot load;
-    - activate: subscribes to the camera and text and starts the frame and description timers;
+    - activate: subscribes to the camera and text and starts the description timer;
     - deactivate: stops taking input and saves the memory to `memory_file`; the memory stays loaded;
     - cleanup: saves the memory and frees the model.
 

@@ -12,8 +12,8 @@ Order of work. Each time the worker is free it takes, in this order:
    its own token count);
 4. otherwise the frame.
 
-So a question sees every text submitted before it, and waits behind at most one text call per
-question ahead of it (and a frame); under a flood of texts a frame still goes in every `frame_period`
+So a question sees every text submitted before it, and waits behind the text calls for the texts
+before it (a call takes about a cache's worth of characters) and a frame; under a flood of texts a frame still goes in every `frame_period`
 seconds or every other job, and under a camera faster than the model texts and questions still
 get every other job. Frames are kept one deep: a frame that arrives while another waits replaces it
 and the older one counts as dropped, so a camera faster than the model never builds a backlog.
