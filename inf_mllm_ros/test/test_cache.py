@@ -105,6 +105,16 @@ def test_full_cache_refuses_overflow_and_keeps_its_memory(tiny):
     with pytest.raises(CacheOverflowError, match="do not fit"):
         stream.push_tokens(torch.randint(0, 300, (8,)))
     assert (stream.cache.fill, stream.tokens_seen, stream.cache.next_position) == before
+    # Past its capacity, into its headroom, the full cache's memory is saved and restored like any other.
+    restored = make_stream(tiny, capacity=32, policy="full", chunk_size=8, headroom=8)
+    restored.cache.import_state(stream.cache.export_state(), dtype=torch.float32, device=torch.device("cpu"))
+    assert restored.cache.fill == 40 and torch.equal(restored.cache.cached_seq(0), stream.cache.cached_seq(0))
+
+
+def test_a_headroom_smaller_than_a_block_is_refused(tiny):
+    """A full cache takes each block in its headroom before evicting: a smaller one would fail mid-input."""
+    with pytest.raises(ValueError, match="headroom 8 is smaller than chunk_size 16"):
+        make_stream(tiny, capacity=32, chunk_size=16, headroom=8)
 
 
 def test_cache_mode_needs_rope_and_rejects_bad_sizes(tiny):

@@ -281,8 +281,9 @@ class BoundedLayer(CacheLayerMixin):
             counts = state.get("window_queries")
             window_queries = [int(counts.max()) if counts is not None and counts.numel() else 0]
         keys, values = state["keys"], state["values"]
-        if fill > self.owner.capacity or keys.shape[1] != fill:
-            raise ValueError(f"saved layer holds {keys.shape[1]} tokens (fill {fill}); the cache keeps {self.owner.capacity}")
+        # The full cache never evicts, so it may hold its headroom too.
+        if fill > self.owner.slots or keys.shape[1] != fill:
+            raise ValueError(f"saved layer holds {keys.shape[1]} tokens (fill {fill}); the cache has {self.owner.slots} slots")
         if not self.is_initialized:
             self.lazy_initialization(keys[None].to(device, dtype), values[None].to(device, dtype))
         if self.keys.shape[1] != keys.shape[0] or self.keys.shape[-1] != keys.shape[-1]:

@@ -53,6 +53,9 @@ class StreamConfig:
             raise ValueError(f"capacity must be at least 8 tokens, got {self.capacity}")
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.slots_headroom < self.chunk_size:
+            # A full cache takes each block in its headroom before evicting.
+            raise ValueError(f"headroom {self.slots_headroom} is smaller than chunk_size {self.chunk_size}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
@@ -384,7 +387,8 @@ class KVStream:
             block = prompt.slice(start, min(start + chunk, total))
             last = start + chunk >= total
             if prompt.token_ids is not None:
-                offset = self.cache.next_position - int(block.position_ids.min()) if len(block) else 0
+                # Text positions count from 0 (`text_prompt`): the block's first is `start`.
+                offset = self.cache.next_position - start
                 pack = True
             else:
                 offset, pack = base, last
