@@ -10,7 +10,7 @@ time, each pushed as one prompt (in blocks of --chunk tokens, evicting after eac
 weights built from their config classes (see inf_mllm_ros/engine/random_models.py), so the numbers are
 costs, not answer quality:
   smolvlm-small     SmolVLM/Idefics3 shape, 4-layer 256-wide decoder: the default on CPU;
-  smolvlm-smollm2   the embedded default (SmolLM2-135M decoder, untrained vision part);
+  smolvlm-smollm2   the small embedded model (SmolLM2-135M decoder, untrained vision part);
   qwen2-vl-2b       Qwen2-VL-2B sizes (1.5B decoder, 675M vision tower): for a GPU;
   qwen2-vl-tiny     the same code path at a tiny size, runnable anywhere.
 The full cache runs for as long as the stream fits in the model's context. Each policy runs in its own

@@ -112,14 +112,14 @@ with open(spec.origin, encoding="utf-8") as f:
 names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
 names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
-sys.exit(0 if "prepare_default_model" in names else 3)
+sys.exit(0 if "prepare_smollm2" in names else 3)
 EOF
 case "$rc" in
     0)
         log "preparing the embedded models"
         python -m inf_mllm_ros.engine.loading --prepare
         ;;
-    3) log "inf_mllm_ros.engine.loading has no prepare_default_model; skipping model preparation" ;;
+    3) log "inf_mllm_ros.engine.loading has no prepare_smollm2; skipping model preparation" ;;
     *) die "could not inspect inf_mllm_ros.engine.loading" ;;
 esac
 

@@ -1,4 +1,4 @@
-"""The streaming engine on the real SmolLM2-135M-Instruct (the embedded default)."""
+"""The streaming engine on the real SmolLM2-135M-Instruct (the small embedded language model)."""
 
 from __future__ import annotations
 

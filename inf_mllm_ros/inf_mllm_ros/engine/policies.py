@@ -249,11 +249,11 @@ class InfMLLMPolicy(EvictionPolicy):
 
     Saddles are the tokens that keep drawing attention: attention that comes prompt after prompt adds up
     (a token drawing the same attention at every eviction counts ten times a newcomer's), and fades by a
-    tenth per prompt once it stops. (Keeping each token's peak as well, max(A, P), held a fact hit once
-    for longer, but in a 300-round dialogue the 0.5B model then answered "OK" to every question after
-    round 50: 2/42 right against 12/42.) The score ranks candidates by log attention against log age,
-    and a kept token keeps its neighbours (each candidate scores as the best within `score_pool` slots
-    centred on it):
+    tenth per eviction (one per block of up to chunk_size tokens) once it stops. (Keeping each token's
+    peak as well, max(A, P), held a fact hit once for longer, but in a 300-round dialogue the 0.5B model
+    then answered "OK" to every question after round 50: 2/42 right against 12/42.) The score ranks
+    candidates by log attention against log age, and a kept token keeps its neighbours (each candidate
+    scores as the best within `score_pool` slots centred on it):
 
         score = log A - attention_bias * log(age)      (age: tokens pushed since the candidate's block)
 
@@ -289,7 +289,7 @@ class InfMLLMPolicy(EvictionPolicy):
         "memory.", low=0.0, high=100.0, live=True)
     score_memory: bool = knob(
         True, "Score a token by the decayed sum of the attention it has drawn since it arrived (attention that "
-        "keeps coming adds up, and fades by a tenth per prompt once it stops); false: by the newest prompt's "
+        "keeps coming adds up, and fades by a tenth per eviction once it stops); false: by the newest block's "
         "attention alone.")
     score_pool: int = knob(
         13, "A kept token keeps the tokens around it, in a centred window of this many slots (odd); "
@@ -333,7 +333,7 @@ class InfMLLMPolicy(EvictionPolicy):
             # window's room) are seen by the window's queries from their own on.
             attention = attention / visible_counts(view.fill - view.new, view.new, attention.device)[cand]
         if self.score_memory:
-            # Attention that keeps coming adds up; once it stops it fades by a tenth per prompt.
+            # Attention that keeps coming adds up; once it stops it fades by a tenth per eviction.
             total = view.stats["attention_sum"][:, cand]
             if view.window_queries:  # a window that judged nothing (after a restore) ages nothing
                 total.mul_(MEMORY_DECAY).add_(attention)
@@ -353,10 +353,6 @@ class InfMLLMPolicy(EvictionPolicy):
         born = view.stats["born"][:, sinks : sinks + drawn.shape[-1]]
         age = (float(view.stream_end) - born).clamp_(min=1.0)
         return drawn - self.attention_bias * torch.log_(age)
-
-    def scores(self, view: SlotView, sinks: int, recent: int) -> Tensor:
-        """Scores of the candidates (slots sinks .. fill - recent), updating their memory."""
-        return self.aged(view, self.drawn(view, sinks, recent), sinks)
 
     def select(self, view: SlotView, keep: int) -> Tensor:
         sinks, recent = self.regions(view, keep)
