@@ -565,8 +565,11 @@ class BoundedKVCache(Cache):
 
     def pinned_held(self) -> int:
         """Tokens of pinned texts held in every layer and head (the fewest any layer-head holds)."""
-        held = [int(layer.pinned[:, : layer.fill].sum(-1).min()) for layer in self.layers if layer.is_initialized]
-        return min(held, default=0)
+        layers = [layer for layer in self.layers if layer.is_initialized]
+        if not layers or not all(layer.may_hold_pins for layer in layers):
+            return 0  # known on the host: no wait for a GPU after every input
+        # One read for every layer, not one per layer.
+        return int(torch.stack([layer.pinned[:, : layer.fill].sum(-1).min() for layer in layers]).min())
 
     def kv_nbytes(self) -> int:
         return sum(layer.kv_nbytes() for layer in self.layers)
