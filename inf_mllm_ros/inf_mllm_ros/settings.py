@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .engine.engine import DEFAULT_MAX_PENDING_QUERIES, DEFAULT_MAX_PENDING_TEXTS
 from .engine.loading import DEFAULT_MODEL
 from .engine.policies import POLICIES, setting_problem
 from .engine.stream import DEFAULT_DESCRIPTION_PROMPT, DEFAULT_SYSTEM_PROMPT, StreamConfig
@@ -73,17 +74,17 @@ PARAMETERS = (
     Param("torch_threads", 0, "CPU threads the model uses; 0: torch's default (one per core). On a small or busy "
           "CPU fewer threads can be much faster.", low=0, high=1024),
     Param("trust_remote_code", False, "Allow code shipped in the model folder to run."),
-    Param("cache_size", 1024, "Tokens the KV cache keeps (fixed memory).", low=16, high=1 << 20, engine_field="capacity"),
+    Param("cache_size", StreamConfig.capacity, "Tokens the KV cache keeps (fixed memory).", low=16, high=1 << 20, engine_field="capacity"),
     Param("eviction_policy", "inf_mllm", "How the cache chooses tokens to forget.",
           constraints="one of: " + ", ".join(sorted(POLICIES)), engine_field="policy"),
     *knob_params(live=False),
-    Param("chunk_size", 128, "Longest block of a prompt pushed before an eviction (bounds the peak).",
+    Param("chunk_size", StreamConfig.chunk_size, "Longest block of a prompt pushed before an eviction (bounds the peak).",
           low=1, high=65536, engine_field="chunk_size"),
     Param("max_frame_pixels", 0, "Bound on a frame's pixels before the vision encoder; 0: the model's own.",
           low=0, high=1 << 28, engine_field="max_frame_pixels", zero_is_default=True),
-    Param("max_pending_texts", 64, "Texts waiting for the model at most; more are refused with a log.",
+    Param("max_pending_texts", DEFAULT_MAX_PENDING_TEXTS, "Texts waiting for the model at most; more are refused with a log.",
           low=1, high=100000),
-    Param("max_pending_queries", 8, "Queries waiting for the model at most; more answer success=false.",
+    Param("max_pending_queries", DEFAULT_MAX_PENDING_QUERIES, "Queries waiting for the model at most; more answer success=false.",
           low=1, high=64),
     Param("memory_file", "", "Where the memory is kept across restarts: restored at start when it matches the model "
           "and cache settings (else set aside with the reason), saved atomically on ~/save_memory, every "
@@ -99,7 +100,7 @@ PARAMETERS = (
           read_only=False),
     Param("system_prompt", DEFAULT_SYSTEM_PROMPT, "Opens the memory; a change applies from the next ~/reset.",
           read_only=False, engine_field="system_prompt"),
-    Param("max_new_tokens", 64, "Longest answer or description, in tokens (a query may ask for its own).",
+    Param("max_new_tokens", StreamConfig.max_new_tokens, "Longest answer or description, in tokens (a query may ask for its own).",
           read_only=False, low=1, high=MAX_NEW_TOKENS_LIMIT, engine_field="max_new_tokens"),
     Param("max_text_chars", 4000, "Longest text message or question accepted, in characters; longer ones "
           "are refused.", read_only=False, low=1, high=1_000_000),

@@ -47,6 +47,11 @@ from .stream import Answer, KVStream, StreamConfig, StreamStats
 from .text_rules import is_blank
 
 
+# Bounds of the waiting queues (the node's max_pending_texts and max_pending_queries default to these).
+DEFAULT_MAX_PENDING_TEXTS = 64
+DEFAULT_MAX_PENDING_QUERIES = 8
+
+
 class EngineNotReadyError(RuntimeError):
     """The model is still loading, failed to load, or the engine was closed."""
 
@@ -87,8 +92,8 @@ class StreamingEngine:
         device: str = "auto",
         dtype: str = "auto",
         trust_remote_code: bool = False,
-        max_pending_texts: int = 64,
-        max_pending_queries: int = 8,
+        max_pending_texts: int = DEFAULT_MAX_PENDING_TEXTS,
+        max_pending_queries: int = DEFAULT_MAX_PENDING_QUERIES,
         on_ingested: Callable[[str], None] | None = None,
         frame_period: float = 0.0,
         memory_file: str | None = None,
