@@ -341,10 +341,10 @@ class InfMLLMNode(LifecycleNode):
                 self._set_diagnostics_period(p.value)
             elif p.name == "checkpoint_period" and engine is not None:
                 engine.checkpoint_period = p.value  # from the next save on
-            elif p.name == "system_prompt" and engine is not None:
-                engine.config.system_prompt = p.value
-            if p.name in knobs or p.name in ("frame_rate", "description_period", "system_prompt",
-                          "description_prompt", "max_new_tokens", "checkpoint_period"):
+            elif p.name in BY_NAME and BY_NAME[p.name].engine_field and engine is not None:
+                # A live engine setting (system_prompt, max_new_tokens): the configuration it reads.
+                setattr(engine.config, BY_NAME[p.name].engine_field, p.value)
+            if p.name in BY_NAME:
                 self.get_logger().info(f"{p.name} set to {p.value!r}")
         return SetParametersResult(successful=True)
 

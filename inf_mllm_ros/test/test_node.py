@@ -425,6 +425,7 @@ def test_an_unknown_eviction_policy_is_refused_at_start_with_its_reason(tmp_path
 def test_description_is_latched_for_late_joiners(probe):
     ready_stats(probe)
     live = Latest(probe, Description, f"{FQN}/description", LATCHED)
+    publish_until_matched(probe, probe.text, String(data=FACT))  # something new to describe, whatever ran before
     [result] = probe.set_parameters(FQN, description_period=1.0)
     assert result.successful, result.reason
     first = live.wait(timeout=120, what="a description")
