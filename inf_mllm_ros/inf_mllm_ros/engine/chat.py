@@ -60,17 +60,17 @@ class ChatFormat:
         assistant_suffix = _split(tail)[1]
         return cls(system_prefix, system_suffix, user_prefix, user_suffix, assistant_prefix, assistant_suffix)
 
+    # Each turn as (template before, content, template after), so that the content can be tokenized as plain
+    # characters while the template keeps its control tokens (ModelAdapter.tokenize_turn); and as one string.
     def system(self, text: str) -> str:
-        return f"{self.system_prefix}{text}{self.system_suffix}"
+        return "".join(self.system_parts(text))
 
     def user(self, text: str) -> str:
-        return f"{self.user_prefix}{text}{self.user_suffix}"
+        return "".join(self.user_parts(text))
 
     def question(self, text: str) -> str:
-        return f"{self.user_prefix}{text}{self.user_suffix}{self.assistant_prefix}"
+        return "".join(self.question_parts(text))
 
-    # The same turns as (template before, content, template after), so that the content can be tokenized
-    # as plain characters while the template keeps its control tokens (ModelAdapter.tokenize_turn).
     def system_parts(self, text: str) -> tuple[str, str, str]:
         return self.system_prefix, text, self.system_suffix
 

@@ -2,21 +2,21 @@
 
 Order of work. Each time the worker is free it takes, in this order:
 
-1. control (reset), at once;
+1. control (a reset or a save), at once;
 2. the waiting camera frame, if it is due: the previous job was not a frame and at least
    `frame_period` seconds have passed since the last frame was taken (`frame_period` 0: frames and
    other work alternate);
-3. otherwise the oldest message: a question alone, or every text waiting in a row before the next
-   question, pushed together in one model call (`KVStream.push_texts`: each text still its own user
-   turn with its own time marker, counted one by one in `texts_ingested`, its future resolved with
-   its own token count);
+3. otherwise the oldest message: a question alone, or the texts waiting in a row before the next
+   question (up to about a cache's worth of characters), pushed together in one model call
+   (`KVStream.push_texts`: each text still its own user turn with its own time marker, counted one by
+   one in `texts_ingested`, its future resolved with its own token count);
 4. otherwise the frame.
 
-So a question sees every text submitted before it, and waits behind the text calls for the texts
-before it (a call takes about a cache's worth of characters) and a frame; under a flood of texts a frame still goes in every `frame_period`
-seconds or every other job, and under a camera faster than the model texts and questions still
-get every other job. Frames are kept one deep: a frame that arrives while another waits replaces it
-and the older one counts as dropped, so a camera faster than the model never builds a backlog.
+So a question sees every text submitted before it, and waits behind the text calls for those texts
+and a frame; under a flood of texts a frame still goes in every `frame_period` seconds or every other
+job, and under a camera faster than the model texts and questions still get every other job. Frames
+are kept one deep: a frame that arrives while another waits replaces it and the older one counts as
+dropped, so a camera faster than the model never builds a backlog.
 Texts and questions have bounded queues; when one is full the call is refused at once with a reason.
 
 Memory file. With `memory_file` set, the worker restores the memory from it once the model is loaded
