@@ -355,7 +355,7 @@ def _decode(payload: bytes, codec: str, size: tuple[int, int]) -> np.ndarray:
                 "decode", f"{codec} header says {size[0]}x{size[1]} but the decoder reads {image.size[0]}x"
                 f"{image.size[1]}")
         image.load()
-        ImageOps.exif_transpose(image, in_place=True)
+        image = ImageOps.exif_transpose(image)  # (in_place needs Pillow 10; Ubuntu 22.04, for Humble, has 9.0)
         if image.mode.startswith("I"):  # 16-bit grey (PNG): the top 8 bits, as mono16
             wide = np.clip(np.asarray(image), 0, 65535).astype(np.uint16)
             grey = (wide >> 8).astype(np.uint8)

@@ -14,12 +14,12 @@ lifecycle manager.
 
 import os
 
-from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction, Shutdown
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
+from inf_mllm_ros.fastdds import large_frames_env
 from inf_mllm_ros.settings import PARAMETERS, value_from_text
 
 LAUNCH_ONLY = {
@@ -28,18 +28,11 @@ LAUNCH_ONLY = {
     "params_file": ("", "YAML file with the node's parameters (see config/)"),
     "namespace": ("", "Namespace of the node and its topics"),
     "node_name": ("inf_mllm", "Name of the node"),
+    "use_sim_time": ("", "true: the node's clock follows /clock (replaying a bag with --clock); empty: the node's own"),
 }
 # autostart has its default here, and so wins over a params file: the launch decides from it whether the
 # node's exit ends the launch.
 PARAMETER_DEFAULTS = {"autostart": "true"}
-
-
-def _fastdds_env():
-    """Fast DDS with large shared-memory segments for raw frames, unless a profile is chosen already."""
-    if os.environ.get("FASTDDS_DEFAULT_PROFILES_FILE") or os.environ.get("FASTDDS_BUILTIN_TRANSPORTS"):
-        return {}
-    profile = os.path.join(get_package_share_directory("inf_mllm_ros"), "config", "fastdds_large_frames.xml")
-    return {"FASTDDS_DEFAULT_PROFILES_FILE": profile}
 
 
 def _node_exited(event, context):
@@ -63,6 +56,11 @@ def _node(context):
                 overrides[p.name] = value_from_text(p.name, text)
             except ValueError as exc:
                 raise ValueError(f"launch argument {exc}") from None
+    sim_time = arg["use_sim_time"].strip().lower()
+    if sim_time:
+        if sim_time not in ("true", "false"):
+            raise ValueError(f"launch argument use_sim_time:={arg['use_sim_time']!r} must be true or false")
+        overrides["use_sim_time"] = sim_time == "true"
     if "autostart" not in overrides:  # the launch decides from it what the node's exit does
         raise ValueError("launch argument autostart:='' must be true or false")
     autostart = overrides["autostart"]
@@ -79,7 +77,7 @@ def _node(context):
                         ("text", text), ("text/pinned", text + "/pinned")],
             output="screen",
             emulate_tty=True,
-            additional_env=_fastdds_env(),
+            additional_env=large_frames_env(),
             # A node that exits (a model that cannot load ends it with code 1) ends the launch, so a
             # supervisor sees it. Under a lifecycle manager the manager decides.
             on_exit=_node_exited if autostart else None,

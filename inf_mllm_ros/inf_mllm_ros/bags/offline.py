@@ -30,6 +30,7 @@ from .report import mib, write_plot, write_report
 from .stream_inputs import (
     Question,
     load_questions,
+    node_namespace,
     open_selected,
     parse_ask,
     parse_remaps,
@@ -130,12 +131,13 @@ class RunResult:
 
 
 def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: dict, *,
-                remaps: dict[str, str] | None = None, topics: Sequence[str] | None = None,
+                remaps: dict[str, str] | None = None, topics: Sequence[str] | None = None, node: str = "/inf_mllm",
                 adapter=None, progress: bool = False, log_path: str | Path | None = None,
                 echo=None) -> RunResult:
     """Feed the bag's node inputs to a fresh KVStream in bag order, answering questions when due.
 
-    ``adapter``: a model already loaded (otherwise ``settings['model']`` is loaded). ``echo`` is
+    ``node``: the node whose inputs the bag's topics are taken as (its namespace decides which names reach
+    it). ``adapter``: a model already loaded (otherwise ``settings['model']`` is loaded). ``echo`` is
     called with a line for each answer and notice. Raises BagError, ModelLoadError, UsageError.
     """
     from ..engine.adapters import FramesNotSupportedError
@@ -143,8 +145,13 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
 
     echo = echo or (lambda line: None)
     started = time.monotonic()
-    bag, topic_types, kinds = open_selected(bag_path, remaps or parse_remaps([]), topics)
+    skipped: list[str] = []
+    bag, topic_types, kinds = open_selected(bag_path, remaps or parse_remaps([]), topics,
+                                            namespace=node_namespace(node), notice=skipped.append)
     result = RunResult()
+    result.notices += skipped
+    for line in skipped:
+        echo(f"note: {line}")
     counts = result.counts = {"frames": 0, "texts": 0, "rejected": 0, "frames_skipped": 0, "frames_dropped": 0,
                               "answers": 0}
     log = open(log_path, "w", encoding="utf-8") if log_path else None
@@ -230,9 +237,9 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
                     notice = f"{exc}; frames are skipped (counted), texts and questions go on"
                     result.notices.append(notice)
                     echo(f"note: {notice}")
-            else:
+            else:  # a text, or a text to keep (text/pinned)
                 try:
-                    record["tokens"] = stream.push_text(item.data, item.stamp)
+                    record["tokens"] = stream.push_text(item.data, item.stamp, pin=item.kind == "pinned")
                     counts["texts"] += 1
                 except ValueError as exc:
                     counts["rejected"] += 1
@@ -287,7 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frame-rate", type=float,
                    help="frames per bag second at most, as the node's frame_rate (0: every frame)")
     p.add_argument("--remap", action="append", default=[], metavar="FROM:=TO",
-                   help="map a bag topic to a node input (image, image/compressed, text), as for the replay")
+                   help="map a bag topic to a node input (image, image/compressed, text, text/pinned), as for the replay")
+    p.add_argument("--node", "--node-name", dest="node", default="/inf_mllm",
+                   help="the node whose inputs the bag's topics are taken as, by its full name (default /inf_mllm): "
+                        "as for the replay, /robot1/text reaches /robot1/inf_mllm")
     p.add_argument("--topics", nargs="+", metavar="TOPIC", help="use only these bag topics")
     p.add_argument("--out", metavar="DIR", help="where to write (default: out/offline/<bag name>)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -317,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             beside = bag_path / "questions.yaml" if bag_path.is_dir() else bag_path.parent / "questions.yaml"
             questions = load_questions(beside) if beside.is_file() else []
         # Check the bag before the minutes a model may take to load.
-        open_selected(bag_path, remaps, args.topics)[0].close()
+        open_selected(bag_path, remaps, args.topics, namespace=node_namespace(args.node))[0].close()
         config, _ = stream_config(settings)
         out.mkdir(parents=True, exist_ok=True)
     except (UsageError, ValueError, BagError) as exc:
@@ -333,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{len(questions)} questions)", flush=True)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     try:
-        result = run_offline(bag_path, questions, settings, remaps=remaps, topics=args.topics,
+        result = run_offline(bag_path, questions, settings, remaps=remaps, topics=args.topics, node=args.node,
                              progress=progress, log_path=out / "log.jsonl",
                              echo=lambda line: print(line, flush=True))
     except (UsageError, BagError, ModelLoadError) as exc:

@@ -19,21 +19,25 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ..fastdds import large_frames_env
 from .bag_io import BagError
 from .stream_inputs import (
     Question,
     input_kind,
     load_questions,
+    node_namespace,
     open_selected,
     parse_ask,
     parse_remaps,
     questions_due,
+    resolve,
     tally,
 )
 
@@ -90,11 +94,14 @@ class Player:
         self.executor = SingleThreadedExecutor()
         self.executor.add_node(self.node)
         self.node_name = "/" + node.strip("/")
+        namespace = node_namespace(node)
         reliable = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100, reliability=ReliabilityPolicy.RELIABLE)
-        # Reliable publishers reach best-effort subscribers (the node's camera) and reliable ones alike.
-        self.publishers = {t: self.node.create_publisher(message_class(msgtype), remaps.get(t, t), reliable)
+        # Reliable publishers reach best-effort subscribers (the node's camera) and reliable ones alike. Relative
+        # names (the default remaps' "image", "text") go into the node's namespace, as the node resolves them.
+        self.publishers = {t: self.node.create_publisher(message_class(msgtype), resolve(remaps.get(t, t), namespace),
+                                                         reliable)
                            for t, msgtype in topics.items()}
-        self.inputs = {t for t in topics if input_kind(remaps.get(t, t))}
+        self.inputs = {t for t in topics if input_kind(remaps.get(t, t), namespace)}
         self._clock_pub = self.node.create_publisher(Clock, "/clock", 10) if clock else None
         self._clock_msg = Clock
         self.stats = None
@@ -193,13 +200,24 @@ def replay(args: argparse.Namespace, questions: Sequence[Question], out=print) -
     from rclpy.executors import ExternalShutdownException
 
     remaps = parse_remaps(args.remap, defaults=not args.no_default_remaps)
-    bag, topics, _kinds = open_selected(args.bag, remaps, args.topics)
+    bag, topics, kinds = open_selected(args.bag, remaps, args.topics, namespace=node_namespace(args.node),
+                                       notice=lambda line: out(f"{PROG}: {line}"))
     try:
-        for msgtype in set(topics.values()):
-            message_class(msgtype)
+        if not args.no_clock and topics.pop("/clock", None) is not None:
+            out(f"{PROG}: the bag's own /clock is not played: this replay publishes the bag time on /clock")
+        for topic, msgtype in list(topics.items()):
+            try:
+                message_class(msgtype)
+            except BagError as exc:
+                if topic in kinds:  # the node's own inputs are std_msgs and sensor_msgs: always installed
+                    raise
+                del topics[topic]  # as `ros2 bag play` does: the rest of the bag still plays
+                out(f"{PROG}: topic {topic} skipped: {exc}")
         start_ns = bag.start_ns
         first_ns = start_ns + int(args.start * 1e9)
         stop_ns = None if args.duration is None else first_ns + int(args.duration * 1e9)
+        # Raw frames above about 600 KB hardly cross between processes with Fast DDS's defaults.
+        os.environ.update(large_frames_env())
         rclpy.init()
         player = None
         try:

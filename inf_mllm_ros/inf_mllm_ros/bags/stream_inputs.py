@@ -1,7 +1,7 @@
 """Bag messages as the node's inputs: one mapping for the replay tool and the offline runner.
 
-The node (`inf_mllm_node`) takes frames on `image` and `image/compressed` and texts on `text`,
-and stamps every input for the model with its time since the node's first input: a frame's
+The node (`inf_mllm_node`) takes frames on `image` and `image/compressed`, texts on `text` and
+texts to keep on `text/pinned`, and stamps every input for the model with its time since the node's first input: a frame's
 ``header.stamp``, a text's arrival on the node clock (a zero stamp also means "now"). When the
 node runs with ``use_sim_time`` and a player publishes ``/clock`` with each message's bag time,
 "now" is that bag time. :class:`StreamClock` applies the same rule to bag messages, so the
@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..engine.text_rules import is_blank
 from ..image_conversion import ImageConversionError, msg_to_rgb
@@ -31,10 +31,12 @@ __all__ = [
     "StreamInput",
     "input_kind",
     "load_questions",
+    "node_namespace",
     "open_selected",
     "parse_ask",
     "parse_remaps",
     "questions_due",
+    "resolve",
     "select_inputs",
     "stream_inputs",
 ]
@@ -50,6 +52,7 @@ NODE_INPUTS = {
     "image": ("sensor_msgs/msg/Image", "frame"),
     "image/compressed": ("sensor_msgs/msg/CompressedImage", "frame"),
     "text": ("std_msgs/msg/String", "text"),
+    "text/pinned": ("std_msgs/msg/String", "pinned"),
 }
 
 
@@ -64,27 +67,37 @@ def parse_remaps(items: Iterable[str], *, defaults: bool = True) -> dict[str, st
     return remaps
 
 
-def input_kind(target: str) -> str | None:
-    """The node input a published topic name reaches: 'image', 'image/compressed', 'text' or None.
+def node_namespace(node: str) -> str:
+    """The namespace of a node's full name: '/robot1/inf_mllm' -> '/robot1', '/inf_mllm' -> ''."""
+    return ("/" + node.strip("/")).rsplit("/", 1)[0]
 
-    The node's inputs are relative names, so ``/robot1/text`` reaches a node in ``/robot1``.
-    """
-    name = target.strip("/")
-    for node_input in sorted(NODE_INPUTS, key=len, reverse=True):  # "image/compressed" before "image"
-        if name == node_input or name.endswith("/" + node_input):
+
+def resolve(name: str, namespace: str) -> str:
+    """A topic name as a node in ``namespace`` resolves it: relative names go into the namespace."""
+    return name if name.startswith("/") else f"{namespace}/{name}"
+
+
+def input_kind(target: str, namespace: str = "") -> str | None:
+    """The input of a node in ``namespace`` that a published topic name reaches: 'image', 'image/compressed',
+    'text', 'text/pinned' or None. The node's inputs are relative names: ``text`` and ``/robot1/text``
+    reach a node in ``/robot1``; ``/camera/depth/image`` reaches none."""
+    name = resolve(target, namespace)
+    for node_input in NODE_INPUTS:
+        if name == f"{namespace}/{node_input}":
             return node_input
     return None
 
 
-def select_inputs(topics: dict[str, str], remaps: dict[str, str]) -> dict[str, str]:
-    """Bag topic -> 'frame' or 'text', for the topics that reach a node input after remapping.
+def select_inputs(topics: dict[str, str], remaps: dict[str, str], namespace: str = "") -> dict[str, str]:
+    """Bag topic -> 'frame', 'text' or 'pinned', for the topics that reach an input of a node in ``namespace``
+    after remapping.
 
     ``topics`` maps each bag topic to its message type. A topic remapped to an input of another
     type is an error: the node would never receive it.
     """
     out: dict[str, str] = {}
     for topic, msgtype in topics.items():
-        node_input = input_kind(remaps.get(topic, topic))
+        node_input = input_kind(remaps.get(topic, topic), namespace)
         if node_input is None:
             continue
         want, kind = NODE_INPUTS[node_input]
@@ -97,8 +110,8 @@ def select_inputs(topics: dict[str, str], remaps: dict[str, str]) -> dict[str, s
 
 @dataclass
 class StreamInput:
-    """One bag message as the node takes it: 'frame' (RGB array), 'text', 'rejected' (data: the reason) or
-    'frame_dropped' (held back by frame_rate; data None)."""
+    """One bag message as the node takes it: 'frame' (RGB array), 'text', 'pinned' (a text to keep), 'rejected'
+    (data: the reason) or 'frame_dropped' (held back by frame_rate; data None)."""
 
     kind: str
     topic: str
@@ -140,7 +153,7 @@ def stream_inputs(messages: Iterable[BagMessage], kinds: dict[str, str], start_n
             if refusal is not None:
                 yield StreamInput("rejected", item.topic, bag_time, None, refusal[1])
             else:
-                yield StreamInput("text", item.topic, bag_time, clock(None, item.timestamp_ns), msg.data)
+                yield StreamInput(kind, item.topic, bag_time, clock(None, item.timestamp_ns), msg.data)
 
 
 # --- questions at bag times -------------------------------------------------------------------
@@ -228,12 +241,15 @@ def questions_due(questions: Sequence[Question], asked: int, bag_time: float | N
     return due
 
 
-def open_selected(path: str | Path, remaps: dict[str, str],
-                  only: Sequence[str] | None = None) -> tuple[Bag, dict[str, str], dict[str, str]]:
-    """Open a bag; returns it, its topics (name -> type, limited to ``only``) and their node inputs.
+def open_selected(path: str | Path, remaps: dict[str, str], only: Sequence[str] | None = None, *,
+                  namespace: str = "", notice: Callable[[str], None] | None = None
+                  ) -> tuple[Bag, dict[str, str], dict[str, str]]:
+    """Open a bag; returns it, its topics (name -> type, limited to ``only``) and the inputs they reach of a
+    node in ``namespace``.
 
-    Raises BagError for a missing or malformed bag, a topic named in ``only`` that the bag lacks,
-    a topic whose type has no definition (leave it out with ``only``), or no topic reaching the node.
+    A topic that reaches no node input and whose type has no definition is left out, with a ``notice``
+    (as ``ros2 bag play`` skips it). Raises BagError for a missing or malformed bag, a topic named in
+    ``only`` that the bag lacks, an input topic whose type has no definition, or no topic reaching the node.
     """
     from .bag_io import open_bag
 
@@ -246,16 +262,22 @@ def open_selected(path: str | Path, remaps: dict[str, str],
                 raise BagError(f"{bag.path}: no topic {', '.join(map(repr, missing))} in the bag; "
                                f"it has {', '.join(topics) or 'no topics'}")
             topics = {t: topics[t] for t in topics if t in only}
+        kinds = select_inputs(topics, remaps, namespace)
         for msgtype, names in bag.unknown_types.items():
             for name in names:
-                if name in topics:
+                if name in kinds:
                     raise BagError(f"{bag.path}: topic {name!r} has message type {msgtype!r}, which has no "
                                    "definition in the bag nor in the rosbags type store; leave it out with --topics")
-        kinds = select_inputs(topics, remaps)
+                if name in topics:
+                    del topics[name]
+                    if notice is not None:
+                        notice(f"topic {name} skipped: its type {msgtype} has no definition in the bag nor in "
+                               "the rosbags type store")
         if not kinds:
-            raise BagError(f"{bag.path}: no topic reaches a node input (image, image/compressed, text); "
+            raise BagError(f"{bag.path}: no topic reaches an input of the node (image, image/compressed, text, "
+                           f"text/pinned{' in ' + namespace if namespace else ''}); "
                            f"the bag has {', '.join(f'{n} ({t})' for n, t in topics.items()) or 'no topics'}; "
-                           "map one with --remap /bag/topic:=text")
+                           "map one with --remap /bag/topic:=text, or name the node (--node /ns/inf_mllm)")
     except BaseException:
         bag.close()
         raise
