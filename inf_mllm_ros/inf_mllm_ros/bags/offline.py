@@ -294,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frame-rate", type=float,
                    help="frames per bag second at most, as the node's frame_rate (0: every frame)")
     p.add_argument("--remap", action="append", default=[], metavar="FROM:=TO",
-                   help="map a bag topic to a node input (image, image/compressed, text, text/pinned), as for the replay")
+                   help="map a bag topic to a node input (image, image/compressed, text, text/pinned), "
+                        "as for the replay")
     p.add_argument("--node", "--node-name", dest="node", default="/inf_mllm",
                    help="the node whose inputs the bag's topics are taken as, by its full name (default /inf_mllm): "
                         "as for the replay, /robot1/text reaches /robot1/inf_mllm")

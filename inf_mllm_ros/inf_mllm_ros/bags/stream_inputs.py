@@ -1,8 +1,9 @@
 """Bag messages as the node's inputs: one mapping for the replay tool and the offline runner.
 
 The node (`inf_mllm_node`) takes frames on `image` and `image/compressed`, texts on `text` and
-texts to keep on `text/pinned`, and stamps every input for the model with its time since the node's first input: a frame's
-``header.stamp``, a text's arrival on the node clock (a zero stamp also means "now"). When the
+texts to keep on `text/pinned`, and stamps every input for the model with its time since the
+node's first input: a frame's ``header.stamp``, a text's arrival on the node clock (a zero stamp
+also means "now"). When the
 node runs with ``use_sim_time`` and a player publishes ``/clock`` with each message's bag time,
 "now" is that bag time. :class:`StreamClock` applies the same rule to bag messages, so the
 offline runner builds the prompts the node builds from the same bag, and a greedy answer from

@@ -283,7 +283,8 @@ class BoundedLayer(CacheLayerMixin):
         keys, values = state["keys"], state["values"]
         # The full cache never evicts, so it may hold its headroom too.
         if fill > self.owner.slots or keys.shape[1] != fill:
-            raise ValueError(f"saved layer holds {keys.shape[1]} tokens (fill {fill}); the cache has {self.owner.slots} slots")
+            raise ValueError(f"saved layer holds {keys.shape[1]} tokens (fill {fill}); "
+                             f"the cache has {self.owner.slots} slots")
         if not self.is_initialized:
             self.lazy_initialization(keys[None].to(device, dtype), values[None].to(device, dtype))
         if self.keys.shape[1] != keys.shape[0] or self.keys.shape[-1] != keys.shape[-1]:
