@@ -30,7 +30,7 @@ import time
 from common import RESULTS, load_records, machine, peak_rss_bytes, policy_names, write_records
 
 POLICIES = policy_names()
-MODEL_CONFIGS = {  # name: (family, size) for random_models; None: the embedded default
+MODEL_CONFIGS = {  # name: (family, size) for random_models; None: the small embedded model
     "smolvlm-small": ("idefics3", "small"),
     "qwen2-vl-tiny": ("qwen2_vl", "tiny"),
     "qwen2-vl-2b": ("qwen2_vl", "qwen2-vl-2b"),

@@ -11,7 +11,11 @@ def large_frames_env() -> dict[str, str]:
     (`config/fastdds_large_frames.xml`), unless a profile or transport is chosen already: then nothing."""
     if os.environ.get("FASTDDS_DEFAULT_PROFILES_FILE") or os.environ.get("FASTDDS_BUILTIN_TRANSPORTS"):
         return {}
-    from ament_index_python.packages import get_package_share_directory
+    from ament_index_python.packages import PackageNotFoundError, get_package_share_directory
 
-    profile = os.path.join(get_package_share_directory("inf_mllm_ros"), "config", "fastdds_large_frames.xml")
+    try:
+        share = get_package_share_directory("inf_mllm_ros")
+    except PackageNotFoundError:  # run from a source tree: Fast DDS's defaults
+        return {}
+    profile = os.path.join(share, "config", "fastdds_large_frames.xml")
     return {"FASTDDS_DEFAULT_PROFILES_FILE": profile} if os.path.isfile(profile) else {}

@@ -96,7 +96,8 @@ def node(params, tmp_path_factory):
 
 def test_lockstep_replay_answers_as_the_offline_runner(node, short_bag, params, tmp_path, ros_env) -> None:
     answers = tmp_path / "answers.json"
-    replay = run([exe("inf_mllm_replay"), short_bag, "--lockstep", "--node", FQN, *REMAPS, "--ask", ASK,
+    # The default remaps name relative topics (image/compressed, text): they go into the node's namespace.
+    replay = run([exe("inf_mllm_replay"), short_bag, "--lockstep", "--node", FQN, "--ask", ASK,
                   "--answers-out", answers, "--timeout", "180"], ros_env)
     assert replay.returncode == 0, f"{replay.stdout}\n{replay.stderr}\nnode log:\n{node.log()[-3000:]}"
     assert "5 messages played" in replay.stdout
@@ -105,7 +106,7 @@ def test_lockstep_replay_answers_as_the_offline_runner(node, short_bag, params, 
 
     out = tmp_path / "offline"
     offline = run([exe("inf_mllm_offline"), short_bag, "--params", params, "--ask", ASK, "--out", out,
-                   "--no-progress", "--node", FQN, *REMAPS], ros_env)
+                   "--no-progress", "--node", FQN], ros_env)
     assert offline.returncode == 0, offline.stderr
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     [offline_answer] = [r for r in records if r["type"] == "answer"]
@@ -198,6 +199,18 @@ def test_broken_bags_fail_clearly(tool, short_bag, tmp_path, ros_env) -> None:
             assert "1 texts" in result.stdout, result.stdout
         result = run([exe(tool), custom, "--remap", "/beacon:=text", *extra], ros_env, timeout=60)
         assert result.returncode == 2 and "takes std_msgs/msg/String" in result.stderr, result.stderr
+
+
+def test_the_offline_runner_pins_texts_on_text_pinned(short_bag, tmp_path, ros_env) -> None:
+    """As the node pins what comes on text/pinned: the narration, sent there, is held as pinned."""
+    out = tmp_path / "pinned"
+    result = run([exe("inf_mllm_offline"), short_bag, "--model", "smollm2", "--no-questions", "--out", out,
+                  "--no-progress", "--remap", "/narration:=text/pinned"], ros_env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    texts = [r for r in records if r["type"] == "text"]
+    assert len(texts) == 2 and all(r.get("pinned") for r in texts), texts
+    assert texts[-1]["pinned_held"] >= texts[-1]["tokens"] > 0
 
 
 # --- the shared mapping, without ROS ------------------------------------------------------------

@@ -41,7 +41,7 @@ from .stream_inputs import (
 PROG = "inf_mllm_offline"
 # Parameters rclpy declares on every node: accepted in a params file, not the engine's.
 ROS_NODE_PARAMETERS = {"use_sim_time", "start_type_description_service"}
-STATS_FIELDS = ("capacity", "fill", "tokens_seen", "tokens_evicted", "evictions", "frames_ingested",
+STATS_FIELDS = ("capacity", "fill", "tokens_seen", "tokens_evicted", "evictions", "frames_ingested", "pinned_held",
                 "texts_ingested", "kv_bytes", "cache_bytes")
 
 
@@ -238,6 +238,8 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
                     result.notices.append(notice)
                     echo(f"note: {notice}")
             else:  # a text, or a text to keep (text/pinned)
+                if item.kind == "pinned":
+                    record.update(type="text", pinned=True)
                 try:
                     record["tokens"] = stream.push_text(item.data, item.stamp, pin=item.kind == "pinned")
                     counts["texts"] += 1

@@ -30,7 +30,6 @@ from ..fastdds import large_frames_env
 from .bag_io import BagError
 from .stream_inputs import (
     Question,
-    input_kind,
     load_questions,
     node_namespace,
     open_selected,
@@ -63,6 +62,12 @@ def message_class(msgtype: str):
                        f"(no Python module {parts[0]}.{parts[1]}.{parts[2]})") from None
 
 
+def published_name(topic: str, remaps: dict[str, str], namespace: str, inputs) -> str:
+    """Where a bag topic is published: its remapped name, a relative one resolved as the node resolves its
+    inputs (in its namespace) for the node's inputs, and from the root for the rest (as `ros2 bag play`)."""
+    return resolve(remaps.get(topic, topic), namespace if topic in inputs else "")
+
+
 @dataclass
 class AnswerRecord:
     time_s: float
@@ -81,7 +86,8 @@ class AnswerRecord:
 class Player:
     """One rclpy node that publishes the bag, /clock, and talks to the inf_mllm node."""
 
-    def __init__(self, topics: dict[str, str], remaps: dict[str, str], node: str, *, clock: bool):
+    def __init__(self, topics: dict[str, str], remaps: dict[str, str], node: str, inputs: set[str], *,
+                 clock: bool):
         import rclpy
         from rclpy.executors import SingleThreadedExecutor
         from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -96,12 +102,11 @@ class Player:
         self.node_name = "/" + node.strip("/")
         namespace = node_namespace(node)
         reliable = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100, reliability=ReliabilityPolicy.RELIABLE)
-        # Reliable publishers reach best-effort subscribers (the node's camera) and reliable ones alike. Relative
-        # names (the default remaps' "image", "text") go into the node's namespace, as the node resolves them.
-        self.publishers = {t: self.node.create_publisher(message_class(msgtype), resolve(remaps.get(t, t), namespace),
-                                                         reliable)
+        # Reliable publishers reach best-effort subscribers (the node's camera) and reliable ones alike.
+        self.publishers = {t: self.node.create_publisher(message_class(msgtype), published_name(t, remaps, namespace,
+                                                                                                inputs), reliable)
                            for t, msgtype in topics.items()}
-        self.inputs = {t for t in topics if input_kind(remaps.get(t, t), namespace)}
+        self.inputs = inputs  # the bag topics that reach the node
         self._clock_pub = self.node.create_publisher(Clock, "/clock", 10) if clock else None
         self._clock_msg = Clock
         self.stats = None
@@ -200,11 +205,14 @@ def replay(args: argparse.Namespace, questions: Sequence[Question], out=print) -
     from rclpy.executors import ExternalShutdownException
 
     remaps = parse_remaps(args.remap, defaults=not args.no_default_remaps)
-    bag, topics, kinds = open_selected(args.bag, remaps, args.topics, namespace=node_namespace(args.node),
+    namespace = node_namespace(args.node)
+    bag, topics, kinds = open_selected(args.bag, remaps, args.topics, namespace=namespace,
                                        notice=lambda line: out(f"{PROG}: {line}"))
     try:
-        if not args.no_clock and topics.pop("/clock", None) is not None:
-            out(f"{PROG}: the bag's own /clock is not played: this replay publishes the bag time on /clock")
+        clocks = [t for t in topics if published_name(t, remaps, namespace, kinds) == "/clock"]
+        for topic in clocks if not args.no_clock else []:
+            del topics[topic]
+            out(f"{PROG}: the bag's {topic} is not played: this replay publishes the bag time on /clock")
         for topic, msgtype in list(topics.items()):
             try:
                 message_class(msgtype)
@@ -221,7 +229,7 @@ def replay(args: argparse.Namespace, questions: Sequence[Question], out=print) -
         rclpy.init()
         player = None
         try:
-            player = Player(topics, remaps, args.node, clock=not args.no_clock)
+            player = Player(topics, remaps, args.node, set(kinds), clock=not args.no_clock)
             mode = "lockstep" if args.lockstep else f"rate {args.rate:g}"
             out(f"{PROG}: {bag.path} ({bag.message_count} messages, {(bag.end_ns - start_ns) / 1e9:.1f} s), "
                 f"{mode}, to {', '.join(f'{t} -> {p.topic_name}' for t, p in player.publishers.items())}")

@@ -281,10 +281,10 @@ class BoundedLayer(CacheLayerMixin):
             counts = state.get("window_queries")
             window_queries = [int(counts.max()) if counts is not None and counts.numel() else 0]
         keys, values = state["keys"], state["values"]
-        # The full cache never evicts, so it may hold its headroom too.
-        if fill > self.owner.slots or keys.shape[1] != fill:
-            raise ValueError(f"saved layer holds {keys.shape[1]} tokens (fill {fill}); "
-                             f"the cache has {self.owner.slots} slots")
+        # The full cache never evicts, so it may hold its headroom too; the others keep their capacity.
+        room = self.owner.capacity if self.owner.policy.evicts else self.owner.slots
+        if fill > room or keys.shape[1] != fill:
+            raise ValueError(f"saved layer holds {keys.shape[1]} tokens (fill {fill}); the cache keeps {room}")
         if not self.is_initialized:
             self.lazy_initialization(keys[None].to(device, dtype), values[None].to(device, dtype))
         if self.keys.shape[1] != keys.shape[0] or self.keys.shape[-1] != keys.shape[-1]:
