@@ -32,6 +32,7 @@ def launch_description():
         "attention_bias": "0.002",
         "namespace": NAMESPACE,
         "text_topic": TEXT_TOPIC,
+        "use_sim_time": "true",
     }
     return launch.LaunchDescription([
         IncludeLaunchDescription(
@@ -52,6 +53,8 @@ def test_launch_arguments_reach_the_node():
         # The arguments override the params file.
         assert ready.capacity == 256
         assert ready.attention_bias == pytest.approx(0.002)
+        # On sim time with no /clock, the node's clock stands at 0: use_sim_time reached it.
+        assert (ready.header.stamp.sec, ready.header.stamp.nanosec) == (0, 0)
         # text_topic is remapped.
         publisher = probe.node.create_publisher(String, TEXT_TOPIC, 10)
         probe.wait_for(lambda: publisher.get_subscription_count() > 0, 30, "the node on the text topic")
@@ -75,7 +78,7 @@ def _run_launch(**arguments) -> int:
 
 
 @pytest.mark.parametrize("arguments", [{"cache_size": "abc"}, {"score_pool": "4"},
-                                       {"params_file": "/nonexistent.yaml"}])
+                                       {"params_file": "/nonexistent.yaml"}, {"use_sim_time": "maybe"}])
 def test_a_bad_argument_fails_the_launch(arguments):
     assert _run_launch(**arguments) != 0
 
