@@ -21,11 +21,10 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from common import write_records
 from inf_mllm_ros.engine import cache as cache_module
 from inf_mllm_ros.engine.cache import shift_rotary
 from inf_mllm_ros.engine.policies import InfMLLMPolicy, SlotView, _keep_ends_and_best, _lift_first, knob, register
-from recall import make_facts, trace_fact
+from recall import trace_variants
 
 _evict = cache_module.BoundedLayer.evict
 
@@ -94,18 +93,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
-    from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
-
-    torch.set_num_threads(args.threads)
-    adapter = load_model("qwen2.5-0.5b", device="cpu", dtype="float32")
-    records = []
-    for policy, settings in VARIANTS:
-        stream = KVStream(adapter, StreamConfig(capacity=512, policy=policy, chunk_size=64, policy_settings=settings))
-        trace = trace_fact(stream, adapter, make_facts(0)[0])
-        records += [{"policy": policy, "cache_size": 512, **settings, **r} for r in trace]
-        print(policy, settings, [(r["age"], r["value_kept_in_layer_heads"]) for r in trace][::3], flush=True)
-        write_records("distinct_trace.json", records)
+    trace_variants(VARIANTS, "distinct_trace.json", threads=args.threads)
 
 
 if __name__ == "__main__":

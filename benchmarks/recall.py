@@ -35,7 +35,7 @@ import sys
 import time
 
 from common import (RESULTS, add_matrix_options, load_records, machine, matrix, policy_names, read_text, run_child,
-                    synchronize)
+                    synchronize, write_records)
 
 DISTANCES = [1024, 2048, 4096, 8192]  # default of --distances
 COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple", "grey", "brown"]
@@ -218,6 +218,36 @@ def trace_fact(stream, adapter, fact: dict, *, before: int = 10, until: int = 21
         trace.append({"age": stream.tokens_seen - planted, "mention": mention,
                       "value_kept_in_layer_heads": round(value_kept(stream, where), 3)})
     return trace
+
+
+def trace_variants(variants: list[tuple[str, dict]], out: str, *, seeds=(0,), threads: int = 2) -> None:
+    """`trace_fact` for each (policy, settings) and seed's first fact (told after 10 + 5 x seed paragraphs),
+    cache 512, on the 0.5B model, then the fact asked at the end; records written to results/`out` as they
+    come (the diagnostics' shared loop)."""
+    import torch
+
+    from inf_mllm_ros.engine.loading import load_model
+    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+
+    torch.set_num_threads(threads)
+    adapter = load_model("qwen2.5-0.5b", device="cpu", dtype="float32")
+    records = []
+    for policy, settings in variants:
+        for seed in seeds:
+            fact = make_facts(seed)[0]
+            stream = KVStream(adapter, StreamConfig(capacity=512, policy=policy, chunk_size=64,
+                                                    policy_settings=settings))
+            run = [{"policy": policy, "cache_size": 512, "seed": seed, "policy_settings": settings, **r}
+                   for r in trace_fact(stream, adapter, fact, before=10 + 5 * seed)]
+            answer = stream.ask(fact["question"], max_new_tokens=12).text
+            for r in run:
+                r.update({"answer_at_end": answer, "recalled_at_end": fact["value"] in answer})
+            records += run
+            held = [r["age"] for r in run if r["value_kept_in_layer_heads"] > 0]
+            print(policy, settings, seed, [(r["age"], r["value_kept_in_layer_heads"]) for r in run][::3],
+                  "value held until age", max(held, default=0),
+                  "recalled" if fact["value"] in answer else "not recalled", repr(answer), flush=True)
+            write_records(out, records)
 
 
 def plot(name: str = "recall.json") -> None:

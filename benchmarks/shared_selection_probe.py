@@ -28,10 +28,9 @@ import torch
 import torch.nn.functional as F
 
 import inf_mllm_ros.engine.policies as policies
-from common import write_records
 from inf_mllm_ros.engine.cache import BoundedKVCache
 from inf_mllm_ros.engine.policies import InfMLLMPolicy, SlotView, knob, register
-from recall import make_facts, trace_fact
+from recall import trace_variants
 
 
 @register
@@ -110,27 +109,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
-    from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
-
-    torch.set_num_threads(args.threads)
-    adapter = load_model("qwen2.5-0.5b", device="cpu", dtype="float32")
-    records = []
-    for policy, settings in VARIANTS:
-        for seed in (0, 1):
-            fact = make_facts(seed)[0]
-            stream = KVStream(adapter, StreamConfig(capacity=512, policy=policy, chunk_size=64,
-                                                    policy_settings=settings))
-            run = [{"policy": policy, "cache_size": 512, "seed": seed, "policy_settings": settings, **r}
-                   for r in trace_fact(stream, adapter, fact, before=10 + 5 * seed)]
-            answer = stream.ask(fact["question"], max_new_tokens=12).text
-            for r in run:
-                r.update({"answer_at_end": answer, "recalled_at_end": fact["value"] in answer})
-            records += run
-            held = [r["age"] for r in run if r["value_kept_in_layer_heads"] > 0]
-            print(policy, settings, seed, "value held until age", max(held, default=0),
-                  "recalled" if fact["value"] in answer else "not recalled", repr(answer), flush=True)
-            write_records("shared_selection_trace.json", records)
+    trace_variants(VARIANTS, "shared_selection_trace.json", seeds=(0, 1), threads=args.threads)
 
 
 if __name__ == "__main__":

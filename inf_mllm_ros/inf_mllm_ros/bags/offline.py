@@ -238,10 +238,11 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
                     result.notices.append(notice)
                     echo(f"note: {notice}")
             else:  # a text, or a text to keep (text/pinned)
-                if item.kind == "pinned":
+                pin = item.kind == "pinned"
+                if pin:
                     record.update(type="text", pinned=True)
                 try:
-                    record["tokens"] = stream.push_text(item.data, item.stamp, pin=item.kind == "pinned")
+                    record["tokens"] = stream.push_text(item.data, item.stamp, pin=pin)
                     counts["texts"] += 1
                 except ValueError as exc:
                     counts["rejected"] += 1
