@@ -53,10 +53,11 @@ from .engine.adapters import FramesNotSupportedError
 from .engine.engine import EngineBusyError, EngineNotReadyError, FrameDroppedError, StreamingEngine
 from .engine.stream import AnswerCancelledError
 from .engine.text_rules import is_blank
+from .engine.value_rules import period_problem
 from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
 from .input_rules import FrameGate, StreamClock, length_refusal, stamp_seconds, text_refusal
-from .settings import (BY_NAME, MAX_NEW_TOKENS_LIMIT, PARAMETERS, PERIODS, Param, knob_problem, period_problem,
-                       stream_config, value_problem)
+from .settings import (BY_NAME, MAX_NEW_TOKENS_LIMIT, PARAMETERS, PERIODS, Param, knob_problem, stream_config,
+                       value_problem)
 
 NODE_NAME = "inf_mllm"
 

@@ -12,14 +12,13 @@ from dataclasses import dataclass
 
 from .engine.engine import DEFAULT_MAX_PENDING_QUERIES, DEFAULT_MAX_PENDING_TEXTS
 from .engine.loading import DEFAULT_MODEL
-from .engine.policies import POLICIES, setting_problem
+from .engine.policies import POLICIES
 from .engine.stream import DEFAULT_DESCRIPTION_PROMPT, DEFAULT_SYSTEM_PROMPT, StreamConfig
+from .engine.value_rules import MIN_PERIOD, ValueRule
 from .image_conversion import DEFAULT_MAX_DECODED_PIXELS
 
 MAX_NEW_TOKENS_LIMIT = 4096
 
-# Periods below this (other than 0, off) would keep an executor thread busy with timers.
-MIN_PERIOD = 0.05
 PERIODS = ("description_period", "stats_period", "checkpoint_period", "diagnostics_period")
 
 
@@ -33,6 +32,7 @@ class Param:
     high: float | None = None
     constraints: str = ""
     step: int = 1  # integers only: 2 with an odd `low` allows odd values only
+    choices: tuple[str, ...] = ()  # strings only: the values allowed (empty: any)
 
     # The StreamConfig field this parameter sets, if any; with `zero_is_default`, 0 means the engine's default.
     engine_field: str | None = None
@@ -43,6 +43,11 @@ class Param:
     @property
     def type(self) -> type:
         return type(self.default)
+
+    @property
+    def rule(self) -> ValueRule:
+        """What the parameter accepts."""
+        return ValueRule(self.name, self.type, self.low, self.high, self.step, self.choices, self.name in PERIODS)
 
 
 def knob_params(*, live: bool) -> list[Param]:
@@ -77,7 +82,7 @@ PARAMETERS = (
     Param("cache_size", StreamConfig.capacity, "Tokens the KV cache keeps (fixed memory).", low=16, high=1 << 20,
           engine_field="capacity"),
     Param("eviction_policy", "inf_mllm", "How the cache chooses tokens to forget.",
-          constraints="one of: " + ", ".join(sorted(POLICIES)), engine_field="policy"),
+          constraints="one of: " + ", ".join(sorted(POLICIES)), choices=tuple(sorted(POLICIES)), engine_field="policy"),
     *knob_params(live=False),
     Param("chunk_size", StreamConfig.chunk_size,
           "Longest block of a prompt pushed before an eviction (bounds the peak).", low=1, high=65536,
@@ -120,31 +125,17 @@ PARAMETERS = (
 )
 
 
-def period_problem(name: str, value: float) -> str | None:
-    """Why a period parameter is refused (0 turns it off; a tiny one would busy the executor), or None."""
-    if 0.0 < value < MIN_PERIOD:
-        return f"{name} must be 0 (off) or at least {MIN_PERIOD} s, got {value:g}"
-    return None
-
-
 DEFAULTS = {p.name: p.default for p in PARAMETERS}
 BY_NAME = {p.name: p for p in PARAMETERS}
 
 
 def value_problem(name: str, value) -> str | None:
-    """Why a value is refused for a parameter (unknown name, type, range, period rule), or None; the
+    """Why a value is refused for a parameter (unknown name, type, range, choices, period rule), or None; the
     rules the node's parameter descriptors and callback apply."""
     p = BY_NAME.get(name)
     if p is None:
         return f"{name!r} is not a parameter of inf_mllm_node"
-    problem = setting_problem(name, value, p.type, p.low, p.high, p.step)
-    if problem:
-        return problem
-    if name in PERIODS:
-        return period_problem(name, value)
-    if name == "eviction_policy" and value not in POLICIES:
-        return f"eviction_policy must be one of {sorted(POLICIES)}, got {value!r}"
-    return None
+    return p.rule.problem(value)
 
 
 def value_from_text(name: str, text: str):
@@ -153,19 +144,13 @@ def value_from_text(name: str, text: str):
     p = BY_NAME.get(name)
     if p is None:
         raise ValueError(f"{name!r} is not a parameter of inf_mllm_node")
-    try:
-        if p.type is bool:
-            if text.strip().lower() not in ("true", "false"):
-                raise ValueError
-            value = text.strip().lower() == "true"
-        else:
-            value = p.type(text.strip() if p.type is not str else text)
-    except ValueError:
-        raise ValueError(f"{name}:={text!r} is not a valid {p.type.__name__}") from None
-    problem = value_problem(name, value)
-    if problem:
-        raise ValueError(f"{name}:={text!r}: {problem}")
-    return value
+    return p.rule.from_text(text)
+
+
+def launch_table() -> list[dict]:
+    """Each parameter's rule and description, as JSON records: what the launch file reads (in a child
+    process, so that the launch process does not hold the engine's imports for as long as the node runs)."""
+    return [{**p.rule.to_json(), "description": p.description} for p in PARAMETERS]
 
 
 def stream_config(values: dict) -> StreamConfig:
@@ -187,3 +172,9 @@ def knob_problem(name: str, policy: str) -> str | None:
         having = sorted(p for p, cls in POLICIES.items() if name in cls.knobs())
         return f"{name} applies to the {', '.join(having)} policy only; this node runs {policy!r}"
     return None
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(launch_table()))

@@ -12,15 +12,19 @@ with the node's error, if the model cannot load; `autostart:=false` leaves it un
 lifecycle manager.
 """
 
+import functools
+import json
 import os
+import subprocess
+import sys
 
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction, Shutdown
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
+from inf_mllm_ros.engine.value_rules import ValueRule
 from inf_mllm_ros.fastdds import large_frames_env
-from inf_mllm_ros.settings import PARAMETERS, value_from_text
 
 LAUNCH_ONLY = {
     "image_topic": ("image", "Camera topic (sensor_msgs/Image); its '/compressed' sibling is used for CompressedImage"),
@@ -33,6 +37,17 @@ LAUNCH_ONLY = {
 # autostart has its default here, and so wins over a params file: the launch decides from it whether the
 # node's exit ends the launch.
 PARAMETER_DEFAULTS = {"autostart": "true"}
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters() -> tuple[tuple[ValueRule, str], ...]:
+    """The node's parameters (rule, description), read from the package's table in a child process: the
+    table imports the engine (torch, transformers: about 400 MiB and several seconds), which this process
+    would otherwise hold for as long as the node runs."""
+    done = subprocess.run([sys.executable, "-m", "inf_mllm_ros.settings"], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"cannot read inf_mllm_node's parameters: {done.stderr.strip()[-2000:]}")
+    return tuple((ValueRule.from_json(record), record["description"]) for record in json.loads(done.stdout))
 
 
 def _node_exited(event, context):
@@ -49,11 +64,11 @@ def _node(context):
     if params_file and not os.path.isfile(params_file):
         raise FileNotFoundError(f"launch argument params_file:={params_file!r}: no such file")
     overrides = {}
-    for p in PARAMETERS:
-        text = LaunchConfiguration(p.name).perform(context)
+    for rule, _ in _parameters():
+        text = LaunchConfiguration(rule.name).perform(context)
         if text.strip():
             try:
-                overrides[p.name] = value_from_text(p.name, text)
+                overrides[rule.name] = rule.from_text(text)
             except ValueError as exc:
                 raise ValueError(f"launch argument {exc}") from None
     sim_time = arg["use_sim_time"].strip().lower()
@@ -88,7 +103,7 @@ def _node(context):
 def generate_launch_description():
     launch_only = [DeclareLaunchArgument(name, default_value=default, description=text)
                    for name, (default, text) in LAUNCH_ONLY.items()]
-    parameters = [DeclareLaunchArgument(p.name, default_value=PARAMETER_DEFAULTS.get(p.name, ""),
-                                        description=p.description + " Empty: from params_file, else the node's default.")
-                  for p in PARAMETERS]
+    parameters = [DeclareLaunchArgument(rule.name, default_value=PARAMETER_DEFAULTS.get(rule.name, ""),
+                                        description=text + " Empty: from params_file, else the node's default.")
+                  for rule, text in _parameters()]
     return LaunchDescription(launch_only + parameters + [OpaqueFunction(function=_node)])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -49,17 +51,18 @@ def test_launch_arguments_reach_the_node():
     try:
         stats = Latest(probe, CacheStats, f"/{NAMESPACE}/inf_mllm/cache_stats",
                        QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
-        ready = stats.wait(lambda m: m.model_ready, timeout=300, what="the model loaded")
+        # On sim time with no /clock the node's timers stand still, so its stats come after inputs only: a
+        # message taken is what makes it speak (text_topic is remapped).
+        publisher = probe.node.create_publisher(String, TEXT_TOPIC, 10)
+        probe.wait_for(lambda: publisher.get_subscription_count() > 0, 300, "the node on the text topic")
+        publisher.publish(String(data="Launch test message."))
+        ready = stats.wait(lambda m: m.texts_ingested >= 1, timeout=120, what="the text ingested")
+        assert ready.model_ready
         # The arguments override the params file.
         assert ready.capacity == 256
         assert ready.attention_bias == pytest.approx(0.002)
         # On sim time with no /clock, the node's clock stands at 0: use_sim_time reached it.
         assert (ready.header.stamp.sec, ready.header.stamp.nanosec) == (0, 0)
-        # text_topic is remapped.
-        publisher = probe.node.create_publisher(String, TEXT_TOPIC, 10)
-        probe.wait_for(lambda: publisher.get_subscription_count() > 0, 30, "the node on the text topic")
-        publisher.publish(String(data="Launch test message."))
-        stats.wait(lambda m: m.texts_ingested >= 1, timeout=120, what="the text ingested")
     finally:
         probe.close()
 
@@ -86,3 +89,21 @@ def test_a_bad_argument_fails_the_launch(arguments):
 def test_a_model_that_cannot_load_fails_the_launch():
     # The node exits with code 1; a Shutdown alone would end the launch with 0.
     assert _run_launch(model="/nonexistent/folder", device="cpu") != 0
+
+
+def test_the_launch_process_does_not_hold_the_engine():
+    # The parameter table imports torch and transformers (about 400 MiB); the launch reads it in a child
+    # process, so the process that supervises the node for hours stays small.
+    share = get_package_share_directory("inf_mllm_ros")
+    script = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('inf_mllm_launch', {os.path.join(share, 'launch', 'inf_mllm.launch.py')!r})\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "arguments = [a.name for a in module.generate_launch_description().entities if hasattr(a, 'name')]\n"
+        "assert 'attention_bias' in arguments and 'cache_size' in arguments, arguments\n"
+        "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .scoring import visible_counts
+from .value_rules import setting_problem
 
 
 @dataclass
@@ -98,24 +99,6 @@ class EvictionPolicy(ABC):
 
     def describe(self) -> dict:
         return {"policy": self.name, **{name: getattr(self, name) for name in self.knobs()}}
-
-
-def setting_problem(name: str, value, expected: type, low: float | None = None, high: float | None = None,
-                    step: int = 1) -> str | None:
-    """Why `value` is refused for a setting of type `expected` in [low, high] (numbers; with `step`, on a grid
-    from `low`), or None. An int is taken for a float. The one rule for the policies' knobs and the node's
-    parameters."""
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if type(value) is not expected:
-        return f"{name} must be of type {expected.__name__}, got {value!r}"
-    if low is None or isinstance(value, (bool, str)):
-        return None
-    if not low <= value <= high:
-        return f"{name} must be in [{low:g}, {high:g}], got {value!r}"
-    if step > 1 and (value - low) % step:
-        return f"{name} must be {low:g} plus a multiple of {step}, got {value!r}"
-    return None
 
 
 def _checked(f: Field, value):

@@ -1,0 +1,86 @@
+"""The rules a setting's value must follow (type, range, grid, choices, periods), on plain descriptions.
+
+Imports neither ROS nor torch: the launch file checks its arguments with these rules without loading the
+engine, and the policies' knobs, the node's parameters and the offline runner use the same ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# Periods below this (other than 0, off) would keep an executor thread busy with timers.
+MIN_PERIOD = 0.05
+
+_TYPES = {t.__name__: t for t in (bool, int, float, str)}
+
+
+def setting_problem(name: str, value, expected: type, low: float | None = None, high: float | None = None,
+                    step: int = 1) -> str | None:
+    """Why `value` is refused for a setting of type `expected` in [low, high] (numbers; with `step`, on a grid
+    from `low`), or None. An int is taken for a float."""
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if type(value) is not expected:
+        return f"{name} must be of type {expected.__name__}, got {value!r}"
+    if low is None or isinstance(value, (bool, str)):
+        return None
+    if not low <= value <= high:
+        return f"{name} must be in [{low:g}, {high:g}], got {value!r}"
+    if step > 1 and (value - low) % step:
+        return f"{name} must be {low:g} plus a multiple of {step}, got {value!r}"
+    return None
+
+
+def period_problem(name: str, value: float) -> str | None:
+    """Why a period is refused (0 turns it off; a tiny one would busy the executor), or None."""
+    if 0.0 < value < MIN_PERIOD:
+        return f"{name} must be 0 (off) or at least {MIN_PERIOD} s, got {value:g}"
+    return None
+
+
+@dataclass(frozen=True)
+class ValueRule:
+    """What one setting accepts. `choices`: the only values a string may take (empty: any); `period`: 0 or
+    at least MIN_PERIOD."""
+
+    name: str
+    type: type
+    low: float | None = None
+    high: float | None = None
+    step: int = 1
+    choices: tuple[str, ...] = ()
+    period: bool = False
+
+    def problem(self, value) -> str | None:
+        """Why `value` is refused, or None."""
+        problem = setting_problem(self.name, value, self.type, self.low, self.high, self.step)
+        if problem is None and self.period:
+            problem = period_problem(self.name, value)
+        if problem is None and self.choices and value not in self.choices:
+            problem = f"{self.name} must be one of {list(self.choices)}, got {value!r}"
+        return problem
+
+    def from_text(self, text: str):
+        """The value a text stands for (a launch argument, a command line), checked; ValueError naming the
+        setting if the text is not a valid value."""
+        try:
+            if self.type is bool:
+                if text.strip().lower() not in ("true", "false"):
+                    raise ValueError
+                value = text.strip().lower() == "true"
+            else:
+                value = self.type(text if self.type is str else text.strip())
+        except ValueError:
+            raise ValueError(f"{self.name}:={text!r} is not a valid {self.type.__name__}") from None
+        problem = self.problem(value)
+        if problem:
+            raise ValueError(f"{self.name}:={text!r}: {problem}")
+        return value
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "type": self.type.__name__, "choices": list(self.choices)}
+
+    @classmethod
+    def from_json(cls, record: dict) -> "ValueRule":
+        fields = {k: record[k] for k in ("name", "low", "high", "step", "period")}
+        return cls(type=_TYPES[record["type"]], choices=tuple(record["choices"]), **fields)
