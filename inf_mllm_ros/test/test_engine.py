@@ -57,6 +57,31 @@ def test_greedy_answer_matches_the_full_model(smollm2, reference, policy):
     assert "dock 3" in answer.text.lower()
 
 
+def test_a_system_turn_that_fails_leaves_nothing_and_is_pushed_again(smollm2):
+    # A system turn longer than a block, whose second block fails (as an out-of-memory error would): the
+    # first block must not stay, and the next input opens the memory with the whole turn.
+    config = StreamConfig(capacity=1024, chunk_size=16)
+    stream = KVStream(smollm2, config)
+    forward, calls = stream._forward, []
+
+    def second_block_fails(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("out of memory")
+        return forward(*args, **kwargs)
+
+    stream._forward = second_block_fails
+    with pytest.raises(RuntimeError, match="out of memory"):
+        stream.push_text("Forklift F2 parked at dock 3.", 5.0)
+    assert (stream.cache.fill, stream.cache.next_position, stream.tokens_seen) == (0, 0, 0)
+    stream.push_text("Forklift F2 parked at dock 3.", 5.0)
+    fresh = KVStream(smollm2, config)
+    fresh.push_text("Forklift F2 parked at dock 3.", 5.0)
+    assert stream.stats() == fresh.stats()
+    torch.testing.assert_close(stream.cache.layers[0].keys[..., : stream.cache.fill, :],
+                               fresh.cache.layers[0].keys[..., : fresh.cache.fill, :])
+
+
 def test_a_question_not_kept_leaves_memory_exactly_as_it_was(smollm2):
     stream = KVStream(smollm2, StreamConfig(capacity=128, policy="inf_mllm", chunk_size=32))
     stream.push_text(TEXT)

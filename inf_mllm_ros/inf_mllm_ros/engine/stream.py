@@ -361,12 +361,21 @@ class KVStream:
 
     # --- pushing -------------------------------------------------------------------------------------
     def _ensure_started(self) -> None:
-        if not self._started:
-            self._started = True
-            if self.config.system_prompt:
-                # Tokenized as the characters it is, like every text (ModelAdapter.tokenize_turn).
-                system = self.adapter.tokenize_turn(self.adapter.chat.system_parts(self.config.system_prompt))
+        """Open the memory with the system turn before its first input. If pushing it fails (out of memory, a
+        stop), nothing of it stays and the next input tries again: a memory without its system turn would
+        answer differently for as long as it lives."""
+        if self._started:
+            return
+        if self.config.system_prompt:
+            # Tokenized as the characters it is, like every text (ModelAdapter.tokenize_turn).
+            system = self.adapter.tokenize_turn(self.adapter.chat.system_parts(self.config.system_prompt))
+            try:
                 self._push(self.adapter.text_prompt(system))
+            except BaseException:
+                self.cache.reset()  # it held nothing before: the system turn comes first
+                self.tokens_seen = 0
+                raise
+        self._started = True
 
     def _push(self, prompt: Prompt, *, return_logits: bool = False, last_logits: bool = False,
               pinned: bool | Tensor = False):
