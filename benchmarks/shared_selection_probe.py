@@ -92,7 +92,7 @@ def _after_attention(self, layer_idx, query, key, scaling, scores=None):
         self.evictions += 1
     if self.pack_after_prompt:
         for layer in self.layers:
-            if layer.frontier - layer.fill > self.position_slack:
+            if layer.frontier > layer.fill:
                 layer.pack_positions(self.rope_inv_freq)
 
 

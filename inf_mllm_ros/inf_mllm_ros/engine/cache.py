@@ -207,11 +207,6 @@ class BoundedLayer(CacheLayerMixin):
         end = self.fill + q
         if key_states.shape[0] != 1:
             raise ValueError("the bounded cache holds one stream: batch size must be 1")
-        if end > self.keys.shape[-2]:
-            raise CacheOverflowError(
-                f"{q} new tokens do not fit: {self.fill} cached, room for {self.keys.shape[-2]} "
-                "(push long input in chunks)"
-            )
         self.keys[:, :, self.fill : end] = key_states
         self.values[:, :, self.fill : end] = value_states
         staged = self.owner.staged
@@ -391,8 +386,6 @@ class BoundedKVCache(Cache):
     capacity: tokens kept after each eviction.
     headroom: extra slots for the prompt being pushed (one chunk) or a question and its answer.
     rope_inv_freq: the model's RoPE inverse frequencies, needed to re-pack positions in "cache" mode.
-    position_slack: in "cache" mode, re-pack only once the positions hold more than this many unused
-        values (0 re-packs after every eviction; a larger value rotates long-lived keys less often).
     stack_layers: evict and re-pack every layer in one pass over storage shared by the layers (when they
         are of one shape); False: one layer at a time. Either way after the last layer has attended, and
         the same slots are kept.
@@ -407,7 +400,6 @@ class BoundedKVCache(Cache):
         headroom: int = 256,
         position_mode: str = "cache",
         rope_inv_freq: Tensor | None = None,
-        position_slack: int = 0,
         scoring_backend: str = "auto",
         stack_layers: bool = True,
     ):
@@ -423,7 +415,6 @@ class BoundedKVCache(Cache):
         self.headroom = headroom
         self.policy = policy
         self.position_mode = position_mode
-        self.position_slack = position_slack
         self.rope_inv_freq = rope_inv_freq
         self.scoring_backend = scoring_backend
         self.staged: PromptPositions | None = None
@@ -487,7 +478,7 @@ class BoundedKVCache(Cache):
                 self.evictions += 1
             for layer in layers:
                 layer.fill, layer.window_queries, layer.window_start = rows.fill, 0, rows.window_start
-        if self.pack_after_prompt and any(layer.frontier - layer.fill > self.position_slack for layer in layers):
+        if self.pack_after_prompt and any(layer.frontier > layer.fill for layer in layers):
             end = rows.pack_positions(self.rope_inv_freq)
             if rows is not layers[0] and rows.fill:
                 # Each layer's frontier: the largest position end among its own rows.

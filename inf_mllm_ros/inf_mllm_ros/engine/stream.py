@@ -42,7 +42,6 @@ class StreamConfig:
     chunk_size: int = 128  # longest block pushed before an eviction
     headroom: int | None = None  # slots beyond capacity; default max(chunk_size, 256)
     position_mode: str = "cache"  # "cache": positions re-packed inside the cache; "original"
-    position_slack: int = 0
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     max_new_tokens: int = 64
     max_frame_pixels: int | None = None  # bound on a frame's resolution before the vision tower
@@ -139,7 +138,6 @@ class KVStream:
             headroom=cfg.slots_headroom,
             position_mode=cfg.position_mode,
             rope_inv_freq=adapter.rope_inv_freq() if cfg.position_mode == "cache" else None,
-            position_slack=cfg.position_slack,
             scoring_backend=cfg.scoring_backend,
         )
         self._stop_ids = adapter.stop_token_ids
