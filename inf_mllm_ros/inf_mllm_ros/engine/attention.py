@@ -1,8 +1,9 @@
 """The attention function that lets the bounded cache see each layer's queries.
 
 transformers calls the registered attention function with the layer's RoPE-rotated queries and the
-keys the cache returned. We run the normal SDPA attention, then hand the queries and keys to the
-cache that is active on this thread, which scores the retrieval window and evicts. The cache is
+keys the cache returned. It attends (SDPA; on CPU, when the cache wants scores, one softmax that also
+gives them), then hands the queries and keys to the cache that is active on this thread, which scores the
+retrieval window and, after the last layer, evicts. The cache is
 found through a thread-local set only while the engine runs its language model, so other attention
 modules (a vision tower) and other threads are untouched.
 """

@@ -1,8 +1,9 @@
 """A bounded KV cache for transformers decoder models.
 
 Each layer has storage for `capacity + headroom` tokens, allocated once at the first update and
-never reallocated. New tokens are appended; when a prompt is complete the eviction policy chooses,
-per KV head, which `capacity` slots survive, and they are gathered to the front in stream order.
+never reallocated. New tokens are appended; after each block of a prompt (at most chunk_size tokens;
+"prompt" below means one such staged forward pass) the eviction policy chooses, per KV head, which
+`capacity` slots survive, and they are gathered to the front in stream order.
 
 Layers of one shape (the usual case) share one block of storage, each layer a slice of it, so that
 eviction and re-packing run once for the whole model after the last layer has attended, on every

@@ -255,8 +255,8 @@ class InfMLLMPolicy(EvictionPolicy):
     only put each newer mention of a subject ahead of the older fact it refers to.
     Attention keeps only what something has referred to: a fact a robot is told and not asked about for
     an hour draws none. So a caller may pin a message (`KVStream.push_text(..., pin=True)`): its tokens
-    rank above every other candidate, the newest pins first, in up to `pin_share` of the candidate slots;
-    pins beyond that compete on score like any token.
+    rank above every other candidate, the newest pins first, in up to `pin_share` of the slots beside the
+    sinks (those the recent window holds count in it); pins beyond that compete on score like any token.
     `score_memory=False, score_pool=1, text_share=0` with nothing pinned is the plain method (the newest
     window's attention alone, one ranking for all).
     """
@@ -282,8 +282,9 @@ class InfMLLMPolicy(EvictionPolicy):
         "age aside) whenever there is that much text, so a flood of camera frames cannot push the text out of "
         "memory; 0: text and frames compete on score alone.", low=0.0, high=1.0, live=True)
     pin_share: float = knob(
-        0.5, "Share of the candidate slots that pinned messages may hold whatever their score, the newest pins "
-        "first; older pins compete on score. 0: pins are ignored.", low=0.0, high=1.0, live=True)
+        0.5, "Share of the slots beside the sinks that pinned messages may hold whatever their score (those in the "
+        "recent window count in it), the newest pins first; older pins compete on score. 0: pins are ignored.",
+        low=0.0, high=1.0, live=True)
 
     def check_capacity(self, capacity: int) -> None:
         _check_recent(self.recent_size, capacity)

@@ -1,9 +1,11 @@
 """Retrieval-window scores: how much attention each cached key receives from a new prompt.
 
-Inf-MLLM evicts once per incoming prompt. The prompt's queries (the retrieval window) attend
-causally over the old cache plus the prompt itself; summing each key's attention over the window
-gives the score that decides which keys stay. This module computes that sum, either with a
-blocked PyTorch path (CPU or CUDA) or with a Triton kernel that never builds the attention matrix.
+The cache evicts after each block it takes (up to chunk_size tokens). The block's queries (the retrieval
+window) attend causally over the old cache plus the block itself; summing each key's attention over the
+window gives the score that decides which keys stay. This module computes that sum, either with a
+blocked PyTorch path (CPU or CUDA) or with a Triton kernel that never builds the attention matrix, or,
+where no fused attention exists (CPU), together with the attention output from one softmax
+(`attention_with_window_scores`).
 """
 
 from __future__ import annotations
