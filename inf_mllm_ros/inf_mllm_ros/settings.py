@@ -138,15 +138,6 @@ def value_problem(name: str, value) -> str | None:
     return p.rule.problem(value)
 
 
-def value_from_text(name: str, text: str):
-    """A parameter's value from its text (a launch argument or a command line), checked as the node checks
-    it; ValueError naming the parameter if it is not one, or the text is not a valid value."""
-    p = BY_NAME.get(name)
-    if p is None:
-        raise ValueError(f"{name!r} is not a parameter of inf_mllm_node")
-    return p.rule.from_text(text)
-
-
 def launch_table() -> list[dict]:
     """Each parameter's rule and description, as JSON records: what the launch file reads (in a child
     process, so that the launch process does not hold the engine's imports for as long as the node runs)."""

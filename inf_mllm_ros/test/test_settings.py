@@ -4,13 +4,17 @@ parameters file builds the same engine in the node and in the offline runner."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import subprocess
+import sys
 
 import pytest
 import yaml
 
 from inf_mllm_ros.bags.offline import UsageError, build_parser, resolve_settings, stream_config
-from inf_mllm_ros.settings import DEFAULTS, PARAMETERS, value_from_text, value_problem
+from inf_mllm_ros.engine.value_rules import ValueRule
+from inf_mllm_ros.settings import BY_NAME, DEFAULTS, PARAMETERS, value_problem
 from inf_mllm_ros.settings import stream_config as node_stream_config
 
 from conftest import REPO_ROOT
@@ -98,7 +102,7 @@ def test_every_default_passes_its_own_checks():
                                                   ("autostart", "False", False), ("score_memory", "false", False),
                                                   ("model", " a b ", " a b ")])
 def test_launch_arguments_become_typed_parameter_values(name, text, expected):
-    value = value_from_text(name, text)
+    value = BY_NAME[name].rule.from_text(text)
     assert value == expected and type(value) is type(expected)
 
 
@@ -107,9 +111,23 @@ def test_launch_arguments_become_typed_parameter_values(name, text, expected):
     ("score_pool", "4", "score_pool must be 1 plus a multiple of 2"),
     ("autostart", "yes", "autostart:='yes' is not a valid bool"),
     ("frame_rate", "500", "frame_rate must be in [0, 120]"),
-    ("cache", "1", "'cache' is not a parameter of inf_mllm_node"),
 ])
 def test_a_bad_launch_argument_names_itself(name, text, reason):
     with pytest.raises(ValueError) as refused:
-        value_from_text(name, text)
+        BY_NAME[name].rule.from_text(text)
     assert reason in str(refused.value)
+
+
+def test_the_launch_reads_every_rule_as_the_node_checks_it():
+    # The launch file reads this table in a child process (as JSON) and checks its arguments with it.
+    table = json.loads(subprocess.run([sys.executable, "-m", "inf_mllm_ros.settings"], capture_output=True,
+                                      text=True, check=True, timeout=300).stdout)
+    assert [r["name"] for r in table] == [p.name for p in PARAMETERS]
+    for record, p in zip(table, PARAMETERS):
+        assert ValueRule.from_json(record) == p.rule and record["description"] == p.description
+    rules = {r["name"]: ValueRule.from_json(r) for r in table}
+    with pytest.raises(ValueError, match="eviction_policy must be one of"):
+        rules["eviction_policy"].from_text("lru")
+    with pytest.raises(ValueError, match="stats_period must be 0 \\(off\\) or at least"):
+        rules["stats_period"].from_text("0.001")
+    assert rules["eviction_policy"].from_text("h2o") == "h2o" and rules["stats_period"].from_text("0") == 0.0

@@ -57,10 +57,6 @@ class BagMessage:
     def msg(self) -> Any:
         return self._deserialize(self.rawdata, self.msgtype)
 
-    @property
-    def timestamp_s(self) -> float:
-        return self.timestamp_ns / 1e9
-
 
 def _default_store_name(ros_distro: str | None):
     """The rosbags store for the distribution that wrote the bag, or the latest LTS."""

@@ -202,7 +202,7 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
             from tqdm import tqdm
 
             bar = tqdm(total=total, unit="msg", desc=Path(bag_path).name, file=sys.stderr, dynamic_ncols=True)
-            echo_plain, echo = echo, (lambda line: bar.write(line, file=sys.stdout))
+            echo = lambda line: bar.write(line, file=sys.stdout)  # noqa: E731  (lines above the bar)
         asked, bag_time = 0, 0.0
         frames_ok = True
         clock = StreamClock()
@@ -255,7 +255,6 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
             answer(q, bag_time)
         if bar is not None:
             bar.close()
-            echo = echo_plain
     finally:
         bag.close()
         if log:

@@ -66,7 +66,8 @@ def write_plot(result: RunResult, path: str | Path) -> None:
     plt.close(fig)
 
 
-def write_report(result: RunResult, path: str | Path, plot_name: str | None = "plot.png") -> None:
+def write_report(result: RunResult, path: str | Path) -> None:
+    """The run's report in Markdown, beside the plot (`write_plot`'s plot.png)."""
     s, c = result.settings, result.counts
     rows = [r for r in result.records if "fill" in r]
     last = rows[-1] if rows else {}
@@ -124,6 +125,5 @@ def write_report(result: RunResult, path: str | Path, plot_name: str | None = "p
         lines.append(f"| {key} | {_cell(value if value is not None else '(default)')} |")
     for key, value in result.model.items():
         lines.append(f"| model {key} | {_cell(value)} |")
-    if plot_name:
-        lines += ["", "## Cache fill, evictions and memory over the run", "", f"![cache over the run]({plot_name})"]
+    lines += ["", "## Cache fill, evictions and memory over the run", "", "![cache over the run](plot.png)"]
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -70,7 +70,6 @@ class EngineCounters:
     texts_refused: int = 0
     queries_answered: int = 0
     queries_failed: int = 0
-    jobs_failed: int = 0
     checkpoints_failed: int = 0
 
 
@@ -397,7 +396,8 @@ class StreamingEngine:
                     # out of memory say, leaves the blocks that went in: a message cut short)
                     outcome, ok = exc, False
                 self._snapshot_stats()
-                self._count(kind, future, ok=ok)
+                if kind == "query":
+                    self._count_query(future, ok)
                 (future.set_result if ok else future.set_exception)(outcome)
             # Only an input that went in changed the memory (a description of an unchanged one is skipped).
             if ok and self._on_ingested is not None and kind in ("texts", "frame"):
@@ -469,7 +469,6 @@ class StreamingEngine:
             self._snapshot_stats()
             for _, future in live:
                 future.set_exception(exc)
-            self._count("texts", None, ok=False)
             return False
         self._snapshot_stats()
         for (_, future), n in zip(live, counts):
@@ -509,12 +508,6 @@ class StreamingEngine:
         self._last_kind = "texts"
         return "texts", batch, None
 
-    def _count(self, kind: str, future: Future | None, ok: bool) -> None:
-        if kind == "query":
-            self._count_query(future, ok)
-        elif not ok:
-            with self._lock:
-                self.counters.jobs_failed += 1
 
 
 def _fail(future: Future, exc: Exception) -> None:
