@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .engine.engine import DEFAULT_MAX_PENDING_QUERIES, DEFAULT_MAX_PENDING_TEXTS
 from .engine.loading import DEFAULT_MODEL
 from .engine.policies import POLICIES
-from .engine.stream import DEFAULT_DESCRIPTION_PROMPT, DEFAULT_SYSTEM_PROMPT, StreamConfig
+from .engine.stream import DEFAULT_DESCRIPTION_PROMPT, DEFAULT_SYSTEM_PROMPT, MIN_CAPACITY, StreamConfig
 from .engine.value_rules import MIN_PERIOD, ValueRule
 from .image_conversion import DEFAULT_MAX_DECODED_PIXELS
 
@@ -79,9 +79,9 @@ PARAMETERS = (
     Param("torch_threads", 0, "CPU threads the model uses; 0: torch's default (one per core). On a small or busy "
           "CPU fewer threads can be much faster.", low=0, high=1024),
     Param("trust_remote_code", False, "Allow code shipped in the model folder to run."),
-    Param("cache_size", StreamConfig.capacity, "Tokens the KV cache keeps (fixed memory).", low=16, high=1 << 20,
+    Param("cache_size", StreamConfig.capacity, "Tokens the KV cache keeps (fixed memory).", low=MIN_CAPACITY, high=1 << 20,
           engine_field="capacity"),
-    Param("eviction_policy", "inf_mllm", "How the cache chooses tokens to forget.",
+    Param("eviction_policy", StreamConfig.policy, "How the cache chooses tokens to forget.",
           constraints="one of: " + ", ".join(sorted(POLICIES)), choices=tuple(sorted(POLICIES)), engine_field="policy"),
     *knob_params(live=False),
     Param("chunk_size", StreamConfig.chunk_size,

@@ -275,6 +275,9 @@ def test_queued_texts_go_in_one_model_call_each_with_its_own_count(smollm2):
     stream.push_texts = lambda items: calls.append(len(items)) or push_texts(items)
     hold = _hold_worker(engine)
     futures = [engine.submit_text(f"Pallet {i} moved to rack {i % 7}.", stamp=float(i)) for i in range(40)]
+    # A text with a stamp that is no time is refused at once and spoils none of the batch.
+    with pytest.raises(ValueError, match="text stamp"):
+        engine.submit_text("Pallet 40 moved.", stamp=float("nan")).result(0)
     counts = [f.result(120) for f in futures]
     hold.result(120)
     assert calls == [40]  # was 40 calls, one per text

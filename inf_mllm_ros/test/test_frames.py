@@ -188,9 +188,12 @@ def test_broken_frames_are_refused_and_leave_memory_as_it_was(family, adapters):
         with pytest.raises(ValueError, match=reason):
             stream.push_frame(rgb, 2.0)
         assert state(stream) == before
-    for stamp in (float("nan"), "noon"):
-        with pytest.raises(ValueError, match="stamp"):
+    for stamp in (float("nan"), float("inf"), "noon", True):
+        with pytest.raises(ValueError, match="frame stamp"):
             stream.push_frame(frames(1)[0], stamp)
+        # A text is held to the same rule (it used to go in as "[?] ..."), a batch refused whole.
+        with pytest.raises(ValueError, match="text stamp"):
+            stream.push_texts([("A pallet moved.", 2.0), ("A box fell again.", stamp)])
     stream.config.max_frame_pixels = 0
     with pytest.raises(ValueError, match="max_frame_pixels"):
         stream.push_frame(frames(1)[0], 3.0)

@@ -11,6 +11,7 @@ probed with that form.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 _MARK = "\u2063MARK\u2063"
@@ -81,15 +82,20 @@ class ChatFormat:
         return self.user_prefix, text, self.user_suffix + self.assistant_prefix
 
 
+def check_stamp(stamp, what: str) -> None:
+    """The one rule for an input's stamp: None, or a finite number of seconds; ValueError otherwise."""
+    if stamp is not None and not (isinstance(stamp, numbers.Real) and not isinstance(stamp, bool)
+                                  and math.isfinite(stamp)):
+        raise ValueError(f"{what} stamp must be a finite number of seconds or None, got {stamp!r}")
+
+
 def stamped(text: str, stamp: float | None) -> str:
-    """Text as the model sees it: after the stream time it came at, when it has one."""
+    """Text as the model sees it: after the stream time it came at, when it has one (see check_stamp)."""
     return text if stamp is None else f"[{clock(float(stamp))}] {text}"
 
 
 def clock(stamp: float) -> str:
     """Stream time as h:mm:ss.s, short enough to cost few tokens."""
-    if not math.isfinite(stamp):
-        return "?"
     minutes, seconds = divmod(max(stamp, 0.0), 60.0)
     hours, minutes = divmod(int(minutes), 60)
     return f"{hours}:{minutes:02d}:{seconds:04.1f}"

@@ -40,6 +40,7 @@ from typing import Callable
 import numpy as np
 
 from .adapters import ModelAdapter
+from .chat import check_stamp
 from .loading import DEFAULT_MODEL, load_model, use_torch_threads
 from .memory_file import MemoryFileError, MemoryFileInfo, load_memory, model_fingerprint, save_memory, set_aside
 from .policies import make_policy
@@ -140,8 +141,13 @@ class StreamingEngine:
     def submit_text(self, text: str, stamp: float | None = None, *, pin: bool = False) -> Future:
         """Queue a message for the memory (`pin`: keep it ahead of what attention chooses; see
         `KVStream.push_text`). The future gives its token count."""
+        # Refused at the door: queued texts go into the model together, and one bad text would fail them all.
         if is_blank(text):
             return _failed(ValueError("empty text"))
+        try:
+            check_stamp(stamp, "text")
+        except ValueError as exc:
+            return _failed(exc)
         with self._lock:
             self._check_open()
             if self._pending_texts >= self.max_pending_texts:

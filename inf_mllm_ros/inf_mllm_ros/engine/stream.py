@@ -20,7 +20,7 @@ from torch import Tensor
 from .adapters import ModelAdapter, Prompt
 from .attention import cache_observing
 from .cache import BoundedKVCache, CacheOverflowError, PromptPositions
-from .chat import stamped
+from .chat import check_stamp, stamped
 from .policies import make_policy
 from .text_rules import is_blank
 
@@ -29,6 +29,10 @@ DEFAULT_SYSTEM_PROMPT = (
     "Answer questions about what happened briefly and precisely."
 )
 DEFAULT_DESCRIPTION_PROMPT = "Describe briefly what the robot sees and what happened most recently."
+
+
+# The smallest memory that still holds the sinks, a recent window and a few candidates.
+MIN_CAPACITY = 8
 
 
 @dataclass
@@ -48,8 +52,8 @@ class StreamConfig:
     scoring_backend: str = "auto"
 
     def __post_init__(self):
-        if self.capacity < 8:
-            raise ValueError(f"capacity must be at least 8 tokens, got {self.capacity}")
+        if self.capacity < MIN_CAPACITY:
+            raise ValueError(f"capacity must be at least {MIN_CAPACITY} tokens, got {self.capacity}")
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
         if self.slots_headroom < self.chunk_size:
@@ -222,6 +226,8 @@ class KVStream:
             return []
         if any(is_blank(text) for text, _, _ in items):
             raise ValueError("empty text")
+        for _, stamp, _ in items:
+            check_stamp(stamp, "text")
         self._ensure_started()
         turns = [self.adapter.tokenize_turn(self.adapter.chat.user_parts(stamped(text, stamp)))
                  for text, stamp, _ in items]

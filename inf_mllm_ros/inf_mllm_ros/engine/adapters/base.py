@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import ATTENTION_NAME
-from ..chat import ChatFormat, stamped
+from ..chat import ChatFormat, check_stamp, stamped
 
 
 class FramesNotSupportedError(ValueError):
@@ -236,8 +236,7 @@ def validate_frame(rgb, stamp: float | None = None) -> np.ndarray:
         raise ValueError(f"frame must have shape H x W x 3 (RGB), got {rgb.shape}")
     if rgb.shape[0] < 1 or rgb.shape[1] < 1:
         raise ValueError(f"frame is empty: shape {rgb.shape}")
-    if stamp is not None and not (isinstance(stamp, numbers.Real) and math.isfinite(stamp)):
-        raise ValueError(f"frame stamp must be a finite number of seconds or None, got {stamp!r}")
+    check_stamp(stamp, "frame")
     return np.ascontiguousarray(rgb)
 
 
