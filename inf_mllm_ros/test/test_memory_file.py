@@ -129,7 +129,7 @@ def test_files_that_cannot_be_used_are_refused_with_their_reason(folders, tmp_pa
     flipped[-37] ^= 0x10
     cases["corrupt"].write_bytes(bytes(flipped))
     cases["version"].write_bytes(data)
-    _rewrite_header(cases["version"], lambda m: m.update(version="99"))
+    _rewrite_header(cases["version"], lambda m: m.update(version="1"))  # the layout before this one
     cases["not a memory"].write_bytes(b"\x00" * 64)
     save_memory(filled(load_model(folders["llama_other"], device="cpu", dtype="float32")), cases["model_mismatch"])
     save_memory(filled(adapter, capacity=64), cases["settings_mismatch"])
@@ -301,23 +301,3 @@ def test_a_writer_killed_mid_write_leaves_a_loadable_file(folders, tmp_path, see
     # The last save reported, or the next one if its rename had happened when the kill came.
     assert info.tokens_seen >= saved[-1], (info, saved)
     assert not stream.cache.fill == 0
-
-
-def test_a_file_that_counted_the_window_per_slot_loads_with_the_same_window(folders):
-    """Earlier files kept how many window queries saw each slot; the cache now keeps one count per layer,
-    the count of the slots older than the window. (After an eviction the window is empty: the window holds
-    queries when a memory is saved before its first eviction.)"""
-    from inf_mllm_ros.engine.scoring import visible_counts
-
-    adapter = load_model(folders["llama"], device="cpu", dtype="float32")
-    saved = filled(adapter, capacity=480, texts=TEXTS[:2])
-    counts = [layer.window_queries for layer in saved.cache.layers]
-    assert saved.cache.evictions == 0 and counts == [saved.cache.fill] * len(counts)
-    state = saved.cache.export_state()
-    for i, layer in enumerate(saved.cache.layers):
-        fill, frontier, window_start, window_queries = state[f"layer.{i}.counters"].tolist()
-        state[f"layer.{i}.counters"] = torch.tensor([fill, frontier, window_start])
-        state[f"layer.{i}.window_queries"] = visible_counts(fill - window_queries, window_queries)
-    restored = KVStream(adapter, config(capacity=480))
-    restored.cache.import_state(state, dtype=torch.float32, device=torch.device("cpu"))
-    assert [layer.window_queries for layer in restored.cache.layers] == counts

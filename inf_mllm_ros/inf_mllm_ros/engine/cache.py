@@ -270,12 +270,7 @@ class BoundedLayer(CacheLayerMixin):
         if not state:
             self.reset()
             return
-        fill, frontier, window_start, *window_queries = (int(v) for v in state["counters"])
-        if not window_queries:
-            # Files written while each slot kept its own count: the slots older than the window hold the
-            # window's, the largest.
-            counts = state.get("window_queries")
-            window_queries = [int(counts.max()) if counts is not None and counts.numel() else 0]
+        fill, frontier, window_start, window_queries = (int(v) for v in state["counters"])
         keys, values = state["keys"], state["values"]
         # The full cache never evicts, so it may hold its headroom too; the others keep their capacity.
         room = self.owner.capacity if self.owner.policy.evicts else self.owner.slots
@@ -293,17 +288,15 @@ class BoundedLayer(CacheLayerMixin):
         self.values[0, :, :fill] = values.to(device, dtype)
         for name in ("pos_start", "pos_end", "seq", "window_attention"):
             getattr(self, name)[:, :fill] = state[name].to(device)
-        # Files written before slots knew their kind or pins: every slot counts as text, unpinned.
-        self.frame[:, :fill] = state["frame"].to(device) if "frame" in state else False
-        self.pinned[:, :fill] = state["pinned"].to(device) if "pinned" in state else False
+        self.frame[:, :fill] = state["frame"].to(device)
+        self.pinned[:, :fill] = state["pinned"].to(device)
         for name, stat in self.stats.items():
             stat[:, :fill] = state[f"stat.{name}"].to(device)
-        if self.key_origin is not None:
-            # Saved from float32 (no origin kept) into half precision: the keys are their own origin.
-            self.key_origin[0, :, :fill] = state.get("key_origin", keys).to(device, dtype)
-            self.pos_origin[:, :fill] = state.get("pos_origin", state["pos_start"]).to(device)
+        if self.key_origin is not None:  # half precision (the file's dtype is this cache's)
+            self.key_origin[0, :, :fill] = state["key_origin"].to(device, dtype)
+            self.pos_origin[:, :fill] = state["pos_origin"].to(device)
         self.fill, self.frontier, self.window_start = fill, frontier, window_start
-        self.window_queries = window_queries[0]
+        self.window_queries = window_queries
         self.may_hold_pins = bool(self.pinned[:, :fill].any())
         self.may_hold_frames = bool(self.frame[:, :fill].any())
 

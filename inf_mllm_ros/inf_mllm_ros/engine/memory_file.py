@@ -27,7 +27,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 FORMAT = "inf_mllm_ros.memory"
-VERSION = 1
+VERSION = 2  # 2: every slot's kind, pin and the window's query count; the stream's time origin
 
 # Why a file was refused (MemoryFileError.kind).
 MISSING, TORN, CORRUPT, VERSION_MISMATCH, MODEL_MISMATCH, SETTINGS_MISMATCH = (

@@ -180,7 +180,7 @@ class KVStream:
         stamp = state["newest_frame_stamp"]
         self.newest_frame_stamp = None if stamp is None else float(stamp)
         self._started = bool(state["started"])
-        origin = state.get("time_origin")  # absent from files written before it was kept
+        origin = state["time_origin"]
         self.time_origin = None if origin is None else float(origin)
 
     def set_policy_knob(self, name: str, value) -> None:
