@@ -108,19 +108,24 @@ def prepare_smollm2(dest: Path | None = None, gguf: Path | None = None) -> Path:
     """Convert the embedded GGUF (or `gguf`, a copy of it) into a transformers folder once; later calls
     return at once."""
     dest = Path(dest) if dest else smollm2_folder()
-    if (dest / "config.json").exists():
-        return dest
+    if not (dest / "config.json").exists():
+        _save_gguf_as_folder(Path(gguf) if gguf else _embedded_gguf(), dest, torch.float32)
+    return dest
+
+
+def _save_gguf_as_folder(gguf: Path, dest: Path, dtype: torch.dtype) -> None:
+    """Load a GGUF file with transformers (de-quantized on load) and save it at `dest` as a plain
+    transformers folder of `dtype` weights."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = Path(gguf) if gguf else _embedded_gguf()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # The weights are de-quantized on load; drop the GGUF marker so the folder saves as plain safetensors.
+    # A GGUF-loaded model refuses save_pretrained while it carries the quantization marker.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    model = model.to(dtype)
     _write_folder(dest, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
-    return dest
 
 
 def _write_folder(dest: Path, write) -> None:
@@ -205,8 +210,6 @@ def prepare_qwen(dest: Path | None = None, parts: list[Path] | None = None) -> P
     dest = Path(dest) if dest else qwen_folder()
     if (dest / "config.json").exists():
         return dest
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     with tempfile.TemporaryDirectory(prefix="qwen-gguf-") as work:
         work = Path(work)
         downloaded = not parts
@@ -215,13 +218,8 @@ def prepare_qwen(dest: Path | None = None, parts: list[Path] | None = None) -> P
         if downloaded:
             for part in parts:
                 part.unlink()
-        tokenizer = AutoTokenizer.from_pretrained(work, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(work, gguf_file=gguf.name, dtype=torch.float32)
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model = model.to(torch.bfloat16)  # half the file; loading in float32 widens it exactly
-    _write_folder(dest, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
+        # bfloat16: half the file; loading it in float32 widens it exactly.
+        _save_gguf_as_folder(gguf, dest, torch.bfloat16)
     return dest
 
 
@@ -313,7 +311,8 @@ def prepare_default_vlm(dest: Path | None = None) -> Path:
 
 
 def resolve_model(model: str | os.PathLike | None) -> Path:
-    """The folder for a model name or path; the embedded defaults are prepared on first use."""
+    """The folder for a model name or path; the embedded models are prepared on first use (Qwen2.5's
+    weights, for the default and `qwen2.5-0.5b`, are downloaded then: about 490 MB)."""
     if model is None or str(model) in _ONEVISION_ALIASES:
         return prepare_default_vlm()
     if str(model) in _VLM_ALIASES:
@@ -321,10 +320,7 @@ def resolve_model(model: str | os.PathLike | None) -> Path:
     if str(model) in _TEXT_ALIASES:
         return prepare_smollm2()
     if str(model) in QWEN_ALIASES:
-        if not (qwen_folder() / "config.json").exists():
-            raise ModelUnavailableError(
-                f"{model} is not prepared: run `python -m inf_mllm_ros.engine.loading --prepare-qwen` once")
-        return qwen_folder()
+        return prepare_qwen()
     folder = Path(model).expanduser()
     if not folder.exists():
         raise ModelLoadError(f"model folder {folder} does not exist")
