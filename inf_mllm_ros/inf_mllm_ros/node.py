@@ -56,8 +56,8 @@ from .engine.text_rules import is_blank
 from .engine.value_rules import period_problem
 from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
 from .input_rules import FrameGate, StreamClock, length_refusal, stamp_seconds, text_refusal
-from .settings import (BY_NAME, MAX_NEW_TOKENS_LIMIT, PARAMETERS, PERIODS, Param, knob_problem, stream_config,
-                       value_problem)
+from .settings import (BY_NAME, MAX_NEW_TOKENS_LIMIT, PARAMETERS, PERIODS, Param, knob_problem, load_settings,
+                       stream_config, value_problem)
 
 NODE_NAME = "inf_mllm"
 
@@ -165,14 +165,14 @@ class InfMLLMNode(LifecycleNode):
         self._description_pub = self.create_publisher(Description, "~/description", LATCHED_QOS)
         self._set_timer("stats", self._param("stats_period"))
         try:
-            config = stream_config({p.name: self._param(p.name) for p in PARAMETERS})
+            values = {p.name: self._param(p.name) for p in PARAMETERS}
+            config = stream_config(values)
             self.get_logger().info(
                 f"loading model {self._param('model')!r} (cache {config.capacity} tokens, policy {config.policy}"
                 + "".join(f", {k} {v}" for k, v in config.policy_settings.items()) + ")")
             started = time.monotonic()
             self.engine = self._engine_factory(
-                self._param("model"), config, device=self._param("device"), dtype=self._param("dtype"),
-                trust_remote_code=self._param("trust_remote_code"),
+                self._param("model"), config, **load_settings(values),
                 max_pending_texts=self._param("max_pending_texts"),
                 max_pending_queries=self._param("max_pending_queries"),
                 on_ingested=lambda kind: self._post("ingested", kind),

@@ -2,8 +2,9 @@
 can change at run time, what they mean, and which engine setting each one is.
 
 The node declares its parameters from it, the offline runner takes its defaults and checks from it,
-the README's parameter table is checked against it (test_settings.py), and `stream_config` is the one
-place where parameter values become the engine's configuration.
+the README's parameter table is checked against it (test_settings.py), and `stream_config` and
+`load_settings` are the one place where parameter values become the engine's configuration and the
+model's loading options.
 """
 
 from __future__ import annotations
@@ -155,6 +156,12 @@ def stream_config(values: dict) -> StreamConfig:
     knobs = POLICIES[kwargs["policy"]].knobs()
     kwargs["policy_settings"] = {name: values.get(name, BY_NAME[name].default) for name in knobs}
     return StreamConfig(**kwargs)
+
+
+def load_settings(values: dict) -> dict:
+    """How the model is loaded, from parameter values (missing ones take their defaults): load_model's
+    keyword arguments, for the node's engine and the offline runner alike."""
+    return {name: values.get(name, BY_NAME[name].default) for name in ("device", "dtype", "trust_remote_code")}
 
 
 def knob_problem(name: str, policy: str) -> str | None:

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..input_rules import StreamClock
-from ..settings import DEFAULTS, PARAMETERS, value_problem
+from ..engine.value_rules import as_declared
+from ..settings import BY_NAME, DEFAULTS, PARAMETERS, load_settings, value_problem
 from ..settings import stream_config as settings_stream_config
 from .bag_io import BagError
 from .report import mib, write_plot, write_report
@@ -86,12 +87,10 @@ def resolve_settings(args: argparse.Namespace) -> dict:
     for key, value in given.items():
         if key in ROS_NODE_PARAMETERS or key.startswith("qos_overrides"):
             continue  # every ROS node has these; they do not shape the engine
-        if isinstance(value, int) and not isinstance(value, bool) and isinstance(DEFAULTS.get(key), float):
-            value = float(value)
         problem = value_problem(key, value)
         if problem:
             raise UsageError(f"{args.params + ': ' if args.params and key not in cli else ''}{problem}")
-        settings[key] = value
+        settings[key] = as_declared(value, BY_NAME[key].type)
     return settings
 
 
@@ -168,8 +167,7 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
             from ..engine.loading import load_model, use_torch_threads
 
             use_torch_threads(settings["torch_threads"])  # as the node's engine does
-            adapter = load_model(settings["model"], device=str(settings["device"]), dtype=str(settings["dtype"]),
-                                 trust_remote_code=bool(settings["trust_remote_code"]))
+            adapter = load_model(settings["model"], **load_settings(settings))
         stream = KVStream(adapter, config)
         result.model = {k: str(v) for k, v in adapter.describe().items()}
         if adapter.notice:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .scoring import visible_counts
-from .value_rules import setting_problem
+from .value_rules import as_declared, setting_problem
 
 
 @dataclass
@@ -107,7 +107,7 @@ def _checked(f: Field, value):
     problem = setting_problem(f.name, value, expected, f.metadata["low"], f.metadata["high"], f.metadata["step"])
     if problem:
         raise ValueError(problem)
-    return float(value) if expected is float else value
+    return as_declared(value, expected)
 
 
 POLICIES: dict[str, type[EvictionPolicy]] = {}

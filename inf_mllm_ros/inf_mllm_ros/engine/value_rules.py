@@ -14,12 +14,18 @@ MIN_PERIOD = 0.05
 _TYPES = {t.__name__: t for t in (bool, int, float, str)}
 
 
+def as_declared(value, expected: type):
+    """The value in the setting's own type where it is taken as one: an int for a float (YAML's `2` for 2.0)."""
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
 def setting_problem(name: str, value, expected: type, low: float | None = None, high: float | None = None,
                     step: int = 1) -> str | None:
     """Why `value` is refused for a setting of type `expected` in [low, high] (numbers; with `step`, on a grid
-    from `low`), or None. An int is taken for a float."""
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
+    from `low`), or None. An int is taken for a float (`as_declared`)."""
+    value = as_declared(value, expected)
     if type(value) is not expected:
         return f"{name} must be of type {expected.__name__}, got {value!r}"
     if low is None or isinstance(value, (bool, str)):
