@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import struct
 import subprocess
@@ -115,6 +116,26 @@ def _rewrite_header(path: Path, change) -> None:
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + size :])
+
+
+def test_the_same_model_elsewhere_or_after_a_transformers_upgrade_keeps_its_memory(folders, tmp_path):
+    # The fingerprint is the model's: not its folder, nor the transformers release that wrote its config.
+    moved = tmp_path / "moved"
+    shutil.copytree(folders["llama"], moved)
+    config_file = moved / "config.json"
+    written = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**written, "transformers_version": "99.0.0"}))
+    path = tmp_path / "memory"
+    saved = filled(load_model(folders["llama"], device="cpu", dtype="float32"))
+    save_memory(saved, path)
+    restored = KVStream(load_model(moved, device="cpu", dtype="float32"), config())
+    load_memory(restored, path)
+    assert restored.stats() == saved.stats()
+    # Another model (other weights, the same configuration) is still refused.
+    other = KVStream(load_model(folders["llama_other"], device="cpu", dtype="float32"), config())
+    with pytest.raises(MemoryFileError) as refused:
+        load_memory(other, path)
+    assert refused.value.kind == "model_mismatch"
 
 
 def test_files_that_cannot_be_used_are_refused_with_their_reason(folders, tmp_path):

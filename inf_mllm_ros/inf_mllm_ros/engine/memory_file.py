@@ -49,11 +49,23 @@ class MemoryFileInfo:
     fill: int
 
 
+# Configuration entries that do not describe the model: where it was loaded from, the transformers release
+# that wrote it (an upgrade must not orphan every memory), the precision (a cache setting of its own).
+_NOT_THE_MODEL = frozenset({"_name_or_path", "_model_name_or_path", "transformers_version", "dtype", "torch_dtype"})
+
+
+def _model_config(config: dict) -> dict:
+    """`config` without the entries that do not describe the model, in nested configurations too."""
+    return {k: _model_config(v) if isinstance(v, dict) else v for k, v in config.items() if k not in _NOT_THE_MODEL}
+
+
 def model_fingerprint(adapter) -> str:
-    """Identifies a model's configuration and weights (a sample of every parameter), not its folder."""
+    """Identifies a model's configuration and weights (a sample of every parameter), not its folder, the
+    transformers release or the precision it was loaded in."""
     digest = hashlib.sha256()
     digest.update(type(adapter.model).__name__.encode())
-    digest.update(adapter.model.config.to_json_string(use_diff=False).encode())
+    config = _model_config(adapter.model.config.to_dict())
+    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
     with torch.no_grad():
         for name, param in adapter.model.named_parameters():
             digest.update(name.encode())
@@ -84,7 +96,7 @@ def _checksum(tensors: dict[str, torch.Tensor]) -> str:
 def save_memory(stream, path: str | os.PathLike, fingerprint: str | None = None) -> MemoryFileInfo:
     """Write the stream's memory to `path` atomically. Run it where nothing else uses the stream."""
     start = time.monotonic()
-    path = Path(path)
+    path = Path(path).resolve()  # through a link: replace the file it names, not the link
     tensors = stream.cache.export_state()
     header = {
         "format": FORMAT,
