@@ -36,10 +36,13 @@ class StreamClock:
 
 def text_refusal(text: Any, max_text_chars: int) -> tuple[str, str] | None:
     """(kind, reason) when a text message is refused, else None."""
+    # The length first: the blank check reads up to the first visible character, which may be the last.
+    too_long = isinstance(text, str) and length_refusal("text", text, max_text_chars)
+    if too_long:
+        return "text_too_long", f"{too_long}; split it into shorter messages"
     if is_blank(text):
         return "text_empty", "empty text message refused (no visible character)"
-    too_long = length_refusal("text", text, max_text_chars)
-    return ("text_too_long", f"{too_long}; split it into shorter messages") if too_long else None
+    return None
 
 
 def length_refusal(what: str, text: str, max_text_chars: int) -> str | None:

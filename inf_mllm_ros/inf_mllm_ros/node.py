@@ -635,11 +635,11 @@ class InfMLLMNode(LifecycleNode):
             return self._query_failed(response, unusable)
         question = request.question.strip()
         max_new = request.max_new_tokens or self._param("max_new_tokens")
-        if is_blank(question):
-            return self._query_failed(response, "empty question")
         too_long = length_refusal("question", question, self._param("max_text_chars"))
         if too_long:  # a kept question goes in whole before its answer: it must be short enough to stop soon
             return self._query_failed(response, too_long)
+        if is_blank(question):  # after the length: it reads up to the first visible character
+            return self._query_failed(response, "empty question")
         if max_new > MAX_NEW_TOKENS_LIMIT:
             return self._query_failed(response, f"max_new_tokens {max_new} is above the limit {MAX_NEW_TOKENS_LIMIT}")
         timeout = self._param("query_timeout")
@@ -657,8 +657,8 @@ class InfMLLMNode(LifecycleNode):
                 except FutureTimeoutError:
                     if cancelled():
                         cancel.set()  # a running answer stops at its next token
-                        if future.cancel():  # one still waiting never starts
-                            raise AnswerCancelledError("cancelled") from None
+                        if future.cancel():  # one still waiting never starts: counted here, not by the engine
+                            return self._query_failed(response, "cancelled")
                     elif time.monotonic() >= deadline:
                         raise
             else:
@@ -750,10 +750,14 @@ class InfMLLMNode(LifecycleNode):
     def _wait_control(self, submit, response, verb: str) -> tuple[bool, object]:
         """Run a control job of the engine (reset, save) within query_timeout; on failure `response` says why."""
         timeout = self._param("query_timeout")
+        future = None
         try:
-            return True, submit().result(timeout=timeout)
+            future = submit()
+            return True, future.result(timeout=timeout)
         except FutureTimeoutError:
-            response.success, response.message = False, f"not {verb} within query_timeout ({timeout:g} s)"
+            # Not started yet: it never will be. Already running: it completes, and the caller is told so.
+            later = "" if future.cancel() else "; it is under way and will complete"
+            response.success, response.message = False, f"not {verb} within query_timeout ({timeout:g} s){later}"
         except Exception as exc:
             response.success, response.message = False, f"not {verb}: {exc}"
         return False, None

@@ -751,6 +751,7 @@ class StandInEngine:
         self.load_error = None
         self.time_origin = None
         self.answer = lambda: Future()
+        self.control = lambda: Future()  # a reset or a save
 
     def wait_ready(self, timeout=None):
         return True
@@ -763,6 +764,9 @@ class StandInEngine:
 
     def submit_text(self, text, stamp=None, *, pin=False):
         return Future()
+
+    def submit_reset(self):
+        return self.control()
 
     def abandon(self, future):
         return not future.cancel()  # one never started is the caller's to count
@@ -865,6 +869,38 @@ def test_busy_failing_and_slow_engine_answers_say_why(local_node):
     engine.answer = Future  # never answers
     slow = ask(probe, "What happened?")
     assert not slow.success and "query_timeout" in slow.message
+
+
+def test_requests_cut_short_are_counted_and_called_off(local_node):
+    engines = []
+
+    def factory(*args, **kwargs):
+        engines.append(StandInEngine(*args, **kwargs))
+        return engines[-1]
+
+    probe, node = local_node(factory, query_timeout=1.0, stats_period=0.2)
+    probe.wait_for(lambda: node._active, 10, "the node active")
+    engine = engines[0]
+    # A goal cancelled while it waits for the model is counted failed, as one cancelled mid-answer is.
+    waiting = Future()
+    engine.answer = lambda: waiting
+    client = ActionClient(probe.node, Ask, f"{node.get_namespace()}/inf_mllm/ask")
+    handle, _, result = probe.send_goal(client, Ask.Goal(question="What happened?"))
+    handle.cancel_goal_async()
+    done = probe.wait_for(lambda: result.done() and result.result(), 30, "the cancelled result")
+    assert done.status == GoalStatus.STATUS_CANCELED and done.result.message == "cancelled", done.result
+    assert waiting.cancelled()
+    probe.stats.wait(lambda m: m.queries_failed == 1, timeout=10, what="the cancelled goal counted")
+    # A reset the model had no time for within query_timeout is called off, not run later.
+    job = Future()
+    engine.control = lambda: job
+    reply = probe.call(probe.reset, Trigger.Request())
+    assert not reply.success and "query_timeout" in reply.message and job.cancelled(), reply
+    # One already under way completes, and the caller is told so.
+    job = Future()
+    job.set_running_or_notify_cancel()
+    reply = probe.call(probe.reset, Trigger.Request())
+    assert not reply.success and "under way and will complete" in reply.message, reply
 
 
 def test_a_sim_time_node_keeps_following_clock_once_active(local_node):
