@@ -60,6 +60,8 @@ from .settings import (BY_NAME, MAX_NEW_TOKENS_LIMIT, PARAMETERS, PERIODS, Param
                        stream_config, value_problem)
 
 NODE_NAME = "inf_mllm"
+# Seconds a shutdown or cleanup waits for the model: it stops within one block or token, then saves.
+ENGINE_CLOSE_TIMEOUT = 30.0
 
 # Camera: newest frame only. Text: reliable, never dropped by the middleware.
 IMAGE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.BEST_EFFORT,
@@ -160,7 +162,8 @@ class InfMLLMNode(LifecycleNode):
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()  # what a failed configure left
+        if not self._release():  # what a failed configure or cleanup left
+            return TransitionCallbackReturn.FAILURE
         self._stats_pub = self.create_publisher(CacheStats, "~/cache_stats", STATS_QOS)
         self._description_pub = self.create_publisher(Description, "~/description", LATCHED_QOS)
         self._set_timer("stats", self._param("stats_period"))
@@ -234,8 +237,7 @@ class InfMLLMNode(LifecycleNode):
         return super().on_deactivate(state)
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
-        return TransitionCallbackReturn.SUCCESS
+        return TransitionCallbackReturn.SUCCESS if self._release() else TransitionCallbackReturn.FAILURE
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._stopping.set()
@@ -246,8 +248,11 @@ class InfMLLMNode(LifecycleNode):
         self._release()
         return TransitionCallbackReturn.SUCCESS
 
-    def _release(self) -> None:
-        """Stop taking input, save and free the model, and drop the publishers (back to unconfigured)."""
+    def _release(self) -> bool:
+        """Stop taking input, save and free the model, and drop the publishers (back to unconfigured). False
+        if the model is still busy after ENGINE_CLOSE_TIMEOUT: the engine is then kept, closed, so that no
+        new one loads the memory file while this one may still save it (a later configure or cleanup tries
+        again)."""
         self._active = False
         for sub in self._input_subscriptions:
             self.destroy_subscription(sub)
@@ -255,12 +260,14 @@ class InfMLLMNode(LifecycleNode):
         for name in list(self._periodic):
             self._set_timer(name, 0.0)
         if self.engine is not None:
-            self._close_engine()
+            if not self._close_engine():
+                return False
             self.engine = None
         for pub in (self._stats_pub, self._description_pub):
             if pub is not None:
                 self.destroy_publisher(pub)
         self._stats_pub = self._description_pub = None
+        return True
 
     @property
     def executor_threads(self) -> int:
@@ -290,11 +297,17 @@ class InfMLLMNode(LifecycleNode):
             server.destroy()
         super().destroy_node()
 
-    def _close_engine(self) -> None:
-        self.engine.close(timeout=30.0)
+    def _close_engine(self) -> bool:
+        """Close the engine; whether its worker has ended (it stops within a block or a token, then saves)."""
+        ended = self.engine.close(timeout=ENGINE_CLOSE_TIMEOUT) is not False
+        if not ended:
+            self.get_logger().error(f"the model is still busy after {ENGINE_CLOSE_TIMEOUT:g} s; its memory is not "
+                                    "saved yet")
+            return False
         saved = getattr(self.engine, "last_saved", None)
         if saved is not None:
             self.get_logger().info(f"memory saved to {saved.path}: {saved.fill} tokens held, {saved.tokens_seen} seen")
+        return True
 
     @contextmanager
     def _serving(self):

@@ -96,6 +96,9 @@ def _node(context):
             # A node that exits (a model that cannot load ends it with code 1) ends the launch, so a
             # supervisor sees it. Under a lifecycle manager the manager decides.
             on_exit=_node_exited if autostart else None,
+            # On shutdown the node stops the model within a block or a token, then saves its memory (it waits
+            # up to 30 s): SIGTERM and SIGKILL, 5 s apart by default, must not cut that save short.
+            sigterm_timeout="35",
         )
     ]
 

@@ -9,7 +9,7 @@ import torch
 
 from inf_mllm_ros.engine.engine import EngineBusyError, EngineNotReadyError, StreamingEngine
 from inf_mllm_ros.engine.loading import ModelLoadError, load_model
-from inf_mllm_ros.engine.stream import AnswerCancelledError, KVStream, StreamConfig
+from inf_mllm_ros.engine.stream import AnswerCancelledError, KVStream, StreamConfig, StreamStoppedError
 
 from conftest import LIGHTHOUSE
 
@@ -80,6 +80,21 @@ def test_a_system_turn_that_fails_leaves_nothing_and_is_pushed_again(smollm2):
     assert stream.stats() == fresh.stats()
     torch.testing.assert_close(stream.cache.layers[0].keys[..., : stream.cache.fill, :],
                                fresh.cache.layers[0].keys[..., : fresh.cache.fill, :])
+
+
+def test_a_stop_ends_a_long_text_at_its_block_and_keeps_what_went_in(smollm2):
+    # A shutdown must not wait for a long text: it stops at the end of the block being pushed.
+    stream = KVStream(smollm2, StreamConfig(capacity=1024, chunk_size=32, system_prompt=""))
+    forward = stream._forward
+
+    def stop_during_the_first_block(*args, **kwargs):
+        stream.stop_requested = True  # as close() does, from another thread, while the model runs
+        return forward(*args, **kwargs)
+
+    stream._forward = stop_during_the_first_block
+    with pytest.raises(StreamStoppedError, match="its first 32 of"):
+        stream.push_text(TEXT)
+    assert stream.tokens_seen == stream.cache.fill == 32 and stream.texts_ingested == 0
 
 
 def test_a_question_not_kept_leaves_memory_exactly_as_it_was(smollm2):

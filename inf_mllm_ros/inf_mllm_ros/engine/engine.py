@@ -345,9 +345,10 @@ class StreamingEngine:
     def adapter(self) -> ModelAdapter | None:
         return None if self._stream is None else self._stream.adapter
 
-    def close(self, timeout: float | None = 10.0) -> None:
-        """Stop taking work, fail what is waiting, and stop the current answer at its next token (an input
-        being pushed is finished: the memory stays whole)."""
+    def close(self, timeout: float | None = 10.0) -> bool:
+        """Stop taking work, fail what is waiting, stop the current answer at its next token and a text being
+        pushed at the end of its block (see KVStream), then wait up to `timeout` for the worker's last
+        save. Whether the worker has ended (False: it is still inside the model)."""
         with self._lock:
             self._closed = True
             if self._stream is not None:
@@ -362,6 +363,7 @@ class StreamingEngine:
             _fail(future, EngineNotReadyError(self._closed_reason()))
         if threading.current_thread() is not self._worker:
             self._worker.join(timeout)
+        return not self._worker.is_alive() or threading.current_thread() is self._worker
 
     # --- worker --------------------------------------------------------------------------------------
     def _run(self, loader) -> None:

@@ -115,10 +115,12 @@ TokenCallback = Callable[[str, int], None]
 class KVStream:
     """Text, frames and questions into one model through a bounded KV cache.
 
-    Setting `stop_requested` (from any thread) ends the current answer at the next token with
-    StreamStoppedError, so a shutdown never waits for a long generation. An input being pushed is
-    finished first (one frame, or one batch of texts: bounded), so the memory is always whole: the one a
-    shutdown saves is a memory between two inputs.
+    Setting `stop_requested` (from any thread) ends the current answer at the next token, and a text being
+    pushed at the end of its current block (chunk_size tokens), with StreamStoppedError, so a shutdown
+    waits for neither a long generation nor a long text. The blocks that went in stay (a message cut
+    short, as when a push fails part-way); a frame, a few blocks at most, is finished first so that its
+    layout stays whole. Either way the memory a shutdown saves is consistent: every block in it was
+    attended and evicted after.
     """
 
     stop_requested = False
@@ -397,6 +399,8 @@ class KVStream:
         base = self.cache.next_position
         outputs = []
         for start in range(0, total, chunk):
+            if start and self.stop_requested and prompt.token_ids is not None:
+                raise StreamStoppedError(f"stopped while taking in a text: its first {start} of {total} tokens went in")
             block = prompt.slice(start, min(start + chunk, total))
             last = start + chunk >= total
             if prompt.token_ids is not None:
