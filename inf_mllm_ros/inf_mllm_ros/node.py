@@ -136,6 +136,7 @@ class InfMLLMNode(LifecycleNode):
         self._frame_id = ""
         self._inputs_done = 0  # bumped per ingested input and reset, so descriptions skip an unchanged memory
         self._described_at = -1
+        self._description_error: str | None = None
         self._describing = False
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._periodic: dict[str, object] = {}
@@ -304,8 +305,11 @@ class InfMLLMNode(LifecycleNode):
             self.get_logger().error(f"the model is still busy after {ENGINE_CLOSE_TIMEOUT:g} s; its memory is not "
                                     "saved yet")
             return False
-        saved = getattr(self.engine, "last_saved", None)
-        if saved is not None:
+        saved, failed = getattr(self.engine, "last_saved", None), getattr(self.engine, "save_error", None)
+        if failed:
+            self.get_logger().error(f"memory NOT saved: {failed}" + (
+                f"; the file holds the save of {saved.tokens_seen} tokens seen" if saved is not None else ""))
+        elif saved is not None:
             self.get_logger().info(f"memory saved to {saved.path}: {saved.fill} tokens held, {saved.tokens_seen} seen")
         return True
 
@@ -510,8 +514,10 @@ class InfMLLMNode(LifecycleNode):
         exc = future.exception()
         if exc is not None:
             if not isinstance(exc, (EngineBusyError, EngineNotReadyError)):
+                self._description_error = str(exc)  # in /diagnostics until one succeeds
                 self.get_logger().warning(f"description failed: {exc}", throttle_duration_sec=60.0)
             return
+        self._description_error = None
         answer = future.result()
         msg = Description(text=answer.text, cache_fill=answer.cache_fill, generation_time=answer.latency)
         msg.header.stamp = self._ros_time(answer.newest_frame_stamp)
@@ -585,8 +591,12 @@ class InfMLLMNode(LifecycleNode):
             level, message = DiagnosticStatus.ERROR, f"model failed to load: {engine.load_error}"
         elif not engine.ready.is_set():
             level, message = DiagnosticStatus.WARN, "model is loading"
+        elif getattr(engine, "save_error", None):
+            level, message = DiagnosticStatus.ERROR, f"memory file not saved: {engine.save_error}"
         elif not self._active:
             message = "inactive: the memory is kept, no input is taken"
+        elif self._description_error:
+            level, message = DiagnosticStatus.WARN, f"descriptions failing: {self._description_error}"
         elif behind > WARN_MODEL_DROPS_PER_S:
             level, message = DiagnosticStatus.WARN, f"model behind the camera: {behind:.1f} frames/s replaced unseen"
         elif pending["texts"] > self._param("max_pending_texts") // 2:
@@ -606,6 +616,7 @@ class InfMLLMNode(LifecycleNode):
             "frames_dropped_by_model_per_s": f"{behind:.2f}",
             "inputs_rejected": str(rejected),
             "queries_failed": str(failed + (counters.queries_failed if counters else 0)),
+            "checkpoints_failed": str(counters.checkpoints_failed if counters else 0),
             "last_error": last_error,
         }
         return DiagnosticStatus(level=level, name=f"{self.get_fully_qualified_name()}: memory", message=message,

@@ -218,6 +218,31 @@ def test_periodic_checkpoints_save_only_a_changed_memory(folders, tmp_path):
     assert engine.counters.checkpoints_failed == 0
 
 
+def test_a_failing_checkpoint_is_reported_until_a_save_goes_through(folders, tmp_path):
+    # The file's folder becomes impossible to make (a file stands in its place), as a full or read-only
+    # disk would make a save fail; the memory goes on, and the reason stays until a save succeeds.
+    blocker = tmp_path / "memories"
+    engine = StreamingEngine(folders["llama"], config(), device="cpu", dtype="float32",
+                             memory_file=str(blocker / "m"), checkpoint_period=0.2)
+    try:
+        engine.wait_ready(60)
+        blocker.write_text("not a folder")
+        engine.push_text(TEXTS[0], timeout=60)
+        deadline = time.monotonic() + 20
+        while not engine.counters.checkpoints_failed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.counters.checkpoints_failed >= 1 and "memories" in engine.save_error
+        engine.push_text(TEXTS[1], timeout=60)  # the memory still takes input
+        blocker.unlink()
+        deadline = time.monotonic() + 20
+        while engine.save_error is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.save_error is None and (blocker / "m").exists()
+        assert engine.last_saved.tokens_seen == engine.stats().tokens_seen
+    finally:
+        engine.close()
+
+
 def test_a_memory_file_that_names_a_directory_is_refused_and_the_directory_left_alone(folders, tmp_path):
     folder = tmp_path / "memories"
     folder.mkdir()

@@ -16,6 +16,7 @@ import time
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -901,6 +902,35 @@ def test_requests_cut_short_are_counted_and_called_off(local_node):
     job.set_running_or_notify_cancel()
     reply = probe.call(probe.reset, Trigger.Request())
     assert not reply.success and "under way and will complete" in reply.message, reply
+
+
+def test_a_failing_save_and_failing_descriptions_show_in_diagnostics(local_node):
+    engines = []
+
+    def factory(*args, **kwargs):
+        engines.append(StandInEngine(*args, **kwargs))
+        return engines[-1]
+
+    probe, node = local_node(factory, diagnostics_period=0.1)
+    probe.wait_for(lambda: node._active, 10, "the node active")
+    probe.diagnostics = Latest(probe, DiagnosticArray, "/diagnostics", RELIABLE)
+    fqn = node.get_fully_qualified_name()
+    engine = engines[0]
+    engine.save_error = "saving to /data/m failed: OSError: [Errno 28] No space left on device"
+    engine.counters.checkpoints_failed = 3
+    error = health(probe, fqn, DiagnosticStatus.ERROR)
+    assert "No space left on device" in error.message
+    assert {kv.key: kv.value for kv in error.values}["checkpoints_failed"] == "3"
+    engine.save_error = None  # a save went through
+    health(probe, fqn, DiagnosticStatus.OK)
+    failed = Future()
+    failed.set_exception(ValueError("question of 460 tokens does not fit in the cache headroom (256)"))
+    node._handle_described(failed)
+    assert "does not fit" in health(probe, fqn, DiagnosticStatus.WARN).message
+    done = Future()
+    done.set_result(SimpleNamespace(text="A quiet dock.", cache_fill=0, latency=0.1, newest_frame_stamp=None))
+    node._handle_described(done)
+    health(probe, fqn, DiagnosticStatus.OK)
 
 
 def test_a_sim_time_node_keeps_following_clock_once_active(local_node):

@@ -127,6 +127,7 @@ class StreamingEngine:
         self.checkpoint_period = checkpoint_period
         self.memory_status = "no memory file" if self.memory_file is None else "not restored yet"
         self.last_saved: MemoryFileInfo | None = None
+        self.save_error: str | None = None  # why the last save failed; None once one succeeds
         self._saved_state: tuple | None = None
         self._next_checkpoint = float("inf")
         self._fingerprint: str | None = None
@@ -440,8 +441,12 @@ class StreamingEngine:
         self._schedule_checkpoint()
 
     def _save(self, stream: KVStream) -> MemoryFileInfo:
-        info = save_memory(stream, self.memory_file, self._fingerprint)
-        self.last_saved = info
+        try:
+            info = save_memory(stream, self.memory_file, self._fingerprint)
+        except Exception as exc:
+            self.save_error = f"saving to {self.memory_file} failed: {type(exc).__name__}: {exc}"
+            raise
+        self.last_saved, self.save_error = info, None
         self._saved_state = self._memory_state(stream)
         self._schedule_checkpoint()
         return info
@@ -456,8 +461,7 @@ class StreamingEngine:
             return
         try:
             self._save(stream)
-        except Exception as exc:  # a full disk must not stop the robot's memory
-            self.memory_status = f"checkpoint to {self.memory_file} failed: {type(exc).__name__}: {exc}"
+        except Exception:  # a full disk must not stop the robot's memory: save_error says why
             self.counters.checkpoints_failed += 1
             self._schedule_checkpoint()
 
