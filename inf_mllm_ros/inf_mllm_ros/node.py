@@ -708,6 +708,9 @@ class InfMLLMNode(LifecycleNode):
             return response
         response.success = True
         response.answer = answer.text
+        if answer.cut_by_headroom:
+            response.message = (f"answer cut at {answer.tokens_generated} tokens of {max_new}: the cache's headroom "
+                                "bounds an answer not kept in memory (keep_in_memory lifts the bound)")
         response.newest_frame_stamp = self._ros_time(answer.newest_frame_stamp)
         response.tokens_seen = answer.tokens_seen
         response.cache_fill = answer.cache_fill

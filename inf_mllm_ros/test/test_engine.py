@@ -97,6 +97,18 @@ def test_a_stop_ends_a_long_text_at_its_block_and_keeps_what_went_in(smollm2):
     assert stream.tokens_seen == stream.cache.fill == 32 and stream.texts_ingested == 0
 
 
+def test_an_answer_cut_by_the_headroom_says_so(smollm2):
+    stream = KVStream(smollm2, StreamConfig(capacity=64, chunk_size=16, headroom=36, system_prompt=""))
+    stream.push_text(TEXT)  # the cache full: what is left for a question and its answer is the headroom
+    question = "Tell a long story about the lighthouse keeper."
+    cut = stream.ask(question, max_new_tokens=200)
+    assert cut.cut_by_headroom and 0 < cut.tokens_generated < 36, cut
+    whole = stream.ask(question, max_new_tokens=4)
+    assert not whole.cut_by_headroom and whole.tokens_generated == 4
+    kept = stream.ask(question, max_new_tokens=60, keep_in_memory=True)  # a kept answer is not bounded so
+    assert not kept.cut_by_headroom and kept.tokens_generated > cut.tokens_generated
+
+
 def test_a_question_not_kept_leaves_memory_exactly_as_it_was(smollm2):
     stream = KVStream(smollm2, StreamConfig(capacity=128, policy="inf_mllm", chunk_size=32))
     stream.push_text(TEXT)

@@ -76,6 +76,9 @@ class Answer:
     cache_fill: int
     newest_frame_stamp: float | None
     kept_in_memory: bool
+    # The answer reached the end of the cache's headroom before max_new_tokens (an answer not kept in memory
+    # is generated in the headroom; a kept one is not bounded so).
+    cut_by_headroom: bool = False
 
 
 @dataclass
@@ -289,6 +292,8 @@ class KVStream:
         finally:
             self._on_token = self._cancel = None
         text = self.adapter.decode([t for t in tokens if t not in self._stop_ids]).strip()
+        # Only the headroom ends an answer before max_new without its stop token (a cancel or stop raises).
+        cut = not keep and len(tokens) < max_new and bool(tokens) and tokens[-1] not in self._stop_ids
         return Answer(
             text=text,
             tokens_generated=len(tokens),
@@ -297,6 +302,7 @@ class KVStream:
             cache_fill=self.cache.fill,
             newest_frame_stamp=self.newest_frame_stamp,
             kept_in_memory=keep,
+            cut_by_headroom=cut,
         )
 
     def _answer_tokens(self, ids: Tensor, max_new: int, keep: bool) -> list[int]:
