@@ -137,6 +137,7 @@ class InfMLLMNode(LifecycleNode):
         self._inputs_done = 0  # bumped per ingested input and reset, so descriptions skip an unchanged memory
         self._described_at = -1
         self._description_error: str | None = None
+        self._controls_waiting: set[str] = set()  # "reset", "saved": one of each at a time
         self._describing = False
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._periodic: dict[str, object] = {}
@@ -775,8 +776,14 @@ class InfMLLMNode(LifecycleNode):
         return response
 
     def _wait_control(self, submit, response, verb: str) -> tuple[bool, object]:
-        """Run a control job of the engine (reset, save) within query_timeout; on failure `response` says why."""
+        """Run a control job of the engine (reset, save) within query_timeout; on failure `response` says why.
+        One of each kind waits at a time: each holds an executor thread while it waits (see executor_threads)."""
         timeout = self._param("query_timeout")
+        with self._lock:
+            if verb in self._controls_waiting:
+                response.success, response.message = False, f"not {verb}: another request for it is under way"
+                return False, None
+            self._controls_waiting.add(verb)
         future = None
         try:
             future = submit()
@@ -787,6 +794,9 @@ class InfMLLMNode(LifecycleNode):
             response.success, response.message = False, f"not {verb} within query_timeout ({timeout:g} s){later}"
         except Exception as exc:
             response.success, response.message = False, f"not {verb}: {exc}"
+        finally:
+            with self._lock:
+                self._controls_waiting.discard(verb)
         return False, None
 
     def _on_save_memory(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:

@@ -892,10 +892,15 @@ def test_requests_cut_short_are_counted_and_called_off(local_node):
     assert done.status == GoalStatus.STATUS_CANCELED and done.result.message == "cancelled", done.result
     assert waiting.cancelled()
     probe.stats.wait(lambda m: m.queries_failed == 1, timeout=10, what="the cancelled goal counted")
-    # A reset the model had no time for within query_timeout is called off, not run later.
+    # A reset the model had no time for within query_timeout is called off, not run later; while one waits,
+    # another is refused at once (each would hold an executor thread).
     job = Future()
     engine.control = lambda: job
-    reply = probe.call(probe.reset, Trigger.Request())
+    first = probe.reset.call_async(Trigger.Request())
+    probe.wait_for(lambda: node._controls_waiting, 10, "the first reset waiting")
+    second = probe.call(probe.reset, Trigger.Request())
+    assert not second.success and "another request for it is under way" in second.message, second
+    reply = probe.wait_for(lambda: first.done() and first.result(), 10, "the first reset's reply")
     assert not reply.success and "query_timeout" in reply.message and job.cancelled(), reply
     # One already under way completes, and the caller is told so.
     job = Future()
