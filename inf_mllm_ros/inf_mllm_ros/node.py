@@ -34,7 +34,7 @@ from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
-from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.exceptions import InvalidParameterValueException, ParameterException
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
@@ -147,6 +147,9 @@ class InfMLLMNode(LifecycleNode):
         self._health_prev: tuple[float, int, int] | None = None  # (time, node drops, model drops)
         self._diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", DIAGNOSTICS_QOS)
         self._diagnostics_timer = None
+        # Its own group: health goes on while a lifecycle manager's configure holds the default group for as
+        # long as the model loads ("model is loading").
+        self._diagnostics_group = MutuallyExclusiveCallbackGroup()
         self._set_diagnostics_period(self._param("diagnostics_period"))
 
         self._wake = self.create_guard_condition(self._drain_outbox)
@@ -375,7 +378,8 @@ class InfMLLMNode(LifecycleNode):
     def _set_diagnostics_period(self, period: float) -> None:
         if self._diagnostics_timer is not None:
             self.destroy_timer(self._diagnostics_timer)
-        self._diagnostics_timer = self.create_timer(period, self._publish_diagnostics) if period > 0.0 else None
+        self._diagnostics_timer = self.create_timer(period, self._publish_diagnostics,
+                                                    callback_group=self._diagnostics_group) if period > 0.0 else None
 
     def _set_timer(self, name: str, period: float) -> None:
         """(Re)create a periodic timer of `period` seconds; 0: none."""

@@ -938,6 +938,45 @@ def test_a_failing_save_and_failing_descriptions_show_in_diagnostics(local_node)
     health(probe, fqn, DiagnosticStatus.OK)
 
 
+def test_health_goes_on_while_a_managed_configure_loads_the_model():
+    """A lifecycle manager's configure holds the node's default callback group while the model loads;
+    /diagnostics must still say so."""
+    from inf_mllm_ros.node import InfMLLMNode
+    from rclpy.parameter import Parameter
+
+    loaded = threading.Event()
+
+    class SlowLoading(StandInEngine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.ready = loaded
+
+        def wait_ready(self, timeout=None):
+            return loaded.wait(60 if timeout is None else timeout)
+
+    probe = RosProbe("managed_local_probe")
+    node = InfMLLMNode(engine_factory=SlowLoading, namespace=f"/managed_local_{os.getpid()}", context=probe.context,
+                       parameter_overrides=[Parameter("diagnostics_period", value=0.1)])
+    probe.executor.add_node(node)
+    try:
+        fqn = node.get_fully_qualified_name()
+        probe.diagnostics = Latest(probe, DiagnosticArray, "/diagnostics", RELIABLE)
+        lifecycle = probe.node.create_client(ChangeState, f"{fqn}/change_state")
+        probe.wait_for(lifecycle.service_is_ready, 30, "the lifecycle service")
+        configuring = lifecycle.call_async(ChangeState.Request(transition=Transition(id=Transition.TRANSITION_CONFIGURE)))
+        loading = lambda m: any(s.name == f"{fqn}: memory" and "loading" in s.message for s in m.status)  # noqa: E731
+        probe.diagnostics.wait(loading, timeout=20, what="'model is loading' while configure waits for it")
+        assert not configuring.done()
+        loaded.set()
+        assert probe.wait_for(lambda: configuring.done() and configuring.result(), 30, "configured").success
+    finally:
+        loaded.set()
+        node.close()
+        probe.executor.remove_node(node)
+        node.destroy_node()
+        probe.close()
+
+
 def test_a_sim_time_node_keeps_following_clock_once_active(local_node):
     """The node's own bookkeeping never replaces rclpy's: after activation (which creates the input
     subscriptions) the /clock subscription still runs, and the periodic stats follow bag time."""
