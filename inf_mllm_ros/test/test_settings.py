@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from inf_mllm_ros.bags.offline import UsageError, build_parser, resolve_settings, stream_config
+from inf_mllm_ros.bags.offline import UsageError, build_parser, checked_config, resolve_settings
 from inf_mllm_ros.engine.value_rules import ValueRule
 from inf_mllm_ros.settings import BY_NAME, DEFAULTS, PARAMETERS, value_problem
 from inf_mllm_ros.settings import stream_config as node_stream_config
@@ -61,7 +61,7 @@ def offline_settings(tmp_path, params: dict, *cli: str) -> dict:
 def test_one_parameters_file_builds_one_engine(tmp_path):
     params = {"cache_size": 300, "eviction_policy": "h2o", "recent_size": 0, "score_memory": False, "score_pool": 5,
               "chunk_size": 32, "attention_bias": 2, "system_prompt": "Remember.", "max_new_tokens": 9}
-    offline_config, _ = stream_config(offline_settings(tmp_path, params))
+    offline_config = checked_config(offline_settings(tmp_path, params))
     # What the node builds: its declared parameters, the file over the defaults.
     node_config = node_stream_config(dict(DEFAULTS, **params))
     assert offline_config == node_config

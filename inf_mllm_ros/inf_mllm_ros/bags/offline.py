@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..input_rules import StreamClock
 from ..engine.value_rules import as_declared
+from ..input_rules import StreamClock
 from ..settings import BY_NAME, DEFAULTS, PARAMETERS, load_settings, value_problem
-from ..settings import stream_config as settings_stream_config
+from ..settings import stream_config
 from .bag_io import BagError
 from .report import mib, write_plot, write_report
 from .stream_inputs import (
@@ -94,10 +94,10 @@ def resolve_settings(args: argparse.Namespace) -> dict:
     return settings
 
 
-def stream_config(settings: dict):
-    """The StreamConfig the node builds from the same parameters, and the settings that shape the run."""
+def checked_config(settings: dict):
+    """The StreamConfig the node builds from the same parameters; UsageError if they do not make one."""
     try:
-        return settings_stream_config(settings), {k: v for k, v in settings.items() if k in DEFAULTS}
+        return stream_config(settings)
     except (TypeError, ValueError) as exc:
         raise UsageError(f"bad settings: {exc}") from None
 
@@ -162,7 +162,7 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
             log.flush()
 
     try:
-        config, result.settings = stream_config(settings)
+        config, result.settings = checked_config(settings), dict(settings)
         if adapter is None:
             from ..engine.loading import load_model, use_torch_threads
 
@@ -263,6 +263,12 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
 
 # --- command line ---------------------------------------------------------------------------------
 
+def _parameter_help(name: str) -> str:
+    """A flag's help: the node parameter's own description (the settings table says it once)."""
+    p = BY_NAME[name]
+    return p.description.rstrip(".") + (f" ({p.constraints})." if p.constraints else ".")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=(
         "Run the Inf-MLLM engine over a rosbag2 bag without ROS: ingest its camera and text messages in "
@@ -276,23 +282,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ask QUESTION once the stream has passed T seconds from the bag start (repeatable)")
     p.add_argument("--no-questions", action="store_true", help="ask nothing, even with a questions.yaml")
     p.add_argument("--params", metavar="YAML", help="the node's parameters file: use its settings")
-    p.add_argument("--model", help="model folder or embedded model: 'onevision-qwen2.5-0.5b' (default), 'smolvlm-smollm2' (small), "
-                                        "'smollm2' or 'qwen2.5-0.5b' (text only)")
-    p.add_argument("--device", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--dtype", help="auto, float32, bfloat16 or float16")
-    p.add_argument("--cache-size", type=int, help="tokens the KV cache keeps")
-    p.add_argument("--policy", help="eviction policy: inf_mllm, streaming_llm, h2o, window or full")
+    p.add_argument("--model", help=_parameter_help("model"))
+    p.add_argument("--device", help=_parameter_help("device"))
+    p.add_argument("--dtype", help=_parameter_help("dtype"))
+    p.add_argument("--cache-size", type=int, help=_parameter_help("cache_size"))
+    p.add_argument("--policy", help=_parameter_help("eviction_policy"))
     for knob in (p for p in PARAMETERS if p.policy_knob):  # every policy's settings, as the node has them
         flag = "--" + knob.name.replace("_", "-")
         if knob.type is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=knob.description)
         else:
             p.add_argument(flag, type=knob.type, help=knob.description)
-    p.add_argument("--chunk-size", type=int, help="longest block pushed before an eviction")
-    p.add_argument("--max-frame-pixels", type=int, help="bound on a frame's pixels; 0: the model's own")
-    p.add_argument("--max-new-tokens", type=int, help="longest answer in tokens")
-    p.add_argument("--frame-rate", type=float,
-                   help="frames per bag second at most, as the node's frame_rate (0: every frame)")
+    p.add_argument("--chunk-size", type=int, help=_parameter_help("chunk_size"))
+    p.add_argument("--max-frame-pixels", type=int, help=_parameter_help("max_frame_pixels"))
+    p.add_argument("--max-new-tokens", type=int, help=_parameter_help("max_new_tokens"))
+    p.add_argument("--frame-rate", type=float, help=_parameter_help("frame_rate") + " (seconds of the bag)")
     p.add_argument("--remap", action="append", default=[], metavar="FROM:=TO",
                    help="map a bag topic to a node input (image, image/compressed, text, text/pinned), "
                         "as for the replay")
@@ -329,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             questions = load_questions(beside) if beside.is_file() else []
         # Check the bag before the minutes a model may take to load.
         open_selected(bag_path, remaps, args.topics, namespace=node_namespace(args.node))[0].close()
-        config, _ = stream_config(settings)
+        config = checked_config(settings)  # before the minutes a model may take to load
         out.mkdir(parents=True, exist_ok=True)
     except (UsageError, ValueError, BagError) as exc:
         return fail(str(exc))

@@ -29,6 +29,7 @@ from typing import Sequence
 from ..fastdds import large_frames_env
 from .bag_io import BagError
 from .stream_inputs import (
+    DEFAULT_REMAPS,
     Question,
     load_questions,
     node_namespace,
@@ -361,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="send each node input once the node has taken in the previous one")
     p.add_argument("--remap", action="append", default=[], metavar="FROM:=TO",
                    help="publish bag topic FROM on TO (repeatable); defaults: "
-                        "/camera/image_raw/compressed:=image/compressed, /camera/image_raw:=image, /narration:=text")
+                        + ", ".join(f"{bag}:={node}" for bag, node in DEFAULT_REMAPS.items()))
     p.add_argument("--no-default-remaps", action="store_true", help="publish topics under their bag names")
     p.add_argument("--topics", nargs="+", metavar="TOPIC", help="play only these bag topics")
     p.add_argument("--node", "--node-name", dest="node", default="/inf_mllm",
