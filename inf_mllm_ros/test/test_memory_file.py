@@ -22,7 +22,7 @@ from inf_mllm_ros.engine.engine import StreamingEngine
 from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.engine.memory_file import MemoryFileError, load_memory, save_memory
 from inf_mllm_ros.engine.random_models import build_model_folder
-from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+from inf_mllm_ros.engine.stream import KVStream, StreamConfig, StreamStoppedError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -269,28 +269,32 @@ def test_a_checkpoint_period_set_at_run_time_applies_at_once(folders, tmp_path):
         engine.close()
 
 
-def test_a_close_during_a_long_message_lets_it_finish_and_saves_it_whole(folders, tmp_path):
+def test_a_close_during_a_long_message_stops_it_at_its_block_and_saves_what_went_in(folders, tmp_path):
     path = tmp_path / "m"
     settings = StreamConfig(capacity=48, policy="inf_mllm", chunk_size=8)
     engine = StreamingEngine(folders["llama"], settings, device="cpu", dtype="float32", memory_file=str(path))
     engine.wait_ready(60)
     engine.push_text(TEXTS[0], timeout=60)
     stream = engine._stream
+    before = stream.tokens_seen
     forward, blocks = stream._forward, []
 
     def close_at_the_second_block(*args, **kwargs):
         blocks.append(1)
         if len(blocks) == 2:
-            engine.close(timeout=0)  # as a shutdown would, between two blocks of one message
+            engine.close(timeout=0)  # as a shutdown would, while a long message goes in
         return forward(*args, **kwargs)
 
     stream._forward = close_at_the_second_block
     future = engine.submit_text("Later: " + " ".join(TEXTS))
     engine._worker.join(60)
-    assert len(blocks) > 2 and future.result(0) > 2 * 8, "the message went in whole"
+    assert not engine._worker.is_alive()
+    with pytest.raises(StreamStoppedError, match="its first 16 of"):
+        future.result(0)
+    assert len(blocks) == 2 and stream.tokens_seen == before + 2 * 8, "stopped at the end of the second block"
     restored = KVStream(load_model(folders["llama"], device="cpu", dtype="float32"), settings)
     info = load_memory(restored, path)
-    assert info.tokens_seen == stream.tokens_seen and restored.texts_ingested == 2, "the last save holds it"
+    assert info.tokens_seen == stream.tokens_seen, "the last save holds what went in"
 
 
 def test_the_stream_s_time_origin_is_saved_with_the_memory_and_kept_by_a_reset(folders, tmp_path):
@@ -311,7 +315,7 @@ WRITER = """
 import sys, torch
 from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.engine.memory_file import save_memory
-from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+from inf_mllm_ros.engine.stream import KVStream, StreamConfig, StreamStoppedError
 torch.set_num_threads(1)
 stream = KVStream(load_model(sys.argv[1], device="cpu", dtype="float32"),
                   StreamConfig(capacity=2048, policy="inf_mllm", chunk_size=256, system_prompt="x"))

@@ -34,7 +34,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -110,11 +110,11 @@ class StreamingEngine:
         self._stream: KVStream | None = None
         self._stats: StreamStats | None = None
         self._lock = threading.Condition()
-        self._control: deque = deque()
-        self._messages: deque = deque()  # ("text" | "query", fn, future) in arrival order
+        self._control: deque[_Job] = deque()  # resets and saves, first of all
+        self._messages: deque[_Job] = deque()  # texts and queries in arrival order
         self._pending_texts = 0
         self._pending_queries = 0
-        self._frame: tuple | None = None
+        self._frame: _Job | None = None  # the newest frame only
         self._abandoned: set[Future] = set()  # running queries whose callers were told they failed
         self.frame_period = frame_period  # seconds; may change at any time (see the module docstring)
         self._last_frame_taken = float("-inf")
@@ -155,18 +155,18 @@ class StreamingEngine:
                 self.counters.texts_refused += 1
                 return _failed(EngineBusyError(f"text queue full ({self.max_pending_texts} waiting); message refused"))
             self._pending_texts += 1
-            return self._enqueue(self._messages, "text", (text, stamp, pin))
+            return self._enqueue(self._messages, _Job("text", text=(text, stamp, pin)))
 
     def submit_frame(self, rgb: np.ndarray, stamp: float | None = None) -> Future:
-        future: Future = Future()
+        job = _Job("frame", run=lambda s: s.push_frame(rgb, stamp))
         with self._lock:
             self._check_open()
             if self._frame is not None:
                 self.counters.frames_dropped += 1
-                _fail(self._frame[2], FrameDroppedError("a newer frame replaced this one"))
-            self._frame = ("frame", lambda s: s.push_frame(rgb, stamp), future)
+                _fail(self._frame.future, FrameDroppedError("a newer frame replaced this one"))
+            self._frame = job
             self._lock.notify()
-        return future
+        return job.future
 
     def submit_ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
                    on_token=None, cancel: threading.Event | None = None) -> Future:
@@ -184,7 +184,7 @@ class StreamingEngine:
     def submit_reset(self) -> Future:
         with self._lock:
             self._check_open()
-            return self._enqueue(self._control, "control", lambda s: s.reset())
+            return self._enqueue(self._control, _Job("control", run=lambda s: s.reset()))
 
     def submit_save(self) -> Future:
         """Save the memory to `memory_file` now (after the job in progress); the future gives MemoryFileInfo."""
@@ -194,7 +194,7 @@ class StreamingEngine:
             if not self.ready.is_set():
                 return _failed(EngineNotReadyError(self._closed_reason() if self._closed else "model is still loading"))
             self._check_open()
-            return self._enqueue(self._control, "control", lambda s: self._save(s))
+            return self._enqueue(self._control, _Job("control", run=self._save))
 
     def _submit_query(self, fn) -> Future:
         with self._lock:
@@ -207,7 +207,7 @@ class StreamingEngine:
                 self.counters.queries_failed += 1
                 return _failed(EngineBusyError(f"query queue full ({self.max_pending_queries} waiting); try again later"))
             self._pending_queries += 1
-            future = self._enqueue(self._messages, "query", fn)
+            future = self._enqueue(self._messages, _Job("query", run=fn))
         # A caller that gives up (cancels) frees its place at once, so dead questions never fill the queue.
         future.add_done_callback(self._withdraw_if_cancelled)
         return future
@@ -242,17 +242,16 @@ class StreamingEngine:
         if not future.cancelled():
             return
         with self._lock:
-            for i, (kind, _, queued) in enumerate(self._messages):
-                if queued is future:
+            for i, queued in enumerate(self._messages):
+                if queued.future is future:
                     del self._messages[i]
                     self._pending_queries -= 1
                     return
 
-    def _enqueue(self, queue: deque, kind: str, fn) -> Future:
-        future: Future = Future()
-        queue.append((kind, fn, future))
+    def _enqueue(self, queue: deque, job: _Job) -> Future:
+        queue.append(job)
         self._lock.notify()
-        return future
+        return job.future
 
     def _check_open(self) -> None:
         if self._closed:
@@ -360,8 +359,8 @@ class StreamingEngine:
             self._pending_texts = self._pending_queries = 0
             self._frame = None
             self._lock.notify_all()
-        for _, _, future in waiting:
-            _fail(future, EngineNotReadyError(self._closed_reason()))
+        for job in waiting:
+            _fail(job.future, EngineNotReadyError(self._closed_reason()))
         if threading.current_thread() is not self._worker:
             self._worker.join(timeout)
         return not self._worker.is_alive() or threading.current_thread() is self._worker
@@ -389,28 +388,29 @@ class StreamingEngine:
                     self._lock.wait(min(self._next_checkpoint - time.monotonic(), 3600.0))
                 if self._closed:
                     break
-                job = self._next_job() if (self._control or self._messages or self._frame) else None
-            if job is None:  # a checkpoint is due and nothing waits
+                jobs = self._next_jobs() if (self._control or self._messages or self._frame) else []
+            if not jobs:  # a checkpoint is due and nothing waits
                 self._checkpoint()
                 continue
-            kind, fn, future = job
-            if kind == "texts":
-                ok = self._run_texts(fn)
+            kind = jobs[0].kind
+            if kind == "text":
+                ok = self._run_texts(jobs)
             else:
-                if not future.set_running_or_notify_cancel():
+                job = jobs[0]
+                if not job.future.set_running_or_notify_cancel():
                     continue
                 try:
-                    outcome, ok = fn(self._stream), True
+                    outcome, ok = job.run(self._stream), True
                 except Exception as exc:  # the caller gets the reason (a prompt that failed part-way in,
                     # out of memory say, leaves the blocks that went in: a message cut short)
                     outcome, ok = exc, False
                 self._snapshot_stats()
                 if kind == "query":
-                    self._count_query(future, ok)
-                (future.set_result if ok else future.set_exception)(outcome)
+                    self._count_query(job.future, ok)
+                (job.future.set_result if ok else job.future.set_exception)(outcome)
             # Only an input that went in changed the memory (a description of an unchanged one is skipped).
-            if ok and self._on_ingested is not None and kind in ("texts", "frame"):
-                self._on_ingested("text" if kind == "texts" else kind)
+            if ok and self._on_ingested is not None and kind in ("text", "frame"):
+                self._on_ingested(kind)
             if time.monotonic() >= self._next_checkpoint:
                 self._checkpoint()
         if self.memory_file is not None:
@@ -469,10 +469,10 @@ class StreamingEngine:
         period = self.checkpoint_period
         self._next_checkpoint = time.monotonic() + period if self.memory_file and period > 0 else float("inf")
 
-    def _run_texts(self, batch: list) -> bool:
+    def _run_texts(self, batch: list[_Job]) -> bool:
         """Push a batch of texts in one model call; each future gets its own token count. False if none
         went in."""
-        live = [(item, future) for _, item, future in batch if future.set_running_or_notify_cancel()]
+        live = [(job.text, job.future) for job in batch if job.future.set_running_or_notify_cancel()]
         if not live:
             return False
         try:
@@ -496,30 +496,41 @@ class StreamingEngine:
     def _frame_due(self, now: float) -> bool:
         return self._last_kind != "frame" and now - self._last_frame_taken >= self.frame_period
 
-    def _next_job(self):
-        """The next job as (kind, fn, future); kind "texts" carries the batch of text jobs in place of fn."""
+    def _next_jobs(self) -> list[_Job]:
+        """The next job, or the batch of texts that go in together."""
         if self._control:
-            return self._control.popleft()
+            return [self._control.popleft()]
         now = time.monotonic()
         if self._frame is not None and (not self._messages or self._frame_due(now)):
             job, self._frame = self._frame, None
             self._last_frame_taken, self._last_kind = now, "frame"
-            return job
-        if self._messages[0][0] == "query":
+            return [job]
+        if self._messages[0].kind == "query":
             self._pending_queries -= 1
             self._last_kind = "query"
-            return self._messages.popleft()
+            return [self._messages.popleft()]
         # Waiting texts go in together, up to about a cache's worth (4 characters a token), so that a long
         # backlog does not hold a question or a frame for many blocks of the model.
         batch, chars = [], 0
         limit = 4 * self.config.capacity
-        while self._messages and self._messages[0][0] == "text" and (not batch or chars < limit):
-            chars += len(self._messages[0][1][0])
+        while self._messages and self._messages[0].kind == "text" and (not batch or chars < limit):
+            chars += len(self._messages[0].text[0])
             batch.append(self._messages.popleft())
         self._pending_texts -= len(batch)
         self._last_kind = "texts"
-        return "texts", batch, None
+        return batch
 
+
+
+@dataclass
+class _Job:
+    """Work for the model and the future its caller holds. A text job carries its message, (text, stamp,
+    pin): texts go into the model in batches (`_run_texts`); every other job is a call on the stream."""
+
+    kind: str  # "text", "query", "frame" or "control" (a reset, a save)
+    run: Callable[[KVStream], object] | None = None
+    text: tuple | None = None
+    future: Future = field(default_factory=Future)
 
 
 def _fail(future: Future, exc: Exception) -> None:
