@@ -788,7 +788,6 @@ class InfMLLMNode(LifecycleNode):
                 response.success, response.message = False, f"not {verb}: another request for it is under way"
                 return False, None
             self._controls_waiting.add(verb)
-        future = None
         try:
             future = submit()
             return True, future.result(timeout=timeout)
