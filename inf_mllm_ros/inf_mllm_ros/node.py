@@ -209,6 +209,9 @@ class InfMLLMNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        if getattr(self.engine, "closed", False):  # kept by a cleanup that failed: it takes no more input
+            self.get_logger().error("cannot activate: the model is closed (a cleanup is pending); clean up first")
+            return TransitionCallbackReturn.FAILURE
         self._input_subscriptions = [
             self.create_subscription(Image, "image", lambda m: self._offer_frame(m, image_msg_to_rgb, "image"),
                                      IMAGE_QOS),
@@ -386,6 +389,8 @@ class InfMLLMNode(LifecycleNode):
         old = self._periodic.pop(name, None)
         if old is not None:
             self.destroy_timer(old)
+        if name == "description":
+            self._description_error = None  # a failure is news only while descriptions run
         if period > 0.0:
             callback = {"description": self._on_description_timer, "stats": self._publish_stats}[name]
             self._periodic[name] = self.create_timer(period, callback)
@@ -793,7 +798,9 @@ class InfMLLMNode(LifecycleNode):
             return True, future.result(timeout=timeout)
         except FutureTimeoutError:
             # Not started yet: it never will be. Already running: it completes, and the caller is told so.
-            later = "" if future.cancel() else "; it is under way and will complete"
+            if not future.cancel() and future.done() and future.exception() is None:
+                return True, future.result()  # it ended just now
+            later = "" if future.cancelled() else "; it is under way and will complete"
             response.success, response.message = False, f"not {verb} within query_timeout ({timeout:g} s){later}"
         except Exception as exc:
             response.success, response.message = False, f"not {verb}: {exc}"

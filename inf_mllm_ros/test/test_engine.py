@@ -109,6 +109,26 @@ def test_an_answer_cut_by_the_headroom_says_so(smollm2):
     assert not kept.cut_by_headroom and kept.tokens_generated > cut.tokens_generated
 
 
+def test_a_stop_never_cuts_a_kept_question_short(smollm2):
+    # A question kept in memory and too long for the headroom goes in, in blocks, before its answer; a stop
+    # then ends the answer, never the question, and the turn is closed: a dialogue turn stays whole.
+    stream = KVStream(smollm2, StreamConfig(capacity=64, chunk_size=16, headroom=32, system_prompt=""))
+    stream.push_text("Forklift F2 parked at dock 3.")
+    question = " ".join(["Where did forklift F2 park, and when?"] * 6)
+    turn = smollm2.tokenize_turn(smollm2.chat.question_parts(question)).numel()
+    assert turn > 32
+    before, forward = stream.tokens_seen, stream._forward
+
+    def stop_during_the_first_block(*args, **kwargs):
+        stream.stop_requested = True
+        return forward(*args, **kwargs)
+
+    stream._forward = stop_during_the_first_block
+    with pytest.raises(StreamStoppedError, match="answering"):
+        stream.ask(question, keep_in_memory=True)
+    assert stream.tokens_seen == before + turn + stream._closing.numel()
+
+
 def test_a_question_not_kept_leaves_memory_exactly_as_it_was(smollm2):
     stream = KVStream(smollm2, StreamConfig(capacity=128, policy="inf_mllm", chunk_size=32))
     stream.push_text(TEXT)

@@ -131,6 +131,11 @@ def test_the_same_model_elsewhere_or_after_a_transformers_upgrade_keeps_its_memo
     restored = KVStream(load_model(moved, device="cpu", dtype="float32"), config())
     load_memory(restored, path)
     assert restored.stats() == saved.stats()
+    # The same model in another precision: refused for its dtype, a setting, not as another model.
+    half = KVStream(load_model(folders["llama"], device="cpu", dtype="bfloat16"), config())
+    with pytest.raises(MemoryFileError) as refused:
+        load_memory(half, path)
+    assert refused.value.kind == "settings_mismatch" and "dtype" in str(refused.value)
     # Another model (other weights, the same configuration) is still refused.
     other = KVStream(load_model(folders["llama_other"], device="cpu", dtype="float32"), config())
     with pytest.raises(MemoryFileError) as refused:
@@ -223,10 +228,11 @@ def test_a_failing_checkpoint_is_reported_until_a_save_goes_through(folders, tmp
     # disk would make a save fail; the memory goes on, and the reason stays until a save succeeds.
     blocker = tmp_path / "memories"
     engine = StreamingEngine(folders["llama"], config(), device="cpu", dtype="float32",
-                             memory_file=str(blocker / "m"), checkpoint_period=0.2)
+                             memory_file=str(blocker / "m"))
     try:
         engine.wait_ready(60)
         blocker.write_text("not a folder")
+        engine.checkpoint_period = 0.2  # from here: no save could make the folder before the file took its place
         engine.push_text(TEXTS[0], timeout=60)
         deadline = time.monotonic() + 20
         while not engine.counters.checkpoints_failed and time.monotonic() < deadline:

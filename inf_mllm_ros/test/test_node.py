@@ -879,7 +879,8 @@ def test_requests_cut_short_are_counted_and_called_off(local_node):
         engines.append(StandInEngine(*args, **kwargs))
         return engines[-1]
 
-    probe, node = local_node(factory, query_timeout=1.0, stats_period=0.2)
+    # The first reset waits out query_timeout: long enough for the second to arrive meanwhile.
+    probe, node = local_node(factory, query_timeout=5.0, stats_period=0.2)
     probe.wait_for(lambda: node._active, 10, "the node active")
     engine = engines[0]
     # A goal cancelled while it waits for the model is counted failed, as one cancelled mid-answer is.
@@ -975,6 +976,16 @@ def test_health_goes_on_while_a_managed_configure_loads_the_model():
         probe.executor.remove_node(node)
         node.destroy_node()
         probe.close()
+
+
+def test_an_engine_kept_closed_by_a_failed_cleanup_is_never_activated(local_node):
+    class KeptClosed(StandInEngine):
+        closed = True  # a cleanup that timed out keeps the engine, closed, until a later one succeeds
+
+    probe, node = local_node(KeptClosed)
+    probe.wait_for(lambda: node.engine is not None, 10, "configured")
+    time.sleep(1.0)  # the activation that follows the configure is refused
+    assert not node._active and not node._input_subscriptions
 
 
 def test_a_sim_time_node_keeps_following_clock_once_active(local_node):

@@ -296,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-size", type=int, help=_parameter_help("chunk_size"))
     p.add_argument("--max-frame-pixels", type=int, help=_parameter_help("max_frame_pixels"))
     p.add_argument("--max-new-tokens", type=int, help=_parameter_help("max_new_tokens"))
-    p.add_argument("--frame-rate", type=float, help=_parameter_help("frame_rate") + " (seconds of the bag)")
+    p.add_argument("--frame-rate", type=float, help=_parameter_help("frame_rate") + " Offline, stamps are bag time.")
     p.add_argument("--remap", action="append", default=[], metavar="FROM:=TO",
                    help="map a bag topic to a node input (image, image/compressed, text, text/pinned), "
                         "as for the replay")
@@ -331,9 +331,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             beside = bag_path / "questions.yaml" if bag_path.is_dir() else bag_path.parent / "questions.yaml"
             questions = load_questions(beside) if beside.is_file() else []
-        # Check the bag before the minutes a model may take to load.
+        # Check the bag and the settings before the minutes a model may take to load.
         open_selected(bag_path, remaps, args.topics, namespace=node_namespace(args.node))[0].close()
-        config = checked_config(settings)  # before the minutes a model may take to load
+        config = checked_config(settings)
         out.mkdir(parents=True, exist_ok=True)
     except (UsageError, ValueError, BagError) as exc:
         return fail(str(exc))

@@ -22,9 +22,8 @@ Texts and questions have bounded queues; when one is full the call is refused at
 Memory file. With `memory_file` set, the worker restores the memory from it once the model is loaded
 (a file that cannot be used is renamed aside with the reason in `memory_status`, and the stream starts
 fresh), saves it every `checkpoint_period` seconds when it has changed, on `submit_save`, and last of
-all when the engine closes (after the input in progress, which closing lets finish; an answer stops at
-its next token). Saving runs on the worker between jobs, so a file is always a memory that existed
-between two inputs.
+all when the engine closes (an answer stops at its next token, a text message at the end of its block:
+see KVStream). Saving runs on the worker between jobs, so a file never holds half a block.
 """
 
 from __future__ import annotations
@@ -345,6 +344,11 @@ class StreamingEngine:
     def adapter(self) -> ModelAdapter | None:
         return None if self._stream is None else self._stream.adapter
 
+    @property
+    def closed(self) -> bool:
+        """Closed: it takes no more work (see `close`)."""
+        return self._closed
+
     def close(self, timeout: float | None = 10.0) -> bool:
         """Stop taking work, fail what is waiting, stop the current answer at its next token and a text being
         pushed at the end of its block (see KVStream), then wait up to `timeout` for the worker's last
@@ -517,9 +521,8 @@ class StreamingEngine:
             chars += len(self._messages[0].text[0])
             batch.append(self._messages.popleft())
         self._pending_texts -= len(batch)
-        self._last_kind = "texts"
+        self._last_kind = "text"
         return batch
-
 
 
 @dataclass

@@ -69,7 +69,8 @@ def model_fingerprint(adapter) -> str:
     with torch.no_grad():
         for name, param in adapter.model.named_parameters():
             digest.update(name.encode())
-            sample = param.detach().reshape(-1)[:64].to("cpu", torch.float32).contiguous()
+            # Through bfloat16: the same weights sample alike whatever precision they were loaded in.
+            sample = param.detach().reshape(-1)[:64].to("cpu", torch.bfloat16).float().contiguous()
             digest.update(sample.numpy().tobytes())
     return digest.hexdigest()
 
@@ -171,7 +172,7 @@ def load_memory(stream, path: str | os.PathLike, fingerprint: str | None = None)
 
 def set_aside(path: str | os.PathLike) -> Path | None:
     """Rename a refused file out of the way (kept for inspection, never overwritten); None if absent."""
-    path = Path(path)
+    path = Path(path).resolve()  # through a link, as save_memory writes
     if not path.exists():
         return None
     aside = path.with_name(f"{path.name}.refused-{time.strftime('%Y%m%d-%H%M%S')}")

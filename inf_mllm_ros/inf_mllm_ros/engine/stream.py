@@ -118,12 +118,12 @@ TokenCallback = Callable[[str, int], None]
 class KVStream:
     """Text, frames and questions into one model through a bounded KV cache.
 
-    Setting `stop_requested` (from any thread) ends the current answer at the next token, and a text being
-    pushed at the end of its current block (chunk_size tokens), with StreamStoppedError, so a shutdown
+    Setting `stop_requested` (from any thread) ends the current answer at the next token, and a text message
+    being pushed at the end of its current block (chunk_size tokens), with StreamStoppedError, so a shutdown
     waits for neither a long generation nor a long text. The blocks that went in stay (a message cut
-    short, as when a push fails part-way); a frame, a few blocks at most, is finished first so that its
-    layout stays whole. Either way the memory a shutdown saves is consistent: every block in it was
-    attended and evicted after.
+    short, as when a push fails part-way); a frame (a few blocks at most) and a kept question or answer
+    are finished first, so that a frame's layout and a dialogue turn stay whole. Either way the memory a
+    shutdown saves is consistent: every block in it was attended and evicted after.
     """
 
     stop_requested = False
@@ -237,7 +237,8 @@ class KVStream:
         turns = [self.adapter.tokenize_turn(self.adapter.chat.user_parts(stamped(text, stamp)))
                  for text, stamp, _ in items]
         pinned = torch.cat([torch.full((len(t),), pin) for t, (_, _, pin) in zip(turns, items)])
-        self._push(self.adapter.text_prompt(torch.cat(turns)), pinned=pinned if bool(pinned.any()) else False)
+        self._push(self.adapter.text_prompt(torch.cat(turns)), pinned=pinned if bool(pinned.any()) else False,
+                   stoppable=True)
         self.texts_ingested += len(items)
         return [int(t.numel()) for t in turns]
 
@@ -382,7 +383,7 @@ class KVStream:
             # Tokenized as the characters it is, like every text (ModelAdapter.tokenize_turn).
             system = self.adapter.tokenize_turn(self.adapter.chat.system_parts(self.config.system_prompt))
             try:
-                self._push(self.adapter.text_prompt(system))
+                self._push(self.adapter.text_prompt(system), stoppable=True)
             except BaseException:
                 self.cache.reset()  # it held nothing before: the system turn comes first
                 self.tokens_seen = 0
@@ -390,7 +391,7 @@ class KVStream:
         self._started = True
 
     def _push(self, prompt: Prompt, *, return_logits: bool = False, last_logits: bool = False,
-              pinned: bool | Tensor = False):
+              pinned: bool | Tensor = False, stoppable: bool = False):
         """Push a prompt in blocks of at most chunk_size tokens, evicting after each block. Returns its
         token count, or every token's logits (`return_logits`), or the last token's (`last_logits`).
 
@@ -405,7 +406,7 @@ class KVStream:
         base = self.cache.next_position
         outputs = []
         for start in range(0, total, chunk):
-            if start and self.stop_requested and prompt.token_ids is not None:
+            if start and stoppable and self.stop_requested:
                 raise StreamStoppedError(f"stopped while taking in a text: its first {start} of {total} tokens went in")
             block = prompt.slice(start, min(start + chunk, total))
             last = start + chunk >= total
