@@ -30,10 +30,9 @@ from .bag_io import BagError
 from .report import mib, write_plot, write_report
 from .stream_inputs import (
     Question,
-    load_questions,
+    chosen_questions,
     node_namespace,
     open_selected,
-    parse_ask,
     parse_remaps,
     questions_due,
     stream_inputs,
@@ -322,15 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = resolve_settings(args)
         remaps = parse_remaps(args.remap)
-        if args.no_questions:
-            questions = []
-        elif args.ask:
-            questions = sorted((parse_ask(a) for a in args.ask), key=lambda q: q.time_s)
-        elif args.questions:
-            questions = load_questions(args.questions)
-        else:
-            beside = bag_path / "questions.yaml" if bag_path.is_dir() else bag_path.parent / "questions.yaml"
-            questions = load_questions(beside) if beside.is_file() else []
+        beside = bag_path / "questions.yaml" if bag_path.is_dir() else bag_path.parent / "questions.yaml"
+        questions = [] if args.no_questions else chosen_questions(args.ask, args.questions, beside)
         # Check the bag and the settings before the minutes a model may take to load.
         open_selected(bag_path, remaps, args.topics, namespace=node_namespace(args.node))[0].close()
         config = checked_config(settings)

@@ -31,10 +31,9 @@ from .bag_io import BagError
 from .stream_inputs import (
     DEFAULT_REMAPS,
     Question,
-    load_questions,
+    chosen_questions,
     node_namespace,
     open_selected,
-    parse_ask,
     parse_remaps,
     questions_due,
     resolve,
@@ -397,12 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.start < 0 or (args.duration is not None and args.duration <= 0):
         return fail("--start must be >= 0 and --duration > 0", 2)
     try:
-        if args.ask:
-            questions = sorted((parse_ask(a) for a in args.ask), key=lambda q: q.time_s)
-        elif args.questions:
-            questions = load_questions(args.questions)
-        else:
-            questions = []
+        questions = chosen_questions(args.ask, args.questions)
         return replay(args, questions, out=lambda line: print(line, flush=True))
     except (BagError, ValueError) as exc:
         return fail(str(exc), 2)

@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_REMAPS",
     "Question",
     "StreamInput",
+    "chosen_questions",
     "input_kind",
     "load_questions",
     "node_namespace",
@@ -215,6 +216,19 @@ def load_questions(path: str | Path) -> list[Question]:
             raise ValueError(f"{path}: entry {i} needs a time_s >= 0 and a non-empty question")
         out.append(Question(time_s, question, str(entry.get("expected") or ""), bool(entry.get("needs_vision"))))
     return sorted(out, key=lambda q: q.time_s)
+
+
+def chosen_questions(ask: Sequence[str], questions_file: str | None, default_file: Path | None = None
+                     ) -> list[Question]:
+    """The questions a run asks, in time order: those given as "T:question" (`--ask`), else a questions
+    file, else `default_file` where it exists (the offline runner's questions.yaml beside the bag)."""
+    if ask:
+        return sorted((parse_ask(a) for a in ask), key=lambda q: q.time_s)
+    if questions_file:
+        return load_questions(questions_file)
+    if default_file is not None and default_file.is_file():
+        return load_questions(default_file)
+    return []
 
 
 def tally(graded: Sequence[tuple[bool | None, bool]]) -> str:
