@@ -378,7 +378,8 @@ class BoundedKVCache(Cache):
     """A KV cache of fixed size for one stream, with a pluggable eviction policy.
 
     capacity: tokens kept after each eviction.
-    headroom: extra slots for the prompt being pushed (one chunk) or a question and its answer.
+    headroom: extra slots for the block being pushed (at least one chunk) or a question and its answer
+        (StreamConfig decides it: max(chunk_size, 256) unless given).
     rope_inv_freq: the model's RoPE inverse frequencies, needed to re-pack positions in "cache" mode.
     stack_layers: evict and re-pack every layer in one pass over storage shared by the layers (when they
         are of one shape); False: one layer at a time. Either way after the last layer has attended, and
@@ -391,7 +392,7 @@ class BoundedKVCache(Cache):
         capacity: int,
         policy: EvictionPolicy,
         *,
-        headroom: int = 256,
+        headroom: int,
         position_mode: str = "cache",
         rope_inv_freq: Tensor | None = None,
         scoring_backend: str = "auto",
