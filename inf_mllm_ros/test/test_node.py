@@ -779,6 +779,17 @@ class StandInEngine:
         pass
 
 
+def stand_in_factory():
+    """An engine factory that makes StandInEngines, and the list of those it made (for a test to steer)."""
+    engines = []
+
+    def factory(*args, **kwargs):
+        engines.append(StandInEngine(*args, **kwargs))
+        return engines[-1]
+
+    return factory, engines
+
+
 @pytest.fixture
 def local_node(request):
     """An InfMLLMNode in this process, made with the given engine factory, and a probe to call it."""
@@ -846,12 +857,7 @@ def test_query_while_the_model_loads_then_fails_to_load(local_node, monkeypatch)
 def test_busy_failing_and_slow_engine_answers_say_why(local_node):
     from inf_mllm_ros.engine.engine import EngineBusyError
 
-    engines = []
-
-    def factory(*args, **kwargs):
-        engines.append(StandInEngine(*args, **kwargs))
-        return engines[-1]
-
+    factory, engines = stand_in_factory()
     probe, node = local_node(factory, query_timeout=1.0)
     probe.wait_for(lambda: node._active, 10, "the node active")
     engine = engines[0]
@@ -873,12 +879,7 @@ def test_busy_failing_and_slow_engine_answers_say_why(local_node):
 
 
 def test_requests_cut_short_are_counted_and_called_off(local_node):
-    engines = []
-
-    def factory(*args, **kwargs):
-        engines.append(StandInEngine(*args, **kwargs))
-        return engines[-1]
-
+    factory, engines = stand_in_factory()
     # The first reset waits out query_timeout: long enough for the second to arrive meanwhile.
     probe, node = local_node(factory, query_timeout=5.0, stats_period=0.2)
     probe.wait_for(lambda: node._active, 10, "the node active")
@@ -911,12 +912,7 @@ def test_requests_cut_short_are_counted_and_called_off(local_node):
 
 
 def test_a_failing_save_and_failing_descriptions_show_in_diagnostics(local_node):
-    engines = []
-
-    def factory(*args, **kwargs):
-        engines.append(StandInEngine(*args, **kwargs))
-        return engines[-1]
-
+    factory, engines = stand_in_factory()
     probe, node = local_node(factory, diagnostics_period=0.1)
     probe.wait_for(lambda: node._active, 10, "the node active")
     probe.diagnostics = Latest(probe, DiagnosticArray, "/diagnostics", RELIABLE)
