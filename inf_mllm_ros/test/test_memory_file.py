@@ -149,18 +149,21 @@ def test_files_that_cannot_be_used_are_refused_with_their_reason(folders, tmp_pa
     save_memory(filled(adapter), good)
     data = good.read_bytes()
     cases = {name: tmp_path / name.replace(" ", "_") for name in
-             ("missing", "torn", "corrupt", "version", "not a memory", "model_mismatch", "settings_mismatch", "policy")}
+             ("missing", "torn", "corrupt", "clock", "version", "not a memory", "model_mismatch", "settings_mismatch",
+              "policy")}
     cases["torn"].write_bytes(data[: len(data) * 2 // 3])
     flipped = bytearray(data)
     flipped[-37] ^= 0x10
     cases["corrupt"].write_bytes(bytes(flipped))
+    cases["clock"].write_bytes(data)  # a counter changed in the header: the clock is checksummed too
+    _rewrite_header(cases["clock"], lambda m: m.update(stream=m["stream"].replace('"tokens_seen": ', '"tokens_seen": 1')))
     cases["version"].write_bytes(data)
     _rewrite_header(cases["version"], lambda m: m.update(version="1"))  # the layout before this one
     cases["not a memory"].write_bytes(b"\x00" * 64)
     save_memory(filled(load_model(folders["llama_other"], device="cpu", dtype="float32")), cases["model_mismatch"])
     save_memory(filled(adapter, capacity=64), cases["settings_mismatch"])
     save_memory(filled(adapter, policy="h2o"), cases["policy"])
-    expected = {"missing": "missing", "torn": "torn", "corrupt": "corrupt", "version": "version",
+    expected = {"missing": "missing", "torn": "torn", "corrupt": "corrupt", "clock": "corrupt", "version": "version",
                 "not a memory": "corrupt", "model_mismatch": "model_mismatch",
                 "settings_mismatch": "settings_mismatch", "policy": "settings_mismatch"}
 

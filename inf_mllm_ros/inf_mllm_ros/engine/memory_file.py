@@ -3,7 +3,7 @@
 The file is a safetensors file: named tensors and a text header, data only (nothing in it is ever
 executed or unpickled). The header says what the file is (`format`, `version`), which model made it
 (a fingerprint of its configuration and weights), the cache settings it needs, the stream's clock and
-counters, and a sha256 over every tensor's bytes.
+counters, and a sha256 over every tensor's bytes and that clock.
 
 Writing goes to a temporary file beside the target, which is flushed to disk and then renamed over
 the target, and the folder is flushed too: a crash at any moment leaves either the previous file or
@@ -27,7 +27,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 FORMAT = "inf_mllm_ros.memory"
-VERSION = 2  # 2: every slot's kind, pin and the window's query count; the stream's time origin
+VERSION = 2  # 2: every slot's kind, pin and the window's query count; the stream's time origin; the clock checksummed
 
 # Why a file was refused (MemoryFileError.kind).
 MISSING, TORN, CORRUPT, VERSION_MISMATCH, MODEL_MISMATCH, SETTINGS_MISMATCH = (
@@ -86,8 +86,10 @@ def required_settings(stream) -> dict:
     }
 
 
-def _checksum(tensors: dict[str, torch.Tensor]) -> str:
-    digest = hashlib.sha256()
+def _checksum(tensors: dict[str, torch.Tensor], clock: str) -> str:
+    """Over every tensor and the stream's clock and counters (the header's other fields are checked
+    against this stream: a damaged one is refused anyway)."""
+    digest = hashlib.sha256(clock.encode())
     for name in sorted(tensors):
         digest.update(name.encode())
         digest.update(tensors[name].contiguous().view(torch.uint8).numpy().tobytes())
@@ -99,14 +101,15 @@ def save_memory(stream, path: str | os.PathLike, fingerprint: str | None = None)
     start = time.monotonic()
     path = Path(path).resolve()  # through a link: replace the file it names, not the link
     tensors = stream.cache.export_state()
+    clock = json.dumps(stream.clock_state(), sort_keys=True)
     header = {
         "format": FORMAT,
         "version": str(VERSION),
         "model": fingerprint or model_fingerprint(stream.adapter),
         "settings": json.dumps(required_settings(stream), sort_keys=True),
-        "stream": json.dumps(stream.clock_state(), sort_keys=True),
+        "stream": clock,
         "saved_at": f"{time.time():.3f}",
-        "sha256": _checksum(tensors),
+        "sha256": _checksum(tensors, clock),
     }
     data = st_save(tensors, metadata=header)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -159,7 +162,7 @@ def load_memory(stream, path: str | os.PathLike, fingerprint: str | None = None)
         tensors = st_load(data)
     except Exception as exc:
         raise MemoryFileError(CORRUPT, f"{path}: unreadable tensors ({exc})") from exc
-    if _checksum(tensors) != header.get("sha256"):
+    if _checksum(tensors, header["stream"]) != header.get("sha256"):
         raise MemoryFileError(CORRUPT, f"{path}: checksum mismatch (the file was changed or damaged)")
     try:
         stream.cache.import_state(tensors, dtype=stream.adapter.dtype, device=stream.adapter.device)
