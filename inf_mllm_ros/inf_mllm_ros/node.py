@@ -53,10 +53,9 @@ from .engine.adapters import FramesNotSupportedError
 from .engine.engine import EngineBusyError, EngineNotReadyError, FrameDroppedError, StreamingEngine
 from .engine.stream import AnswerCancelledError
 from .engine.text_rules import is_blank
-from .engine.value_rules import period_problem
 from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
 from .input_rules import FrameGate, StreamClock, length_refusal, stamp_seconds, text_refusal
-from .settings import (BY_NAME, MAX_NEW_TOKENS_LIMIT, PARAMETERS, PERIODS, Param, knob_problem, load_settings,
+from .settings import (BY_NAME, MAX_NEW_TOKENS_LIMIT, PARAMETERS, Param, knob_problem, load_settings,
                        stream_config, value_problem)
 
 NODE_NAME = "inf_mllm"
@@ -335,9 +334,10 @@ class InfMLLMNode(LifecycleNode):
         return self.get_parameter(name).value
 
     def _on_set_parameters(self, params) -> SetParametersResult:
-        # Ranges and read-only flags were checked by rclpy against the descriptors already.
+        # Ranges and read-only flags were checked by rclpy against the descriptors already; the table's rule
+        # also says what a descriptor cannot (a period's 0-or-at-least rule).
         for p in params:
-            problem = period_problem(p.name, p.value) if p.name in PERIODS else None
+            problem = value_problem(p.name, p.value) if p.name in BY_NAME else None
             if problem:
                 return SetParametersResult(successful=False, reason=problem)
         # Read-only parameters were refused already, so these are the policy's live settings.
