@@ -8,6 +8,7 @@ and its peak; broken frames must be refused before they touch memory.
 
 from __future__ import annotations
 
+import warnings
 
 import numpy as np
 import pytest
@@ -287,6 +288,20 @@ def test_default_model_answers_text_as_its_language_model_among_frames(default_m
             stream.push_frame(rgb, 2.0 + i)
         after.append(stream.ask("Where did forklift F2 park?", max_new_tokens=12).text)
     assert after[0] == after[1] and "dock 3" in after[0]
+
+
+@pytest.mark.parametrize("family", FAMILIES + ("llama",))
+def test_the_model_is_called_without_arguments_its_transformers_release_deprecates(family, adapters):
+    # transformers warns of a renamed argument for some releases, then drops the old name: a warning here is
+    # an engine that stops working with a later release (past_key_values became cache in 5.24).
+    stream = KVStream(adapters[family], StreamConfig(capacity=64, policy="inf_mllm", chunk_size=16))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        stream.push_text("A short message to take in.")
+        stream.ask(QUESTION, max_new_tokens=2)
+    deprecated = [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))
+                  and "deprecated" in str(w.message)]
+    assert not deprecated, deprecated
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "idefics3"])

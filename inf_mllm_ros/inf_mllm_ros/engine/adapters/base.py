@@ -73,6 +73,10 @@ class ModelAdapter(ABC):
         self.attention_modules = frozenset(
             m for m in self.decoder.modules() if hasattr(m, "layer_idx") and hasattr(m, "o_proj")
         )
+        # transformers 5.24 renamed the decoder's past_key_values to cache, and drops the old name in 5.40.
+        self._cache_argument = (
+            "cache" if "cache" in inspect.signature(self.decoder.forward).parameters else "past_key_values"
+        )
 
     # --- loading -----------------------------------------------------------------------------------
     @classmethod
@@ -88,7 +92,7 @@ class ModelAdapter(ABC):
     # --- structure ---------------------------------------------------------------------------------
     @property
     def decoder(self) -> nn.Module:
-        """The module that takes inputs_embeds, position_ids and past_key_values."""
+        """The module that takes inputs_embeds, position_ids and the cache."""
         return self.model.model
 
     @property
@@ -199,7 +203,8 @@ class ModelAdapter(ABC):
     def forward(self, embeds: Tensor, position_ids: Tensor, cache, *, all_logits: bool = False) -> Tensor:
         """Run the decoder over [q, hidden] embeddings; returns float32 logits [q or 1, vocab]."""
         out = self.decoder(
-            inputs_embeds=embeds.unsqueeze(0), position_ids=position_ids, past_key_values=cache, use_cache=True
+            inputs_embeds=embeds.unsqueeze(0), position_ids=position_ids, use_cache=True,
+            **{self._cache_argument: cache},
         )
         hidden = out.last_hidden_state[0]
         if not all_logits:
