@@ -20,22 +20,9 @@ from typing import ClassVar
 import torch
 
 from inf_mllm_ros.engine.policies import InfMLLMPolicy, SlotView, knob, register
-from inf_mllm_ros.engine.stream import KVStream
-from recall import trace_variants
+from recall import tell_policies_token_ids, trace_variants
 
-_forward = KVStream._forward
-
-
-def _forward_telling_ids(self, prompt, offset, *, evict, pack, observe, **kwargs):
-    # A policy sees no token ids: this one is told those of every block that stays in memory.
-    if observe and prompt.token_ids is not None and hasattr(self.policy, "pending"):
-        self.policy.pending.append(prompt.token_ids.to(torch.float32))
-    elif observe and hasattr(self.policy, "pending"):
-        self.policy.pending.append(torch.full((len(prompt),), -1.0))
-    return _forward(self, prompt, offset, evict=evict, pack=pack, observe=observe, **kwargs)
-
-
-KVStream._forward = _forward_telling_ids
+tell_policies_token_ids()
 
 
 @register
@@ -49,6 +36,11 @@ class EchoPolicy(InfMLLMPolicy):
     def __post_init__(self):
         super().__post_init__()
         self.pending: list[torch.Tensor] = []
+
+    def told(self, prompt) -> None:
+        # A frame's tokens have no ids: -1 (then 0 in the slots: unknown).
+        ids = prompt.token_ids
+        self.pending.append(torch.full((len(prompt),), -1.0) if ids is None else ids.to(torch.float32))
 
     def select(self, view: SlotView, keep: int) -> torch.Tensor:
         token = view.stats["token"]

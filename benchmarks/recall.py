@@ -220,6 +220,24 @@ def trace_fact(stream, adapter, fact: dict, *, before: int = 10, until: int = 21
     return trace
 
 
+def tell_policies_token_ids() -> None:
+    """For the diagnostics whose policies read the words: a policy sees no token ids, so from now on a
+    policy with a `told(prompt)` method is handed every prompt that stays in memory before it goes in."""
+    from inf_mllm_ros.engine.stream import KVStream
+
+    forward = KVStream._forward
+    if getattr(forward, "tells_token_ids", False):
+        return
+
+    def forward_telling_ids(self, prompt, offset, *, evict, pack, observe, **kwargs):
+        if observe and hasattr(self.policy, "told"):
+            self.policy.told(prompt)
+        return forward(self, prompt, offset, evict=evict, pack=pack, observe=observe, **kwargs)
+
+    forward_telling_ids.tells_token_ids = True
+    KVStream._forward = forward_telling_ids
+
+
 def trace_variants(variants: list[tuple[str, dict]], out: str, *, seeds=(0,), threads: int = 2) -> None:
     """`trace_fact` for each (policy, settings) and seed's first fact (told after 10 + 5 x seed paragraphs),
     cache 512, on the 0.5B model, then the fact asked at the end; records written to results/`out` as they
