@@ -67,8 +67,9 @@ def run_one(args) -> list[dict]:
     ids = ids[:n_tokens]
     from inf_mllm_ros.engine.policies import POLICIES
 
-    knobs = {k: v for k, v in (("attention_bias", args.bias), ("recent_size", args.recent))
-             if v is not None and k in POLICIES[args.policy].knobs()}
+    knobs = {**getattr(args, "policy_settings", {}),
+             **{k: v for k, v in (("attention_bias", args.bias), ("recent_size", args.recent))
+                if v is not None and k in POLICIES[args.policy].knobs()}}
     config = StreamConfig(
         capacity=capacity, policy=args.policy, chunk_size=args.chunk, headroom=args.chunk, system_prompt="",
         position_mode=args.position_mode, policy_settings=knobs,

@@ -27,9 +27,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-import inf_mllm_ros.engine.policies as policies
 from inf_mllm_ros.engine.cache import BoundedKVCache
-from inf_mllm_ros.engine.policies import InfMLLMPolicy, SlotView, knob, register
+from inf_mllm_ros.engine.policies import InfMLLMPolicy, SlotView, register
 from recall import trace_variants
 
 
@@ -37,7 +36,6 @@ from recall import trace_variants
 @dataclass
 class SharedSelectionPolicy(InfMLLMPolicy):
     name: ClassVar[str] = "inf_mllm_shared"
-    decay: float = knob(0.9, "Share of a token's summed attention kept per eviction.", low=0.0, high=1.0)
 
     def select(self, view: SlotView, keep: int) -> torch.Tensor:
         raise RuntimeError("inf_mllm_shared selects for every layer at once (evict_all_layers)")
@@ -53,12 +51,12 @@ def evict_all_layers(cache: BoundedKVCache) -> int:
     first = views[0]
     sinks, recent = policy.regions(first, keep)
     # Inf-MLLM's memory update per layer-head, without its pooling and bias (applied once, below).
-    bias, pool, decay = policy.attention_bias, policy.score_pool, policies.MEMORY_DECAY
-    policy.score_pool, policies.MEMORY_DECAY = 1, policy.decay
+    bias, pool = policy.attention_bias, policy.score_pool
+    policy.score_pool = 1
     try:
         attention = torch.cat([policy.drawn(v, sinks, recent).exp() for v in views])  # [layer-heads, candidates]
     finally:
-        policy.score_pool, policies.MEMORY_DECAY = pool, decay
+        policy.score_pool = pool
     relative = attention / attention.mean(-1, keepdim=True).clamp(min=1e-30)
     score = torch.log(relative.mean(0).clamp(min=1e-30))[None]
     if pool > 1 and score.shape[-1] > 1:
@@ -101,7 +99,7 @@ BoundedKVCache.after_attention = _after_attention
 VARIANTS = [
     ("inf_mllm", {}),
     ("inf_mllm_shared", {}),
-    ("inf_mllm_shared", {"decay": 0.99}),
+    ("inf_mllm_shared", {"memory_decay": 0.99}),
 ]
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from inf_mllm_ros.engine.cache import BoundedKVCache, PromptPositions
-from inf_mllm_ros.engine.policies import MEMORY_DECAY, POLICIES, SlotView, make_policy
+from inf_mllm_ros.engine.policies import POLICIES, SlotView, make_policy, policy_defaults
 
 FILL, KEEP, HEADS = 80, 40, 2
 SHIPPED = {}  # make_policy's defaults: the settings StreamConfig and the node ship
@@ -254,17 +254,19 @@ def test_score_memory_keeps_a_saddle_of_earlier_prompts():
     assert 6 not in kept(inf(PLAIN, attention_bias=0.0), v), "the plain score knows the newest window only"
 
 
-@pytest.mark.parametrize("ratio, enters", [(9.0, False), (11.0, True)])
-def test_attention_that_keeps_coming_adds_up_against_a_newcomer(ratio, enters):
-    """Saddles keep drawing attention: an incumbent that drew 1 % in every window for long counts ten
-    times that (the decayed sum), so a newcomer judged once takes its slot only with more, or by the bias."""
+@pytest.mark.parametrize("decay", [policy_defaults("inf_mllm")["memory_decay"], 0.5, 0.99])
+@pytest.mark.parametrize("ratio, enters", [(0.9, False), (1.1, True)])
+def test_attention_that_keeps_coming_adds_up_against_a_newcomer(decay, ratio, enters):
+    """Saddles keep drawing attention: an incumbent that drew 1 % in every window for long counts
+    1 / (1 - memory_decay) times that (the decayed sum: ten times at 0.9), so a newcomer judged once takes
+    its slot only with more, or by the bias."""
     newcomers = set(range(40, FILL))
     for bias, expected in ((0.0, enters), (50.0, True)):
-        policy = inf(attention_bias=bias, score_pool=1)
+        policy = inf(attention_bias=bias, score_pool=1, memory_decay=decay)
         v = view(policy=policy)
-        v.stats["attention_sum"][:, 4:40] = 1e-2 / (1 - MEMORY_DECAY)  # incumbents: 1 % of attention for many windows ...
+        v.stats["attention_sum"][:, 4:40] = 1e-2 / (1 - decay)  # incumbents: 1 % of attention for many windows ...
         v.window_attention[:, 4:40] = 1e-2 * 8  # ... and now
-        v.window_attention[:, 40:] = 1e-2 * ratio * 8  # newcomers, judged for the first time
+        v.window_attention[:, 40:] = 1e-2 * ratio / (1 - decay) * 8  # newcomers, judged for the first time
         assert (candidates_kept(policy, v) <= newcomers) == expected, (bias, ratio)
 
 
@@ -278,7 +280,7 @@ def test_remembered_attention_trades_against_age_like_attention_now(bias):
         attn = torch.full((HEADS, 10), 1e-2)
         attn[:, 4], attn[:, 5] = 0.0, 1e-3  # the fact draws nothing now
         total = torch.zeros(HEADS, 10)
-        total[:, 4] = 1e-3 * ratio / MEMORY_DECAY  # its subject's mentions, decayed once more at this eviction
+        total[:, 4] = 1e-3 * ratio / policy.memory_decay  # its subject's mentions, decayed once more at this eviction
         v = SlotView(fill=10, num_heads=HEADS, seq=seq, window_attention=attn, window_queries=1, stream_end=502,
                      stats={"attention_sum": total, "born": seq.float() + 1})
         idx = policy.select(v, 9)[0].tolist()

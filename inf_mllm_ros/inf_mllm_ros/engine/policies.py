@@ -209,10 +209,6 @@ class H2OPolicy(EvictionPolicy):
         return _keep_ends_and_best(view, keep, 0, recent, accumulated[:, : view.fill - recent])
 
 
-# Per eviction, the share of a candidate's summed attention it keeps: about ten prompts of memory.
-MEMORY_DECAY = 0.9
-
-
 @register
 @dataclass
 class InfMLLMPolicy(EvictionPolicy):
@@ -228,11 +224,12 @@ class InfMLLMPolicy(EvictionPolicy):
     than the window, so every window query sees it. With `score_memory`, a candidate's attention A is the
     decayed sum of what the windows since it arrived paid it:
 
-        A <- 0.9 * A + a
+        A <- memory_decay * A + a
 
     Saddles are the tokens that keep drawing attention: attention that comes prompt after prompt adds up
-    (a token drawing the same attention at every eviction counts ten times a newcomer's), and fades by a
-    tenth per eviction (one per block of up to chunk_size tokens) once it stops. (Keeping each token's
+    (a token drawing the same attention at every eviction counts 1 / (1 - memory_decay) times a
+    newcomer's: ten times at 0.9), and fades by that factor per eviction (one per block of up to
+    chunk_size tokens) once it stops. (Keeping each token's
     peak as well, max(A, P), held a fact hit once for longer, but in a 300-round dialogue the 0.5B model
     then answered "OK" to every question after round 50: 2/42 right against 12/42.) The score ranks
     candidates by log attention against log age, and a kept token keeps its neighbours (each candidate
@@ -272,8 +269,12 @@ class InfMLLMPolicy(EvictionPolicy):
         "memory.", low=0.0, high=100.0, live=True)
     score_memory: bool = knob(
         True, "Score a token by the decayed sum of the attention it has drawn since it arrived (attention that "
-        "keeps coming adds up, and fades by a tenth per eviction once it stops); false: by the newest block's "
-        "attention alone.")
+        "keeps coming adds up, and fades by memory_decay per eviction once it stops); false: by the newest "
+        "block's attention alone.")
+    memory_decay: float = knob(
+        0.9, "With score_memory: the share of a token's remembered attention kept at each eviction (one per block "
+        "of up to chunk_size tokens). 0.9 remembers about ten blocks; closer to 1, longer (1: never forgets, and "
+        "only the age term moves the cache).", low=0.0, high=1.0, live=True)
     score_pool: int = knob(
         13, "A kept token keeps the tokens around it, in a centred window of this many slots (odd); "
         "1: single tokens.", low=1, high=255, step=2)
@@ -317,10 +318,10 @@ class InfMLLMPolicy(EvictionPolicy):
             # window's room) are seen by the window's queries from their own on.
             attention = attention / visible_counts(view.fill - view.new, view.new, attention.device)[cand]
         if self.score_memory:
-            # Attention that keeps coming adds up; once it stops it fades by a tenth per eviction.
+            # Attention that keeps coming adds up; once it stops it fades by memory_decay per eviction.
             total = view.stats["attention_sum"][:, cand]
             if view.window_queries:  # a window that judged nothing (after a restore) ages nothing
-                total.mul_(MEMORY_DECAY).add_(attention)
+                total.mul_(self.memory_decay).add_(attention)
             attention = total
         drawn = torch.log(attention.clamp(min=1e-30))
         if self.score_pool > 1 and drawn.shape[-1] > 1:
