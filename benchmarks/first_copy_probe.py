@@ -18,7 +18,6 @@ the share of layer-heads holding its value as it ages. Results: benchmarks/resul
 from __future__ import annotations
 
 import argparse
-from types import SimpleNamespace
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -26,7 +25,7 @@ import torch
 
 from inf_mllm_ros.engine.policies import InfMLLMPolicy, SlotView, knob, register
 from common import load_records, write_records
-from recall import run_one, tell_policies_token_ids, trace_variants
+from recall import mentioned_run, tell_policies_token_ids, trace_variants
 
 tell_policies_token_ids()
 
@@ -123,11 +122,7 @@ def main() -> None:
     if args.recall:
         records = load_records(args.out)
         for seed in args.seeds:
-            run = SimpleNamespace(policy="inf_mllm_first_copy", cache=512, setting="mentioned", seed=seed,
-                                  threads=args.threads, model="qwen2.5-0.5b", device="cpu", dtype="float32", text=None,
-                                  facts=20, fact_every=400, distances=[1024, 2048, 4096, 8192], bias=None, pool=None,
-                                  first_mention=192, mention_gap=0, fact_alone=False, policy_settings=settings)
-            found = run_one(run)
+            found = mentioned_run("inf_mllm_first_copy", seed, settings, threads=args.threads)
             for r in found:
                 r["policy_settings"] = settings
             records += found

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 from common import load_records, write_records
 
 OUT = "memory_decay_sweep.json"
-CACHE = 512
+CACHE = 512  # recall.mentioned_run's too
 
 
 def perplexity(decay: float, threads: int) -> dict:
@@ -42,13 +42,9 @@ def perplexity(decay: float, threads: int) -> dict:
 
 
 def recall(decay: float, seed: int, threads: int) -> dict:
-    from recall import DISTANCES, run_one
+    from recall import DISTANCES, mentioned_run
 
-    run = SimpleNamespace(policy="inf_mllm", cache=CACHE, setting="mentioned", seed=seed, threads=threads,
-                          model="qwen2.5-0.5b", device="cpu", dtype="float32", text=None, facts=20, fact_every=400,
-                          distances=DISTANCES, bias=None, pool=None, first_mention=192, mention_gap=0,
-                          fact_alone=False, policy_settings={"memory_decay": decay})
-    found = run_one(run)
+    found = mentioned_run("inf_mllm", seed, {"memory_decay": decay}, threads=threads)
     per = {d: [r for r in found if r["distance"] == d] for d in DISTANCES}
     return {"benchmark": "recall", "policy": "inf_mllm", "cache_size": CACHE, "memory_decay": decay,
             "setting": "mentioned", "seed": seed, "model": "qwen2.5-0.5b", "dtype": "float32",

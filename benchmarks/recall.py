@@ -194,6 +194,17 @@ def run_one(args) -> list[dict]:
     return records
 
 
+def mentioned_run(policy: str, seed: int, policy_settings: dict, *, threads: int = 2) -> list[dict]:
+    """`run_one` on the command line's default stream (twenty facts, subjects mentioned, cache 512, the 0.5B
+    model in float32) for a policy and its settings: what the diagnostics and sweeps compare."""
+    from types import SimpleNamespace
+
+    return run_one(SimpleNamespace(
+        policy=policy, cache=512, setting="mentioned", seed=seed, threads=threads, model="qwen2.5-0.5b",
+        device="cpu", dtype="float32", text=None, facts=20, fact_every=400, distances=DISTANCES, bias=None,
+        pool=None, first_mention=192, mention_gap=0, fact_alone=False, policy_settings=policy_settings))
+
+
 MENTION_AGES = (192, 384, 768, 1536)  # the ages at which trace_fact mentions its fact
 
 
