@@ -289,13 +289,16 @@ def test_remembered_attention_trades_against_age_like_attention_now(bias):
 
 def test_a_hit_is_remembered_across_evictions_in_the_cache():
     """Through the real cache: a token the first prompt looked at survives later prompts that look
-    elsewhere with the score memory, and goes without it."""
+    elsewhere with the score memory, and goes without it, or with a memory that keeps nothing (set at run
+    time)."""
     torch.manual_seed(0)
     heads, dim, capacity = 1, 8, 10
     survived = {}
-    for memory in (True, False):
+    for memory, decay in ((True, None), (False, None), (True, 0.0)):
         policy = make_policy("inf_mllm", capacity=capacity, recent_size=2, sink_size=1, attention_bias=0.0,
                              score_pool=1, score_memory=memory)
+        if decay is not None:
+            policy.set_knob("memory_decay", decay)
         cache = BoundedKVCache(1, capacity, policy, headroom=8, position_mode="original")
         layer = cache.layers[0]
         keys = torch.randn(1, heads, 40, dim) * 0.01
@@ -309,8 +312,8 @@ def test_a_hit_is_remembered_across_evictions_in_the_cache():
             query[0, 0, :, 0] = 0.0
             cache.after_attention(0, query, layer.keys[:, :, : layer.fill], 1.0)
             seen += n
-        survived[memory] = 3 in cache.cached_seq(0)[0].tolist()
-    assert survived == {True: True, False: False}
+        survived[memory, decay] = 3 in cache.cached_seq(0)[0].tolist()
+    assert survived == {(True, None): True, (False, None): False, (True, 0.0): False}
 
 
 @VARIANTS
