@@ -35,10 +35,10 @@ tell_policies_token_ids()
 class FirstCopyPolicy(InfMLLMPolicy):
     name: ClassVar[str] = "inf_mllm_first_copy"
     slot_stats: ClassVar[tuple[str, ...]] = ("attention_sum", "born", "pair")
-    max_copies: int = knob(8, "A word pair seen at most this many times in the stream is rare.", low=1, high=1 << 20)
-    renew: bool = knob(False, "A repeat of a rare phrase makes its first copy, and the tokens pooled with it, as young "
+    max_copies: int = knob(8, "A phrase seen at most this many times in the stream is rare.", low=1, high=1 << 20)
+    renew: bool = knob(True, "A repeat of a rare phrase makes its first copy, and the tokens pooled with it, as young "
                        "as the repeat.")
-    span: int = knob(2, "Tokens in a phrase: a pair, or more.", low=2, high=8)
+    span: int = knob(3, "Tokens in a phrase: a pair, or more.", low=2, high=8)
 
     def __post_init__(self):
         super().__post_init__()

@@ -20,9 +20,9 @@ import argparse
 from types import SimpleNamespace
 
 from common import load_records, write_records
+from recall import MENTIONED_CACHE as CACHE
 
 OUT = "memory_decay_sweep.json"
-CACHE = 512  # recall.mentioned_run's too
 
 
 def perplexity(decay: float, threads: int) -> dict:

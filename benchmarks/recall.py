@@ -194,13 +194,16 @@ def run_one(args) -> list[dict]:
     return records
 
 
+MENTIONED_CACHE = 512  # the cache of mentioned_run
+
+
 def mentioned_run(policy: str, seed: int, policy_settings: dict, *, threads: int = 2) -> list[dict]:
     """`run_one` on the command line's default stream (twenty facts, subjects mentioned, cache 512, the 0.5B
     model in float32) for a policy and its settings: what the diagnostics and sweeps compare."""
     from types import SimpleNamespace
 
     return run_one(SimpleNamespace(
-        policy=policy, cache=512, setting="mentioned", seed=seed, threads=threads, model="qwen2.5-0.5b",
+        policy=policy, cache=MENTIONED_CACHE, setting="mentioned", seed=seed, threads=threads, model="qwen2.5-0.5b",
         device="cpu", dtype="float32", text=None, facts=20, fact_every=400, distances=DISTANCES, bias=None,
         pool=None, first_mention=192, mention_gap=0, fact_alone=False, policy_settings=policy_settings))
 
