@@ -210,6 +210,8 @@ class BoundedLayer(CacheLayerMixin):
             raise ValueError("the bounded cache holds one stream: batch size must be 1")
         self.keys[:, :, self.fill : end] = key_states
         self.values[:, :, self.fill : end] = value_states
+        if self.owner.recording:
+            self.owner.archive.take(self.index, key_states, value_states, len(self.owner.layers))
         staged = self.owner.staged
         if staged is None or len(staged) != q:
             raise RuntimeError("positions of the incoming tokens were not staged on the cache")
@@ -416,6 +418,11 @@ class BoundedKVCache(Cache):
         self.evict_after_prompt = False
         self.pack_after_prompt = False
         self.observing = True
+        # The archive that copies what goes through the model (engine/archive.py), while `recording`; and, while
+        # it is a dict, each layer's queries of the forward (a question's, to score the archive with).
+        self.archive = None
+        self.recording = False
+        self.captured_queries: dict[int, Tensor] | None = None
         self.tokens_evicted = 0
         self.evictions = 0
         self.stack_layers = stack_layers
@@ -431,9 +438,11 @@ class BoundedKVCache(Cache):
         return self.capacity + self.headroom
 
     # --- driven by the engine around each forward pass ------------------------------------------------
-    def stage(self, positions: PromptPositions, *, evict: bool, pack: bool = True, observe: bool = True) -> None:
-        """Declare the next forward's tokens, whether eviction runs after it, and whether positions
-        may be re-packed then (not between the blocks of one frame, whose layout must stay whole)."""
+    def stage(self, positions: PromptPositions, *, evict: bool, pack: bool = True, observe: bool = True,
+              record: bool = False) -> None:
+        """Declare the next forward's tokens, whether eviction runs after it, whether positions may be
+        re-packed then (not between the blocks of one frame, whose layout must stay whole), and whether the
+        archive (if any) copies them."""
         if self.fill + len(positions) > self.slots:
             raise CacheOverflowError(
                 f"{len(positions)} new tokens do not fit: {self.fill} cached, room for {self.slots}"
@@ -442,6 +451,7 @@ class BoundedKVCache(Cache):
         self.evict_after_prompt = evict and self.policy.evicts
         self.pack_after_prompt = pack and self.position_mode == "cache"
         self.observing = observe
+        self.recording = record and self.archive is not None
 
     @property
     def wants_scores(self) -> bool:
@@ -455,6 +465,8 @@ class BoundedKVCache(Cache):
         last one leaves the peak where it was.)"""
         if self.wants_scores:
             self.layers[layer_idx].observe(query, key, scaling, scores)
+        if self.captured_queries is not None:
+            self.captured_queries[layer_idx] = query[0].detach().clone()
         if layer_idx != len(self.layers) - 1 or not (self.evict_after_prompt or self.pack_after_prompt):
             return
         stacked = self._all_layers()
@@ -523,6 +535,47 @@ class BoundedKVCache(Cache):
         stacked.may_hold_pins = any(layer.may_hold_pins for layer in self.layers)
         stacked.may_hold_frames = any(layer.may_hold_frames for layer in self.layers)
         return stacked
+
+    # --- retrieval ---------------------------------------------------------------------------------------
+    def splice(self, keys: Tensor, values: Tensor, start: Tensor, end: Tensor, seq: Tensor, frame: Tensor) -> None:
+        """Append archived tokens after the held ones, in every layer and head, without a forward: keys
+        [layers, heads, n, dk] already rotated to the positions `start` [n] (with `end`, `seq`, `frame`, [n]).
+        They are not window queries and count for no policy statistic; `truncate` takes them away again."""
+        n = keys.shape[2]
+        if self.fill + n > self.slots:
+            raise CacheOverflowError(f"{n} retrieved tokens do not fit: {self.fill} cached, room for {self.slots}")
+        with torch.inference_mode():
+            for i, layer in enumerate(self.layers):
+                if not layer.is_initialized:
+                    raise RuntimeError("nothing to splice into: the cache holds no tokens yet")
+                a, b = layer.fill, layer.fill + n
+                layer.keys[0, :, a:b] = keys[i].to(layer.device, layer.dtype)
+                layer.values[0, :, a:b] = values[i].to(layer.device, layer.dtype)
+                if layer.key_origin is not None:
+                    layer.key_origin[0, :, a:b] = layer.keys[0, :, a:b]
+                    layer.pos_origin[:, a:b] = start.to(layer.device)
+                for name, value in (("pos_start", start), ("pos_end", end), ("seq", seq), ("frame", frame)):
+                    getattr(layer, name)[:, a:b] = value.to(layer.device)
+                layer.pinned[:, a:b] = False
+                layer.window_attention[:, a:b] = 0
+                for stat in layer.stats.values():
+                    stat[:, a:b] = 0
+                layer.fill = b
+                layer.frontier = max(layer.frontier, int(end.max()))
+
+    def holds(self, first: Tensor, end: Tensor) -> Tensor:
+        """[blocks] bool: whether every layer-head holds every stream index in [first, end) of each block."""
+        held = torch.ones(first.shape, dtype=torch.bool)
+        stacked = self._all_layers()
+        for layer in [stacked] if stacked is not None else self.layers:
+            if not layer.is_initialized or layer.fill == 0:
+                return torch.zeros(first.shape, dtype=torch.bool)
+            seq = layer.seq[:, : layer.fill].contiguous()  # stream order within each row
+            rows = seq.shape[0]
+            lo = torch.searchsorted(seq, first.to(seq.device)[None].expand(rows, -1).contiguous())
+            hi = torch.searchsorted(seq, end.to(seq.device)[None].expand(rows, -1).contiguous())
+            held &= ((hi - lo) == (end - first).to(seq.device)).all(0).cpu()
+        return held
 
     # --- state -----------------------------------------------------------------------------------------
     @property

@@ -18,8 +18,9 @@ import torch
 from torch import Tensor
 
 from .adapters import ModelAdapter, Prompt
+from .archive import KVArchive
 from .attention import cache_observing
-from .cache import BoundedKVCache, CacheOverflowError, PromptPositions
+from .cache import BoundedKVCache, CacheOverflowError, PromptPositions, shift_rotary
 from .chat import check_stamp, stamped
 from .policies import make_policy
 from .text_rules import is_blank
@@ -50,6 +51,12 @@ class StreamConfig:
     max_new_tokens: int = 64
     max_frame_pixels: int | None = None  # bound on a frame's resolution before the vision tower
     scoring_backend: str = "auto"
+    # The archive of the stream's KV in host memory (engine/archive.py): its bound (0: none), its block, and
+    # the most archived tokens placed before a question. The headroom makes room for them whether or not the
+    # archive is on, so that the cache is the same either way.
+    archive_size: int = 32768
+    archive_block: int = 32
+    retrieve_tokens: int = 256
 
     def __post_init__(self):
         if self.capacity < MIN_CAPACITY:
@@ -61,10 +68,16 @@ class StreamConfig:
             raise ValueError(f"headroom {self.slots_headroom} is smaller than chunk_size {self.chunk_size}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.archive_size < 0:
+            raise ValueError(f"archive_size must be >= 0, got {self.archive_size}")
+        if self.archive_block < 1:
+            raise ValueError(f"archive_block must be >= 1, got {self.archive_block}")
+        if self.retrieve_tokens < 0:
+            raise ValueError(f"retrieve_tokens must be >= 0, got {self.retrieve_tokens}")
 
     @property
     def slots_headroom(self) -> int:
-        return self.headroom if self.headroom is not None else max(self.chunk_size, 256)
+        return self.headroom if self.headroom is not None else max(self.chunk_size, 256) + self.retrieve_tokens
 
 
 @dataclass
@@ -79,6 +92,9 @@ class Answer:
     # The answer reached the end of the cache's headroom before max_new_tokens (an answer not kept in memory
     # is generated in the headroom; a kept one is not bounded so).
     cut_by_headroom: bool = False
+    # Archived tokens placed before the question for this answer, and the stream times of their blocks.
+    retrieved_tokens: int = 0
+    retrieved_stamps: list = field(default_factory=list)
 
 
 @dataclass
@@ -93,6 +109,10 @@ class StreamStats:
     pinned_held: int  # tokens of pinned texts held in every layer and head
     kv_bytes: int
     cache_bytes: int
+    archive_tokens: int  # tokens held in the archive (host memory)
+    archive_blocks: int
+    archive_bytes: int  # host bytes of the archive's storage, once full
+    archive_size: int  # its bound, in tokens
     policy: str
     policy_settings: dict  # the policy's name and every setting, as it runs now
     position_mode: str
@@ -149,6 +169,12 @@ class KVStream:
             rope_inv_freq=adapter.rope_inv_freq() if cfg.position_mode == "cache" else None,
             scoring_backend=cfg.scoring_backend,
         )
+        try:
+            inv_freq = adapter.rope_inv_freq()
+        except (AttributeError, RuntimeError, ValueError):
+            inv_freq = None  # no rotary embedding found: nothing can be re-placed, so nothing is archived
+        self.archive = KVArchive(cfg.archive_size, cfg.archive_block, inv_freq)
+        self.cache.archive = self.archive if self.archive.enabled else None
         self._stop_ids = adapter.stop_token_ids
         # The caller's time of stream time 0 (the node: its clock's seconds at the first input). Saved with
         # the memory, so that after a restart new inputs are timed on the clock of the memory's; a reset
@@ -166,6 +192,7 @@ class KVStream:
     def reset(self) -> None:
         """Forget everything; the system prompt is pushed again with the next input."""
         self.cache.reset()
+        self.archive.reset()
         self.tokens_seen = 0
         self.frames_ingested = 0
         self.texts_ingested = 0
@@ -205,6 +232,10 @@ class KVStream:
             pinned_held=self.cache.pinned_held(),
             kv_bytes=self.cache.kv_nbytes(),
             cache_bytes=self.cache.nbytes(),
+            archive_tokens=self.archive.tokens,
+            archive_blocks=len(self.archive.blocks),
+            archive_bytes=self.archive.nbytes(),
+            archive_size=self.archive.size,
             policy=self.policy.name,
             policy_settings=self.policy.describe(),
             position_mode=self.cache.position_mode,
@@ -238,7 +269,7 @@ class KVStream:
                  for text, stamp, _ in items]
         pinned = torch.cat([torch.full((len(t),), pin) for t, (_, _, pin) in zip(turns, items)])
         self._push(self.adapter.text_prompt(torch.cat(turns)), pinned=pinned if bool(pinned.any()) else False,
-                   stoppable=True)
+                   stoppable=True, turns=[(len(t), stamp) for t, (_, stamp, _) in zip(turns, items)])
         self.texts_ingested += len(items)
         return [int(t.numel()) for t in turns]
 
@@ -246,7 +277,7 @@ class KVStream:
         """Push one camera frame (H x W x 3 uint8 RGB) as a user turn; returns its token count."""
         prompt = self.adapter.frame_prompt(rgb, stamp, max_pixels=self.config.max_frame_pixels)
         self._ensure_started()
-        n = self._push(prompt)
+        n = self._push(prompt, turns=[(len(prompt), stamp)])
         self.frames_ingested += 1
         if stamp is not None:
             self.newest_frame_stamp = stamp
@@ -274,7 +305,7 @@ class KVStream:
         if is_blank(question):
             raise ValueError("empty question")
         return self._exchange(self.adapter.chat.question_parts(question), max_new_tokens, keep_in_memory,
-                              on_token, cancel)
+                              on_token, cancel, retrieve=True)
 
     def describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None) -> Answer:
         """A description of the scene so far; never stays in memory."""
@@ -282,14 +313,16 @@ class KVStream:
                               False)
 
     def _exchange(self, question_parts: tuple[str, str, str], max_new_tokens: int | None, keep: bool,
-                  on_token: TokenCallback | None = None, cancel: threading.Event | None = None) -> Answer:
+                  on_token: TokenCallback | None = None, cancel: threading.Event | None = None, *,
+                  retrieve: bool = False) -> Answer:
         start = time.monotonic()
         self._ensure_started()
         max_new = max_new_tokens or self.config.max_new_tokens
         ids = self.adapter.tokenize_turn(question_parts)
         self._on_token, self._cancel = on_token, cancel
+        self._retrieved: list = []
         try:
-            tokens = self._answer_tokens(ids, max_new, keep)
+            tokens = self._answer_tokens(ids, max_new, keep, retrieve)
         finally:
             self._on_token = self._cancel = None
         text = self.adapter.decode([t for t in tokens if t not in self._stop_ids]).strip()
@@ -304,16 +337,18 @@ class KVStream:
             newest_frame_stamp=self.newest_frame_stamp,
             kept_in_memory=keep,
             cut_by_headroom=cut,
+            retrieved_tokens=sum(b.length for b in self._retrieved),
+            retrieved_stamps=[b.stamp for b in self._retrieved],
         )
 
-    def _answer_tokens(self, ids: Tensor, max_new: int, keep: bool) -> list[int]:
+    def _answer_tokens(self, ids: Tensor, max_new: int, keep: bool, retrieve: bool = False) -> list[int]:
         # Room in the headroom for the question and the whole answer.
         fits = self.cache.slots - self.cache.fill - ids.numel() >= max_new
         closing = self._closing
         if keep and fits:
             # Answer as if not kept, then keep question and answer as one prompt: a cancelled answer
-            # leaves the memory as it was.
-            tokens = self._answer_tokens(ids, max_new, keep=False)
+            # leaves the memory as it was. What was retrieved for it is not kept: it is in the archive already.
+            tokens = self._answer_tokens(ids, max_new, keep=False, retrieve=retrieve)
             kept = [t for t in tokens if t not in self._stop_ids]
             prompt = torch.cat([ids, torch.tensor(kept, dtype=torch.long, device=ids.device)]
                                + ([closing.to(ids.device)] if closing is not None else []))
@@ -344,6 +379,8 @@ class KVStream:
             max_new = min(max_new, room)
             snapshot = (self.cache.fill, self.cache.next_position, self.tokens_seen)
             try:
+                if retrieve:
+                    self._retrieve(ids, budget=min(self.config.retrieve_tokens, room - max_new))
                 logits = self._forward(self.adapter.text_prompt(ids), self.cache.next_position, evict=False,
                                        pack=False, observe=False)
                 tokens = self._generate(logits, max_new, keep=False)
@@ -369,8 +406,57 @@ class KVStream:
             prompt = self.adapter.text_prompt(torch.tensor([token], dtype=torch.long))
             # A kept answer may outgrow the headroom: evict once the storage is about to fill up.
             evict = keep and self.cache.fill + 2 > self.cache.slots
-            logits = self._forward(prompt, self.cache.next_position, evict=evict, pack=evict, observe=keep)
+            logits = self._forward(prompt, self.cache.next_position, evict=evict, pack=evict, observe=keep,
+                                   record=keep)
         return tokens
+
+    def _retrieve(self, ids: Tensor, budget: int) -> None:
+        """Place the archived blocks that the question's queries score best, up to `budget` tokens, after the
+        held ones (in stream order, re-rotated to sit there). Blocks that every layer-head still holds are
+        not candidates. The caller truncates the cache back afterwards."""
+        archive = self.archive
+        if budget <= 0 or not archive.enabled or not archive.blocks:
+            return
+        blocks = list(archive.blocks)
+        first = torch.tensor([b.first_seq for b in blocks], dtype=torch.long)
+        end = torch.tensor([b.seq_end for b in blocks], dtype=torch.long)
+        held = self.cache.holds(first, end)
+        candidates = [b for b, h in zip(blocks, held.tolist()) if not h and b.length <= budget]
+        if not candidates:
+            return
+        # The question's own queries, asked of the cache as it is (then taken away again).
+        fill, frontier = self.cache.fill, self.cache.next_position
+        self.cache.captured_queries = {}
+        try:
+            self._forward(self.adapter.text_prompt(ids), frontier, evict=False, pack=False, observe=False)
+            captured = self.cache.captured_queries
+        finally:
+            self.cache.captured_queries = None
+            self.cache.truncate(fill, frontier)
+            self.tokens_seen -= len(ids)
+        queries = torch.stack([captured[i] for i in range(len(self.cache.layers))])
+        query_positions = torch.arange(frontier, frontier + ids.numel())  # text: as _forward placed them
+        chosen, used = [], 0
+        for block in archive.rank(queries, query_positions, candidates):
+            if used + block.length <= budget:
+                chosen.append(block)
+                used += block.length
+            if budget - used < 1:
+                break
+        chosen.sort(key=lambda b: b.first_seq)
+        parts, base = [], frontier
+        for block in chosen:
+            keys, values, rel_start, rel_end = archive.block_tensors(block)
+            parts.append((keys, values, rel_start + base, rel_end + base, torch.full((block.length,), base),
+                          torch.arange(block.first_seq, block.seq_end), torch.full((block.length,), block.frame)))
+            base += block.extent
+        keys, values, start, end, shift, seq, frame = (torch.cat(t, dim=2 if i < 2 else 0)
+                                                       for i, t in enumerate(zip(*parts)))
+        layers, heads = keys.shape[:2]
+        # Each block's keys sit as if it began at 0: one uniform rotation puts it at its place.
+        keys = shift_rotary(keys.flatten(0, 1), shift[None].expand(layers * heads, -1), archive.inv_freq)
+        self.cache.splice(keys.view(layers, heads, *keys.shape[1:]), values, start, end, seq, frame)
+        self._retrieved = chosen
 
     # --- pushing -------------------------------------------------------------------------------------
     def _ensure_started(self) -> None:
@@ -391,17 +477,28 @@ class KVStream:
         self._started = True
 
     def _push(self, prompt: Prompt, *, return_logits: bool = False, last_logits: bool = False,
-              pinned: bool | Tensor = False, stoppable: bool = False):
+              pinned: bool | Tensor = False, stoppable: bool = False, turns: list[tuple] | None = None):
         """Push a prompt in blocks of at most chunk_size tokens, evicting after each block. Returns its
         token count, or every token's logits (`return_logits`), or the last token's (`last_logits`).
 
         Text is contiguous in 1-D, so each block is a prompt of its own (positions re-based, packed after
         each). A frame keeps one base position for all its blocks so its 2-D layout stays intact, and its
         positions are packed once it is complete. `pinned`: for the whole prompt, or a mask of its tokens.
+        `turns`: (token count, stream time) of each message in the prompt, for the archive's blocks.
+
+        What went through the model is archived once the prompt ends, also when it ends early.
         """
         total = len(prompt)
         if total == 0:
             raise ValueError("empty prompt")
+        try:
+            return self._push_blocks(prompt, return_logits, last_logits, pinned, stoppable)
+        finally:
+            self.archive.end_prompt(frame=prompt.token_ids is None, turns=turns or [(total, None)])
+
+    def _push_blocks(self, prompt: Prompt, return_logits: bool, last_logits: bool, pinned: bool | Tensor,
+                     stoppable: bool):
+        total = len(prompt)
         chunk = self.config.chunk_size
         base = self.cache.next_position
         outputs = []
@@ -417,7 +514,8 @@ class KVStream:
             else:
                 offset, pack = base, last
             logits = self._forward(block, offset, evict=True, pack=pack, observe=True, all_logits=return_logits,
-                                   pinned=pinned if isinstance(pinned, bool) else pinned[start : start + len(block)])
+                                   pinned=pinned if isinstance(pinned, bool) else pinned[start : start + len(block)],
+                                   record=True)
             if return_logits:
                 outputs.append(logits)
         if return_logits:
@@ -425,7 +523,8 @@ class KVStream:
         return logits[-1:] if last_logits else total
 
     def _forward(self, prompt: Prompt, offset: int, *, evict: bool, pack: bool, observe: bool,
-                 all_logits: bool = False, pinned: bool | Tensor = False) -> Tensor:
+                 all_logits: bool = False, pinned: bool | Tensor = False, record: bool = False) -> Tensor:
+        """One forward of the model over `prompt` at `offset`; `record`: the archive copies its keys and values."""
         q = len(prompt)
         device = prompt.embeds.device
         start = prompt.position_ids if prompt.position_ids.dim() == 1 else prompt.position_ids.min(0).values
@@ -436,10 +535,15 @@ class KVStream:
             frame=prompt.token_ids is None,  # text prompts carry their token ids; a frame's are embeddings
             pinned=pinned if isinstance(pinned, bool) else pinned.to(device),
         )
-        self.cache.stage(positions, evict=evict, pack=pack, observe=observe)
+        self.cache.stage(positions, evict=evict, pack=pack, observe=observe, record=record)
         position_ids = self.adapter.model_position_ids(prompt.position_ids, offset)
-        with torch.inference_mode(), cache_observing(self.cache, self.adapter.attention_modules):
-            logits = self.adapter.forward(prompt.embeds, position_ids, self.cache, all_logits=all_logits)
+        try:
+            with torch.inference_mode(), cache_observing(self.cache, self.adapter.attention_modules):
+                logits = self.adapter.forward(prompt.embeds, position_ids, self.cache, all_logits=all_logits)
+        finally:
+            if self.cache.recording:
+                self.cache.recording = False
+                self.archive.end_forward(positions.start, positions.end, positions.first_seq)
         self.tokens_seen += q
         return logits
 

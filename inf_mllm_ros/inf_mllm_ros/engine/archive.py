@@ -1,0 +1,343 @@
+"""A second memory: the stream's KV, archived in host memory and retrieved when a question comes.
+
+The bounded cache keeps what attention chose; a fact nobody attends to again is gone once it leaves the
+recent window. The archive keeps a copy of every block of the stream (text and frames alike, keys and
+values as the model produced them) in host memory, up to `size` tokens, dropping the oldest blocks past
+that. When a question comes, its own queries score the archived blocks, and the best ones, up to a token
+budget, are placed between the cache and the question for that answer only (`BoundedKVCache.splice`).
+
+Blocks. A prompt is cut into blocks of at most `block_tokens` tokens along its turns: a short message is a
+block of its own (or shares one with its short neighbours), a long one is cut into near-equal pieces; a
+camera frame is one block, whatever its size, so that its 2-D layout comes back whole.
+
+Positions. Each block's keys are kept rotated as if the block began at position 0 (its tokens' positions
+relative to its first; a frame keeps its M-RoPE layout), so that a block can be placed at any position by
+one uniform rotation, and every block is scored alike, wherever it came from.
+
+Scoring (`rank`). The question's queries, each rotated to sit `block_tokens` positions after the block
+start, are compared with every archived key; per layer and query head, a block's score is the largest
+attention logit any of its tokens gets from any question token, standardised over the blocks (so that no
+layer-head dominates by its scale), and summed over layer-heads. One selection serves every layer.
+
+Host bytes per archived token: layers x KV heads x (key dim + value dim) x the cache's element size,
+plus 16 bytes of bookkeeping (two positions and the block index).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .cache import shift_rotary
+
+# Bookkeeping per archived token: relative position start and end (int32 each) and its block's index (int64).
+BOOKKEEPING_BYTES = 16
+
+
+@dataclass
+class ArchivedBlock:
+    """One contiguous run of the stream, held in the archive's slots [slot, slot + length)."""
+
+    index: int  # increasing with stream order, never reused
+    slot: int
+    length: int
+    first_seq: int  # stream index of its first token
+    extent: int  # positions it spans (one past its largest relative position)
+    frame: bool
+    stamp: float | None  # the input's stream time, where it had one
+
+    @property
+    def seq_end(self) -> int:
+        return self.first_seq + self.length
+
+
+@dataclass
+class _Pending:
+    """What a prompt has put through the model so far, per forward, waiting to be cut into blocks."""
+
+    keys: list[Tensor]  # [layers, heads, q, dk] each, on the host
+    values: list[Tensor]
+    start: list[Tensor]  # [q] int64 each: the positions the keys were rotated with
+    end: list[Tensor]
+    first_seq: int
+
+
+class KVArchive:
+    """Host-memory archive of the stream's KV blocks, bounded to `size` tokens.
+
+    The cache reports each layer's new keys and values while a prompt is recorded (`take`); the stream
+    closes each forward (`end_forward`) and each prompt (`end_prompt`), which cuts what came into blocks.
+    """
+
+    def __init__(self, size: int, block_tokens: int, rope_inv_freq: Tensor | None):
+        if size < 0:
+            raise ValueError(f"archive size must be >= 0 tokens, got {size}")
+        if block_tokens < 1:
+            raise ValueError(f"archive block must be >= 1 token, got {block_tokens}")
+        self.size = size
+        self.block_tokens = block_tokens
+        self.inv_freq = None if rope_inv_freq is None else rope_inv_freq.detach().to("cpu", torch.float32)
+        self.blocks: deque[ArchivedBlock] = deque()
+        self._next_index = 0
+        self._head = 0  # next free slot
+        self.keys: Tensor | None = None  # [layers, heads, size, dk]
+        self.values: Tensor | None = None
+        self.pos_start: Tensor | None = None  # [size] int32, relative to the block's first position
+        self.pos_end: Tensor | None = None
+        self.block_of: Tensor | None = None  # [size] int64: the index of the block a slot belongs to
+        self._layers: list[tuple[Tensor, Tensor] | None] = []
+        self._pending: _Pending | None = None
+        self.blocks_dropped = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.size > 0 and self.inv_freq is not None
+
+    # --- recording -----------------------------------------------------------------------------------
+    def take(self, layer: int, keys: Tensor, values: Tensor, num_layers: int) -> None:
+        """One layer's new keys and values ([1, heads, q, dim], rotated as the cache received them)."""
+        if len(self._layers) != num_layers:
+            self._layers = [None] * num_layers
+        self._layers[layer] = (keys[0], values[0])
+
+    def end_forward(self, start: Tensor, end: Tensor, first_seq: int) -> None:
+        """The forward that `take` saw is complete: move its keys and values to the host."""
+        layers, self._layers = self._layers, []
+        if not layers or any(entry is None for entry in layers):
+            return  # nothing was recorded (or a forward failed part-way)
+        shapes = {(k.shape, v.shape) for k, v in layers}
+        if len(shapes) != 1:
+            return  # layers of differing shapes are not archived (no model here has them)
+        keys = torch.stack([k for k, _ in layers]).to("cpu")
+        values = torch.stack([v for _, v in layers]).to("cpu")
+        if self._pending is None:
+            self._pending = _Pending([], [], [], [], first_seq)
+        p = self._pending
+        p.keys.append(keys)
+        p.values.append(values)
+        p.start.append(start.to("cpu"))
+        p.end.append(end.to("cpu"))
+
+    def discard_pending(self) -> None:
+        self._layers, self._pending = [], None
+
+    def end_prompt(self, *, frame: bool, turns: list[tuple[int, float | None]]) -> None:
+        """Cut what the prompt put through the model into blocks and archive them. `turns`: (token count,
+        stream time) of each message in it, so that blocks follow messages; tokens recorded before them
+        (a kept answer's, generated one by one) are a turn of their own."""
+        pending, self._pending = self._pending, None
+        self._layers = []
+        if pending is None or not self.enabled:
+            return
+        keys, values = torch.cat(pending.keys, dim=2), torch.cat(pending.values, dim=2)
+        start, end = torch.cat(pending.start), torch.cat(pending.end)
+        total = keys.shape[2]
+        lengths = [n for n, _ in turns]
+        stamps = [stamp for _, stamp in turns]
+        if sum(lengths) < total:
+            lengths, stamps = [total - sum(lengths)] + lengths, [None] + stamps
+        elif sum(lengths) > total:  # the prompt went in only part-way (a stop): it ends where it stopped
+            lengths = _clip(lengths, total)
+        pieces = [total] if frame else _cut(lengths, self.block_tokens)
+        turn_starts = torch.tensor(lengths).cumsum(0) - torch.tensor(lengths)
+        offset = 0
+        for length in pieces:
+            sl = slice(offset, offset + length)
+            turn = int((turn_starts <= offset).sum()) - 1  # the message the block begins in
+            self._add(keys[:, :, sl], values[:, :, sl], start[sl], end[sl], pending.first_seq + offset, frame,
+                      stamps[turn])
+            offset += length
+
+    def _add(self, keys: Tensor, values: Tensor, start: Tensor, end: Tensor, first_seq: int, frame: bool,
+             stamp: float | None) -> None:
+        n = keys.shape[2]
+        if n > self.size:
+            return  # a block larger than the whole archive is not kept
+        if self.keys is None or self.keys.shape[:2] != keys.shape[:2] or self.keys.dtype != keys.dtype:
+            self._allocate(keys, values)
+        if frame:
+            base = int(start.min())
+            rel_start, rel_end = start - base, end - base
+        else:
+            # Text is 1-D and contiguous: its tokens sit at 0..n-1 wherever the re-packs had put them.
+            rel_start = torch.arange(n, dtype=torch.long)
+            rel_end = rel_start + 1
+        # Rotate every key from the position it was given to its place in the block.
+        flat = keys.flatten(0, 1)  # [layers * heads, n, dk]
+        delta = (rel_start - start)[None].expand(flat.shape[0], -1)
+        flat = shift_rotary(flat, delta, self.inv_freq)
+        slot = self._make_room(n)
+        self.keys[:, :, slot : slot + n] = flat.view_as(keys)
+        self.values[:, :, slot : slot + n] = values
+        self.pos_start[slot : slot + n] = rel_start.to(torch.int32)
+        self.pos_end[slot : slot + n] = rel_end.to(torch.int32)
+        block = ArchivedBlock(self._next_index, slot, n, first_seq, int(rel_end.max()), frame, stamp)
+        self.block_of[slot : slot + n] = block.index
+        self._next_index += 1
+        self._head = slot + n
+        self.blocks.append(block)
+
+    def _allocate(self, keys: Tensor, values: Tensor) -> None:
+        """Storage for `size` tokens (pages are touched as they fill, so host memory grows up to the bound)."""
+        layers, heads = keys.shape[:2]
+        self.keys = torch.empty(layers, heads, self.size, keys.shape[-1], dtype=keys.dtype)
+        self.values = torch.empty(layers, heads, self.size, values.shape[-1], dtype=values.dtype)
+        self.pos_start = torch.zeros(self.size, dtype=torch.int32)
+        self.pos_end = torch.zeros(self.size, dtype=torch.int32)
+        self.block_of = torch.full((self.size,), -1, dtype=torch.long)
+        self.blocks.clear()
+        self._head = 0
+
+    def _make_room(self, n: int) -> int:
+        """The slot where `n` tokens go next, after dropping the blocks there: the oldest ones, as writing goes
+        round. A block never wraps: one that does not fit before the end starts again at slot 0, and the
+        tail it leaves goes with the blocks in it."""
+        wrap = self._head + n > self.size
+        slot = 0 if wrap else self._head
+        while self.blocks:
+            oldest = self.blocks[0]
+            in_tail = wrap and oldest.slot >= self._head
+            if not (in_tail or (oldest.slot < slot + n and slot < oldest.slot + oldest.length)):
+                break
+            self.blocks.popleft()
+            self.block_of[oldest.slot : oldest.slot + oldest.length] = -1
+            self.blocks_dropped += 1
+        return slot
+
+    # --- size ---------------------------------------------------------------------------------------
+    @property
+    def tokens(self) -> int:
+        return sum(b.length for b in self.blocks)
+
+    def nbytes(self) -> int:
+        """Host bytes the archive's storage takes once full (what it is allocated for)."""
+        if self.keys is None:
+            return 0
+        return (self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+                + self.size * BOOKKEEPING_BYTES)
+
+    def bytes_per_token(self) -> int:
+        if self.keys is None:
+            return 0
+        layers, heads = self.keys.shape[:2]
+        return (layers * heads * (self.keys.shape[-1] * self.keys.element_size()
+                                  + self.values.shape[-1] * self.values.element_size()) + BOOKKEEPING_BYTES)
+
+    def reset(self) -> None:
+        self.blocks.clear()
+        self._head = 0
+        self.discard_pending()
+        if self.block_of is not None:
+            self.block_of.fill_(-1)
+
+    def resize(self, size: int) -> None:
+        """A new bound in tokens: the newest blocks that fit are kept (0 turns the archive off)."""
+        if size < 0:
+            raise ValueError(f"archive size must be >= 0 tokens, got {size}")
+        if size == self.size:
+            return
+        kept = []
+        room = size
+        for block in reversed(self.blocks):
+            if block.length > room:
+                break
+            kept.append(block)
+            room -= block.length
+        old = (self.keys, self.values, self.pos_start, self.pos_end)
+        self.size = size
+        self.keys = None
+        self.blocks.clear()
+        self._head = 0
+        if size == 0 or old[0] is None:
+            self.values = self.pos_start = self.pos_end = self.block_of = None
+            return
+        for block in reversed(kept):
+            self._place(block, *(t[..., block.slot : block.slot + block.length] for t in old[:2]),
+                        old[2][block.slot : block.slot + block.length], old[3][block.slot : block.slot + block.length])
+
+    def _place(self, block: ArchivedBlock, keys: Tensor, values: Tensor, rel_start: Tensor, rel_end: Tensor) -> None:
+        """Put an already rotated block at the head (resize and restore)."""
+        if self.keys is None:
+            self._allocate(keys, values)
+        n = block.length
+        slot = self._make_room(n)
+        self.keys[:, :, slot : slot + n] = keys
+        self.values[:, :, slot : slot + n] = values
+        self.pos_start[slot : slot + n] = rel_start
+        self.pos_end[slot : slot + n] = rel_end
+        block.slot = slot
+        self.block_of[slot : slot + n] = block.index
+        self._next_index = max(self._next_index, block.index + 1)
+        self._head = slot + n
+        self.blocks.append(block)
+
+    # --- retrieval -----------------------------------------------------------------------------------
+    def rank(self, queries: Tensor, query_positions: Tensor, candidates: list[ArchivedBlock]) -> list[ArchivedBlock]:
+        """`candidates` ordered best first for a question whose per-layer queries are `queries`
+        ([layers, query heads, q, dk], rotated with `query_positions` [q])."""
+        if not candidates:
+            return []
+        layers, q_heads, q, dim = queries.shape
+        heads = self.keys.shape[1]
+        group = q_heads // heads
+        # Every question token as if it sat block_tokens positions after the start of the block it reads.
+        flat = queries.to("cpu", torch.float32).flatten(0, 1)
+        delta = (self.block_tokens - query_positions.to("cpu"))[None].expand(flat.shape[0], -1)
+        aligned = shift_rotary(flat, delta, self.inv_freq).view(layers, heads, group * q, dim)
+        # The candidates' slots, gathered once.
+        slots = torch.cat([torch.arange(b.slot, b.slot + b.length) for b in candidates])
+        owner = torch.cat([torch.full((b.length,), i, dtype=torch.long) for i, b in enumerate(candidates)])
+        keys = self.keys.index_select(2, slots).to(torch.float32)  # [layers, heads, n, dk]
+        logits = torch.matmul(aligned, keys.transpose(-1, -2)) / math.sqrt(dim)  # [layers, heads, g*q, n]
+        logits = logits.view(layers, heads, group, q, -1).amax(3).flatten(0, 2)  # [layer-heads, n]: best question token
+        best = torch.full((logits.shape[0], len(candidates)), float("-inf"))
+        best = best.scatter_reduce(1, owner[None].expand_as(logits), logits, reduce="amax", include_self=True)
+        standard = (best - best.mean(1, keepdim=True)) / best.std(1, keepdim=True).clamp_min(1e-6)
+        score = standard.sum(0)
+        order = torch.argsort(score, descending=True, stable=True).tolist()
+        return [candidates[i] for i in order]
+
+    def block_tensors(self, block: ArchivedBlock) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """A block's keys and values ([layers, heads, n, dim], rotated as if it began at position 0) and its
+        tokens' relative position starts and ends ([n])."""
+        sl = slice(block.slot, block.slot + block.length)
+        return (self.keys[:, :, sl], self.values[:, :, sl], self.pos_start[sl].long(), self.pos_end[sl].long())
+
+
+def _clip(turns: list[int], total: int) -> list[int]:
+    """The turns cut at `total` tokens."""
+    out, left = [], total
+    for t in turns:
+        if left <= 0:
+            break
+        out.append(min(t, left))
+        left -= t
+    if left > 0:
+        out.append(left)
+    return out
+
+
+def _cut(turns: list[int], block: int) -> list[int]:
+    """Block lengths along the turns: a long turn in near-equal pieces of at most `block`, short whole turns
+    merged with their neighbours while the merged block stays within `block`."""
+    pieces: list[tuple[int, bool]] = []  # (length, a whole turn)
+    for t in turns:
+        if t <= block:
+            pieces.append((t, True))
+        else:
+            parts = -(-t // block)
+            base, extra = divmod(t, parts)
+            pieces.extend((base + (i < extra), False) for i in range(parts))
+    out: list[int] = []
+    merging = False
+    for length, whole in pieces:
+        if whole and merging and out[-1] + length <= block:
+            out[-1] += length
+        else:
+            out.append(length)
+        merging = whole
+    return out
