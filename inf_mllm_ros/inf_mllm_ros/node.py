@@ -567,6 +567,7 @@ class InfMLLMNode(LifecycleNode):
             msg.capacity, msg.fill, msg.tokens_seen, msg.tokens_evicted = s.capacity, s.fill, s.tokens_seen, s.tokens_evicted
             msg.frames_ingested, msg.texts_ingested, msg.kv_bytes = s.frames_ingested, s.texts_ingested, s.kv_bytes
             msg.pinned_held = s.pinned_held
+            msg.archive_tokens, msg.archive_blocks, msg.archive_bytes = s.archive_tokens, s.archive_blocks, s.archive_bytes
             msg.eviction_policy = s.policy  # the bias is the config's: the snapshot lags a change until the next input
         counters = self.engine.counters
         with self._lock:
@@ -619,6 +620,8 @@ class InfMLLMNode(LifecycleNode):
             "model_ready": str(engine is not None and engine.ready.is_set()).lower(),
             "cache_fill": f"{stats.fill if stats else 0}/{self._param('cache_size')}",
             "tokens_seen": str(stats.tokens_seen if stats else 0),
+            "archive_fill": f"{stats.archive_tokens if stats else 0}/{self._param('archive_size')}",
+            "archive_bytes": str(stats.archive_bytes if stats else 0),
             "texts_waiting": str(pending["texts"]),
             "queries_waiting": str(pending["queries"]),
             "frame_waiting": str(pending["frame"]).lower(),
@@ -724,6 +727,7 @@ class InfMLLMNode(LifecycleNode):
         response.newest_frame_stamp = self._ros_time(answer.newest_frame_stamp)
         response.tokens_seen = answer.tokens_seen
         response.cache_fill = answer.cache_fill
+        response.retrieved_tokens = answer.retrieved_tokens
         response.latency = time.monotonic() - start
         return response
 

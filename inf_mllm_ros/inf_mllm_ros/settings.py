@@ -88,6 +88,16 @@ PARAMETERS = (
     Param("chunk_size", StreamConfig.chunk_size,
           "Longest block of a prompt pushed before an eviction (bounds the peak).", low=1, high=65536,
           engine_field="chunk_size"),
+    Param("archive_size", StreamConfig.archive_size, "Tokens of older keys and values kept in host memory, from which a "
+          "question retrieves what it needs (the oldest blocks go past it); 0: no archive. Host bytes per token: "
+          "layers x KV heads x (key + value dims) x element size + 16.", low=0, high=1 << 24,
+          engine_field="archive_size"),
+    Param("archive_block", StreamConfig.archive_block, "Longest block of text the archive keeps and retrieves as one "
+          "(a short message is its own block; a frame is always one block).", low=1, high=4096,
+          engine_field="archive_block"),
+    Param("retrieve_tokens", StreamConfig.retrieve_tokens, "Most archived tokens placed before a question for its "
+          "answer (the cache's headroom has room for them whether or not the archive is on); 0: none.",
+          low=0, high=65536, engine_field="retrieve_tokens"),
     Param("max_frame_pixels", 0, "Bound on a frame's pixels before the vision encoder; 0: the model's own.",
           low=0, high=1 << 28, engine_field="max_frame_pixels", zero_is_default=True),
     Param("max_pending_texts", DEFAULT_MAX_PENDING_TEXTS,

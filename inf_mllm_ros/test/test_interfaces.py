@@ -25,6 +25,7 @@ QUERY_RESPONSE = {
     "tokens_seen": "uint64",
     "cache_fill": "uint32",
     "latency": "float",
+    "retrieved_tokens": "uint32",
 }
 DESCRIPTION = {
     "header": "std_msgs/Header",
@@ -50,6 +51,9 @@ CACHE_STATS = {
     "queries_waiting": "uint32",
     "frame_waiting": "boolean",
     "kv_bytes": "uint64",
+    "archive_tokens": "uint64",
+    "archive_blocks": "uint32",
+    "archive_bytes": "uint64",
     "eviction_policy": "string",
     "attention_bias": "float",
     "model_ready": "boolean",
@@ -134,6 +138,9 @@ def test_cache_stats_and_description_roundtrip():
         queries_answered=300,
         queries_failed=2,
         kv_bytes=2048 * 30 * 2 * 3 * 64 * 2,
+        archive_tokens=32768,
+        archive_blocks=1100,
+        archive_bytes=32768 * (24 * 2 * 128 * 4 + 16),
         eviction_policy="inf_mllm",
         attention_bias=2.0**-10,  # exact in float32
         model_ready=True,

@@ -256,7 +256,7 @@ class KVArchive:
             self.values = self.pos_start = self.pos_end = self.block_of = None
             return
         for block in reversed(kept):
-            self._place(block, *(t[..., block.slot : block.slot + block.length] for t in old[:2]),
+            self._place(block, *(t[:, :, block.slot : block.slot + block.length] for t in old[:2]),
                         old[2][block.slot : block.slot + block.length], old[3][block.slot : block.slot + block.length])
 
     def _place(self, block: ArchivedBlock, keys: Tensor, values: Tensor, rel_start: Tensor, rel_end: Tensor) -> None:
@@ -287,15 +287,21 @@ class KVArchive:
         # Every question token as if it sat block_tokens positions after the start of the block it reads.
         flat = queries.to("cpu", torch.float32).flatten(0, 1)
         delta = (self.block_tokens - query_positions.to("cpu"))[None].expand(flat.shape[0], -1)
-        aligned = shift_rotary(flat, delta, self.inv_freq).view(layers, heads, group * q, dim)
-        # The candidates' slots, gathered once.
-        slots = torch.cat([torch.arange(b.slot, b.slot + b.length) for b in candidates])
-        owner = torch.cat([torch.full((b.length,), i, dtype=torch.long) for i, b in enumerate(candidates)])
-        keys = self.keys.index_select(2, slots).to(torch.float32)  # [layers, heads, n, dk]
-        logits = torch.matmul(aligned, keys.transpose(-1, -2)) / math.sqrt(dim)  # [layers, heads, g*q, n]
-        logits = logits.view(layers, heads, group, q, -1).amax(3).flatten(0, 2)  # [layer-heads, n]: best question token
-        best = torch.full((logits.shape[0], len(candidates)), float("-inf"))
-        best = best.scatter_reduce(1, owner[None].expand_as(logits), logits, reduce="amax", include_self=True)
+        aligned = (shift_rotary(flat, delta, self.inv_freq) / math.sqrt(dim)).view(layers, heads, group * q, dim)
+        # Scored over the storage in place (no gather of the archive's keys); slots of no candidate go to a
+        # spare column.
+        column = torch.full((self.size + 1,), len(candidates), dtype=torch.long)
+        for i, block in enumerate(candidates):
+            column[block.slot : block.slot + block.length] = i
+        used = max(b.slot + b.length for b in candidates)
+        column = column[:used]
+        best = torch.full((layers, q_heads, len(candidates) + 1), float("-inf"))
+        for layer in range(layers):
+            keys = self.keys[layer, :, :used].to(torch.float32)  # [heads, used, dk]
+            logits = torch.matmul(aligned[layer], keys.transpose(-1, -2))  # [heads, group * q, used]
+            logits = logits.view(q_heads, q, used).amax(1)  # the best question token, per query head
+            best[layer].scatter_reduce_(1, column[None].expand(q_heads, -1), logits, reduce="amax")
+        best = best[..., :-1].flatten(0, 1)  # [layer-heads, candidates]
         standard = (best - best.mean(1, keepdim=True)) / best.std(1, keepdim=True).clamp_min(1e-6)
         score = standard.sum(0)
         order = torch.argsort(score, descending=True, stable=True).tolist()

@@ -1,0 +1,213 @@
+"""The archive of the stream's KV (engine/archive.py): its bound, its bytes, its blocks, and retrieval's
+mechanics on tiny models of every family: what is placed before a question is the model's own keys and
+values, re-rotated right (frames too), and an answer that retrieved leaves the cache as it was."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from inf_mllm_ros.engine.archive import BOOKKEEPING_BYTES, KVArchive, _cut
+from inf_mllm_ros.engine.cache import shift_rotary
+from inf_mllm_ros.engine.loading import load_model
+from inf_mllm_ros.engine.random_models import FAMILIES, build_model_folder
+from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+WORDS = "pallet forklift aisle dock shelf crate door light scanner badge ramp conveyor".split()
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {family: load_model(build_model_folder(family, root / family), device="cpu", dtype="float32")
+            for family in FAMILIES + ("llama",)}
+
+
+def sentence(i: int) -> str:
+    return " ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(6 + i % 5)) + "."
+
+
+def frame(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (84, 112, 3), dtype=np.uint8)
+
+
+def cache_state(stream: KVStream) -> dict:
+    """Every held slot of every layer, its bookkeeping and the cache's counters."""
+    state = {name: t.clone() for name, t in stream.cache.export_state().items()}
+    state["next_position"] = stream.cache.next_position
+    state["tokens_seen"] = stream.tokens_seen
+    return state
+
+
+@pytest.mark.parametrize("turns, block, expected", [
+    ([5, 6, 7], 32, [18]),  # short messages share a block
+    ([20, 20], 32, [20, 20]),  # two that do not fit together stay apart
+    ([70], 32, [24, 23, 23]),  # a long one in near-equal pieces
+    ([10, 70, 3, 4], 32, [10, 24, 23, 23, 7]),  # pieces of a long one are not merged with whole messages
+])
+def test_blocks_follow_messages(turns, block, expected):
+    assert _cut(turns, block) == expected
+    assert sum(_cut(turns, block)) == sum(turns)
+
+
+def test_the_archive_drops_its_oldest_blocks_at_its_bound_and_its_bytes_match_the_formula(adapters):
+    adapter = adapters["llama"]
+    size = 300
+    stream = KVStream(adapter, StreamConfig(capacity=64, chunk_size=16, archive_size=size, archive_block=16))
+    seen_first = []
+    for i in range(60):
+        stream.push_text(sentence(i), stamp=float(i))
+        archive = stream.archive
+        assert archive.tokens <= size
+        seen_first.append(archive.blocks[0].first_seq)
+        # Blocks are contiguous runs of the stream, oldest first, and the newest is always there.
+        blocks = list(archive.blocks)
+        assert all(a.seq_end <= b.first_seq for a, b in zip(blocks, blocks[1:]))
+        assert blocks[-1].seq_end == stream.tokens_seen
+    assert seen_first == sorted(seen_first) and seen_first[-1] > 0, "the oldest blocks went first"
+    assert stream.archive.blocks_dropped > 0
+    # Nearly full: at most one block's room is left unused where writing wrapped round.
+    assert archive.tokens > size - 2 * 16
+    config = adapter.text_config
+    kv_heads = config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token = config.num_hidden_layers * kv_heads * 2 * head_dim * 4 + BOOKKEEPING_BYTES
+    assert archive.bytes_per_token() == per_token
+    assert stream.stats().archive_bytes == size * per_token
+    assert stream.stats().archive_tokens == archive.tokens
+    # The GPU cache is the same with the archive on or off.
+    off = KVStream(adapter, StreamConfig(capacity=64, chunk_size=16, archive_size=0))
+    off.push_text(sentence(0))
+    assert off.cache.kv_nbytes() == stream.cache.kv_nbytes() and off.cache.nbytes() == stream.cache.nbytes()
+    assert off.stats().archive_tokens == 0 and off.stats().archive_bytes == 0
+
+
+def test_every_token_of_the_stream_is_archived_once_with_its_kind_and_time(adapters):
+    adapter = adapters["qwen2_vl"]
+    stream = KVStream(adapter, StreamConfig(capacity=48, chunk_size=16, archive_size=4096, archive_block=16))
+    stream.push_text(sentence(1), stamp=1.0)
+    stream.push_frame(frame(0), stamp=2.0)
+    stream.push_texts([(sentence(2), 3.0), (sentence(3), 4.0)])
+    stream.ask("What was seen?", max_new_tokens=3)  # not kept: nothing archived
+    blocks = list(stream.archive.blocks)
+    assert blocks[0].first_seq == 0 and blocks[-1].seq_end == stream.tokens_seen
+    assert all(a.seq_end == b.first_seq for a, b in zip(blocks, blocks[1:])), "no gap, no overlap"
+    frames = [b for b in blocks if b.frame]
+    assert len(frames) == 1 and frames[0].stamp == 2.0, "a frame is one block, with its time"
+    assert {b.stamp for b in blocks if not b.frame} >= {1.0, 3.0, 4.0}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_retrieved_frame_block_is_the_models_own_keys_at_their_new_positions(family, adapters):
+    """A frame's keys in the first layer depend on its tokens and their positions only: archived from a
+    frame pushed after other input, re-rotated to any base, they must equal what the model makes of the
+    same frame fed at that base."""
+    adapter = adapters[family]
+    rgb = frame(3)
+    archived = KVStream(adapter, StreamConfig(capacity=512, chunk_size=16, archive_size=4096))
+    archived.push_text(sentence(4), stamp=0.0)
+    archived.push_frame(rgb, stamp=1.0)
+    block = next(b for b in archived.archive.blocks if b.frame)
+    keys, values, rel_start, rel_end = archived.archive.block_tensors(block)
+
+    for base in (0, 37):
+        fresh = KVStream(adapter, StreamConfig(capacity=512, chunk_size=16, system_prompt="", archive_size=0))
+        fresh._started = True
+        if base:
+            fresh.push_tokens(torch.arange(10, 10 + base))
+        fill = fresh.cache.fill
+        fresh.push_frame(rgb, stamp=1.0)
+        layer = fresh.cache.layers[0]
+        expected_keys = layer.keys[0, :, fill : layer.fill]
+        assert expected_keys.shape[1] == block.length
+        torch.testing.assert_close(layer.pos_start[0, fill : layer.fill], rel_start + base)
+        torch.testing.assert_close(layer.pos_end[0, fill : layer.fill], rel_end + base)
+        placed = shift_rotary(keys[0], torch.full((keys.shape[1], block.length), base), archived.archive.inv_freq)
+        torch.testing.assert_close(placed, expected_keys, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(values[0], layer.values[0, :, fill : layer.fill], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES + ("llama",))
+def test_placing_archived_blocks_where_they_were_gives_the_same_logits(family, adapters):
+    """Take the frame and the text after it out of a full cache and put them back from the archive, at the
+    positions they had: the next tokens' logits are those of the untouched cache."""
+    adapter = adapters[family]
+    config = StreamConfig(capacity=1024, chunk_size=16, policy="full", position_mode="original", archive_size=4096)
+    stream = KVStream(adapter, config)
+    stream.push_text(sentence(5), stamp=0.0)
+    fill, position = stream.cache.fill, stream.cache.next_position
+    if adapter.supports_frames:
+        stream.push_frame(frame(1), stamp=1.0)
+    stream.push_text(sentence(6), stamp=2.0)
+    probe = adapter.tokenize(" the pallet is on the ramp")
+    tokens_seen = stream.tokens_seen
+    expected = stream.push_tokens(probe, return_logits=True)
+
+    stream.cache.truncate(stream.cache.fill - len(probe), stream.cache.next_position)  # the probe
+    stream.tokens_seen = tokens_seen
+    stream.cache.truncate(fill, position)  # the frame and the text after it
+    later = [b for b in stream.archive.blocks if b.first_seq >= fill and b.seq_end <= tokens_seen]  # not the probe
+    assert [b.frame for b in later][:1] == [adapter.supports_frames]
+    base = position
+    for block in later:
+        keys, values, rel_start, rel_end = stream.archive.block_tensors(block)
+        heads = keys.shape[0] * keys.shape[1]
+        placed = shift_rotary(keys.flatten(0, 1), torch.full((heads, block.length), base), stream.archive.inv_freq)
+        stream.cache.splice(placed.view_as(keys), values, rel_start + base, rel_end + base,
+                            torch.arange(block.first_seq, block.seq_end), torch.full((block.length,), block.frame))
+        base += block.extent
+    again = stream.push_tokens(probe, return_logits=True)
+    torch.testing.assert_close(again, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2_vl"])
+def test_an_answer_that_retrieved_leaves_the_cache_as_it_was_slot_for_slot(family, adapters):
+    adapter = adapters[family]
+    stream = KVStream(adapter, StreamConfig(capacity=48, chunk_size=16, archive_size=4096, retrieve_tokens=64,
+                                            archive_block=16))
+    for i in range(12):
+        stream.push_text(sentence(i), stamp=float(i))
+        if adapter.supports_frames and i % 4 == 1:
+            stream.push_frame(frame(i), stamp=i + 0.5)
+    before = cache_state(stream)
+    answer = stream.ask("Where is the pallet?", max_new_tokens=8)
+    assert answer.retrieved_tokens > 0 and not answer.kept_in_memory
+    after = cache_state(stream)
+    assert before.keys() == after.keys()
+    for name in before:
+        if isinstance(before[name], torch.Tensor):
+            assert torch.equal(before[name], after[name]), name
+        else:
+            assert before[name] == after[name], name
+    # With the archive's budget at 0 the answer retrieves nothing.
+    stream.config.retrieve_tokens = 0
+    assert stream.ask("Where is the pallet?", max_new_tokens=8).retrieved_tokens == 0
+
+
+def test_blocks_the_cache_still_holds_are_not_retrieved(adapters):
+    adapter = adapters["llama"]
+    stream = KVStream(adapter, StreamConfig(capacity=1024, chunk_size=16, archive_size=4096))
+    for i in range(6):
+        stream.push_text(sentence(i))
+    assert stream.cache.fill == stream.tokens_seen  # nothing evicted yet
+    assert stream.ask("Where is the pallet?", max_new_tokens=4).retrieved_tokens == 0
+
+
+def test_a_reset_empties_the_archive_and_a_resize_keeps_the_newest_blocks():
+    archive = KVArchive(100, 8, torch.ones(4))
+    keys = torch.randn(2, 1, 30, 8)
+    for i in range(3):
+        archive.take(0, keys[0][None], keys[0][None], 2)
+        archive.take(1, keys[1][None], keys[1][None], 2)
+        archive.end_forward(torch.arange(30), torch.arange(1, 31), 30 * i)
+        archive.end_prompt(frame=False, turns=[(30, float(i))])
+    assert archive.tokens == 90
+    newest = archive.blocks[-1].first_seq
+    archive.resize(40)
+    assert archive.tokens <= 40 and archive.blocks[-1].first_seq == newest
+    assert archive.nbytes() == 40 * archive.bytes_per_token()
+    archive.reset()
+    assert archive.tokens == 0 and not archive.blocks
