@@ -73,6 +73,36 @@ def test_a_restored_memory_continues_exactly(folders, tmp_path, dtype, policy):
     assert saved.ask("What was moved?").text == restored.ask("What was moved?").text
 
 
+def test_the_archive_survives_a_restart_with_the_memory(folders, tmp_path):
+    adapter = load_model(folders["qwen2_vl"], device="cpu", dtype="float32")
+    saved = KVStream(adapter, config(capacity=48))
+    for i, text in enumerate(TEXTS):
+        saved.push_text(text, stamp=float(i))
+        if i % 4 == 0:
+            saved.push_frame(np.random.default_rng(i).integers(0, 256, (84, 112, 3), dtype=np.uint8), stamp=i + 0.5)
+    assert saved.archive.tokens == saved.tokens_seen and saved.cache.evictions > 0
+    path = tmp_path / "memory.safetensors"
+    save_memory(saved, path)
+    restored = KVStream(adapter, config(capacity=48))
+    load_memory(restored, path)
+    before, after = saved.archive.export_state(), restored.archive.export_state()
+    assert before.keys() == after.keys()
+    for name in before:  # exactly (a block without a stream time has a NaN stamp)
+        torch.testing.assert_close(before[name], after[name], rtol=0, atol=0, equal_nan=True)
+    question = "How many bolts does the red crate hold?"
+    first, again = saved.ask(question, max_new_tokens=6), restored.ask(question, max_new_tokens=6)
+    assert first.retrieved_tokens > 0
+    assert (first.text, first.retrieved_stamps) == (again.text, again.retrieved_stamps)
+    # A smaller archive takes the newest blocks that fit; a memory without one restores none.
+    small = KVStream(adapter, StreamConfig(**{**config(capacity=48).__dict__, "archive_size": 100}))
+    load_memory(small, path)
+    assert 0 < small.archive.tokens <= 100
+    assert small.archive.blocks[-1].seq_end == saved.tokens_seen
+    off = KVStream(adapter, StreamConfig(**{**config(capacity=48).__dict__, "archive_size": 0}))
+    load_memory(off, path)
+    assert off.archive.tokens == 0 and off.stats().fill == saved.stats().fill
+
+
 def test_frames_and_their_positions_survive(folders, tmp_path):
     adapter = load_model(folders["qwen2_vl"], device="cpu", dtype="float32")
     rng = np.random.default_rng(0)

@@ -275,6 +275,52 @@ class KVArchive:
         self._head = slot + n
         self.blocks.append(block)
 
+    # --- saved state ---------------------------------------------------------------------------------------
+    def export_state(self) -> dict[str, Tensor]:
+        """The held blocks, oldest first, as named tensors (empty when nothing is held)."""
+        if not self.blocks:
+            return {}
+        slots = torch.cat([torch.arange(b.slot, b.slot + b.length) for b in self.blocks])
+        return {
+            "archive.keys": self.keys.index_select(2, slots),
+            "archive.values": self.values.index_select(2, slots),
+            "archive.pos_start": self.pos_start[slots],
+            "archive.pos_end": self.pos_end[slots],
+            # index, length, first stream index, extent, frame; and the stream time (NaN: none)
+            "archive.blocks": torch.tensor([[b.index, b.length, b.first_seq, b.extent, int(b.frame)]
+                                            for b in self.blocks], dtype=torch.long),
+            "archive.stamps": torch.tensor([math.nan if b.stamp is None else b.stamp for b in self.blocks],
+                                           dtype=torch.float64),
+        }
+
+    def import_state(self, state: dict[str, Tensor], *, dtype: torch.dtype) -> None:
+        """Replace the held blocks with saved ones (the newest that fit this archive's size); a memory saved
+        without an archive leaves it empty. ValueError where the saved blocks do not add up."""
+        self.reset()
+        if "archive.blocks" not in state or not self.enabled:
+            return
+        blocks, stamps = state["archive.blocks"], state["archive.stamps"]
+        keys, values = state["archive.keys"].to(dtype), state["archive.values"].to(dtype)
+        lengths = blocks[:, 1]
+        total = int(lengths.sum())
+        if blocks.dim() != 2 or blocks.shape[1] != 5 or total != keys.shape[2] or total != values.shape[2] \
+                or stamps.shape[0] != blocks.shape[0] or state["archive.pos_start"].shape[0] != total:
+            raise ValueError("saved archive blocks do not match their tensors")
+        if self.keys is not None and (self.keys.shape[:2] != keys.shape[:2] or self.keys.shape[-1] != keys.shape[-1]):
+            raise ValueError(f"saved archive keys {tuple(keys.shape)} do not fit this model's")
+        starts = (lengths.cumsum(0) - lengths).tolist()
+        # The newest blocks that fit, placed oldest first.
+        first, room = len(starts), self.size
+        while first > 0 and int(lengths[first - 1]) <= room:
+            first -= 1
+            room -= int(lengths[first])
+        for row, start, stamp in zip(blocks[first:].tolist(), starts[first:], stamps[first:].tolist()):
+            index, length, first_seq, extent, frame = row
+            sl = slice(start, start + length)
+            block = ArchivedBlock(index, 0, length, first_seq, extent, bool(frame), None if math.isnan(stamp) else stamp)
+            self._place(block, keys[:, :, sl], values[:, :, sl], state["archive.pos_start"][sl],
+                        state["archive.pos_end"][sl])
+
     # --- retrieval -----------------------------------------------------------------------------------
     def rank(self, queries: Tensor, query_positions: Tensor, candidates: list[ArchivedBlock]) -> list[ArchivedBlock]:
         """`candidates` ordered best first for a question whose per-layer queries are `queries`

@@ -1,6 +1,7 @@
 """The memory on disk: a stream's whole state in one file, written atomically and checked before use.
 
-The file is a safetensors file: named tensors and a text header, data only (nothing in it is ever
+The file is a safetensors file: named tensors (the cache's slots, and the archive's blocks where there is
+an archive) and a text header, data only (nothing in it is ever
 executed or unpickled). The header says what the file is (`format`, `version`), which model made it
 (a fingerprint of its configuration and weights), the cache settings it needs, the stream's clock and
 counters, and a sha256 over every tensor's bytes and that clock.
@@ -100,7 +101,7 @@ def save_memory(stream, path: str | os.PathLike, fingerprint: str | None = None)
     """Write the stream's memory to `path` atomically. Run it where nothing else uses the stream."""
     start = time.monotonic()
     path = Path(path).resolve()  # through a link: replace the file it names, not the link
-    tensors = stream.cache.export_state()
+    tensors = {**stream.cache.export_state(), **stream.archive.export_state()}
     clock = json.dumps(stream.clock_state(), sort_keys=True)
     header = {
         "format": FORMAT,
@@ -165,7 +166,9 @@ def load_memory(stream, path: str | os.PathLike, fingerprint: str | None = None)
     if _checksum(tensors, header["stream"]) != header.get("sha256"):
         raise MemoryFileError(CORRUPT, f"{path}: checksum mismatch (the file was changed or damaged)")
     try:
-        stream.cache.import_state(tensors, dtype=stream.adapter.dtype, device=stream.adapter.device)
+        stream.cache.import_state({k: t for k, t in tensors.items() if not k.startswith("archive.")},
+                                  dtype=stream.adapter.dtype, device=stream.adapter.device)
+        stream.archive.import_state(tensors, dtype=stream.adapter.dtype)
         stream.restore_clock(clock)
     except (KeyError, ValueError, RuntimeError) as exc:
         stream.reset()
