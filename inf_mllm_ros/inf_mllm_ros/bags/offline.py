@@ -42,7 +42,7 @@ PROG = "inf_mllm_offline"
 # Parameters rclpy declares on every node: accepted in a params file, not the engine's.
 ROS_NODE_PARAMETERS = {"use_sim_time", "start_type_description_service"}
 STATS_FIELDS = ("capacity", "fill", "tokens_seen", "tokens_evicted", "evictions", "frames_ingested", "pinned_held",
-                "texts_ingested", "kv_bytes", "cache_bytes")
+                "texts_ingested", "kv_bytes", "cache_bytes", "archive_tokens", "archive_blocks", "archive_bytes")
 
 
 class UsageError(Exception):
@@ -186,8 +186,16 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
             ans = stream.ask(q.question, max_new_tokens=config.max_new_tokens)
             record = {"type": "answer", "bag_time": bag_time, "time_s": q.time_s, "question": q.question,
                       "expected": q.expected, "needs_vision": q.needs_vision, "answer": ans.text,
-                      "correct": q.matches(ans.text),
+                      "correct": q.matches(ans.text), "retrieved_tokens": ans.retrieved_tokens,
                       "tokens_generated": ans.tokens_generated, "seconds": ans.latency, **stats()}
+            if ans.retrieved_tokens:
+                # The same question from the cache alone, for the report (the memory is unchanged by either).
+                budget, stream.config.retrieve_tokens = stream.config.retrieve_tokens, 0
+                try:
+                    alone = stream.ask(q.question, max_new_tokens=config.max_new_tokens)
+                finally:
+                    stream.config.retrieve_tokens = budget
+                record.update(answer_without_archive=alone.text, correct_without_archive=q.matches(alone.text))
             emit(record)
             result.answers.append(record)
             counts["answers"] += 1

@@ -79,12 +79,17 @@ def write_report(result: RunResult, path: str | Path) -> None:
         summary = tally([(a["correct"], a.get("needs_vision", False)) for a in result.answers])
         if summary:
             lines += [f"{summary[0].upper()}{summary[1:]}.", ""]
-        lines += ["| Bag time (s) | Question | Expected | Answer | Right | Needs vision |",
-                  "|---:|---|---|---|---|---|"]
+        lines += ["An answer that used the archive (tokens retrieved) is shown from the cache alone too.", "",
+                  "| Bag time (s) | Question | Expected | Answer | Right | Needs vision | Retrieved | "
+                  "Without the archive | Right |",
+                  "|---:|---|---|---|---|---|---:|---|---|"]
+        marks = {True: "yes", False: "no", None: ""}
         for a in result.answers:
-            mark = {True: "yes", False: "no", None: ""}[a["correct"]]
+            alone = a.get("answer_without_archive")
             lines.append(f"| {a['time_s']:.1f} | {_cell(a['question'])} | {_cell(a['expected'])} | "
-                         f"{_cell(a['answer'])} | {mark} | {'yes' if a.get('needs_vision') else ''} |")
+                         f"{_cell(a['answer'])} | {marks[a['correct']]} | {'yes' if a.get('needs_vision') else ''} | "
+                         f"{a.get('retrieved_tokens', 0)} | {_cell(alone) if alone is not None else ''} | "
+                         f"{marks[a.get('correct_without_archive')] if alone is not None else ''} |")
     else:
         lines.append("No questions were asked.")
     peak_fill = max((r["fill"] for r in rows), default=0)
@@ -97,6 +102,8 @@ def write_report(result: RunResult, path: str | Path) -> None:
         f"| Tokens evicted | {last.get('tokens_evicted', 0)} in {last.get('evictions', 0)} evictions |",
         f"| Keys and values, allocated once (capacity + headroom) | {mib(last.get('kv_bytes', 0))} |",
         f"| Cache with its scoring state | {mib(last.get('cache_bytes', 0))} |",
+        f"| Archive in host memory: tokens held (blocks) / storage once full | {last.get('archive_tokens', 0)} "
+        f"({last.get('archive_blocks', 0)}) / {mib(last.get('archive_bytes', 0))} |",
         f"| Process RSS at the start / end / peak | {mib(rows[0]['rss_bytes']) if rows else '-'} / "
         f"{mib(last.get('rss_bytes', 0))} / {mib(last.get('peak_rss_bytes', 0))} |",
         "", "## Stream", "",

@@ -1,0 +1,235 @@
+"""Recall of facts told long ago, with and without the KV archive, and what the archive costs.
+
+Two data sets, one to choose defaults on and one to report on (never tuned on):
+- tuning: the Gutenberg novel beside the repository and fact set A (access codes of lockers and cabinets);
+- report: Python's own documentation topics (`pydoc_data.topics`, shipped with every Python) and fact set B
+  (wifi passwords of rooms), with other mention sentences.
+
+`recall`: each stream tells one fact (`--facts-at-once 1`) or twelve, then narration paragraphs as text
+messages, the fact's subject named again in every third message (`--mention`) or never; at each distance
+(tokens since the last fact) every fact is asked, with the archive's retrieval and without it (the same
+stream: an answer not kept leaves the memory as it was), on the shipped settings unless told. The full
+cache is the ceiling. Rows are written after every stream; a run that is stopped resumes where it was.
+
+`latency`: answer latency on the shipped settings with no archive, 16K and 64K archived tokens; host bytes
+per archived token; resident memory over a long run once a small archive is full.
+
+    python benchmarks/archive_recall.py recall --set report --policy inf_mllm --cache 512 --trials 4
+    python benchmarks/archive_recall.py latency
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+from common import RESULTS, machine, peak_rss_bytes, read_text
+
+DISTANCES = (1000, 2000, 4000, 8000, 16000)
+COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple"]
+ROOMS = ["the server room", "the loading bay", "the paint shop", "the north stairwell", "the cold store",
+         "the tool crib", "the break room", "the battery room", "the clean room", "the mail room",
+         "the control room", "the boiler room", "the print shop", "the first aid room"]
+WORDS = ["falcon", "copper", "maple", "harbor", "quartz", "meadow", "signal", "timber", "violet", "anchor"]
+
+
+def fact_set(name: str, rng: random.Random, n: int) -> list[dict]:
+    """n facts of set A (tuning) or B (report), each with its message, question, value and mention."""
+    if name == "A":
+        subjects = rng.sample([f"the {c} {o}" for c in COLOURS for o in ("locker", "cabinet")], n)
+        return [{"subject": s, "value": (v := str(rng.randint(1000, 9999))),
+                 "message": f"The access code of {s} is {v}.", "question": f"What is the access code of {s}?",
+                 "mention": f"Someone walked past {s}."} for s in subjects]
+    subjects = rng.sample(ROOMS, n)
+    return [{"subject": s, "value": (v := f"{rng.choice(WORDS)}{rng.randint(10, 99)}"),
+             "message": f"For the record, the wifi password of {s} is {v}.",
+             "question": f"What is the wifi password of {s}?",
+             "mention": f"A technician checked {s} again."} for s in subjects]
+
+
+def paragraphs(data_set: str, chars: int = 260) -> list[str]:
+    if data_set == "tuning":
+        text = read_text(None)
+    else:
+        from pydoc_data.topics import topics
+
+        text = "\n".join(topics[k] for k in sorted(topics))
+    words = text.split()
+    out, cur = [], []
+    for w in words:
+        cur.append(w)
+        if sum(len(x) + 1 for x in cur) >= chars:
+            out.append(" ".join(cur))
+            cur = []
+    return out
+
+
+FACTS = {"tuning": "A", "report": "B"}
+
+
+def run_stream(adapter, paras, args, policy: str, cache: int, trial: int) -> list[dict]:
+    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+
+    rng = random.Random(f"{args.set}-{trial}-{args.facts_at_once}")
+    facts = fact_set(FACTS[args.set], rng, args.facts_at_once)
+    distances = [d for d in DISTANCES if d <= args.max_distance]
+    settings = {"chunk_size": 128}
+    if args.retrieve_tokens is not None:
+        settings["retrieve_tokens"] = args.retrieve_tokens
+    if args.archive_block is not None:
+        settings["archive_block"] = args.archive_block
+    if policy == "full":
+        cache = max(distances) + 2000 + 300 * len(facts)
+    stream = KVStream(adapter, StreamConfig(capacity=cache, policy=policy, **settings))
+    budget = stream.config.retrieve_tokens
+    source = iter(paras[rng.randint(0, len(paras) - 2000):])
+    for fact in facts:
+        for _ in range(rng.randint(1, 3)):
+            stream.push_text(next(source))
+        stream.push_text(fact["message"])
+    told = stream.tokens_seen
+    rows, k, start = [], 0, time.monotonic()
+    for distance in distances:
+        while stream.tokens_seen - told < distance:
+            k += 1
+            if args.mention and k % 3 == 0:
+                stream.push_text(facts[(k // 3) % len(facts)]["mention"])
+            else:
+                stream.push_text(next(source))
+        for fact in facts:
+            for archive in (True, False) if policy != "full" else (True,):
+                stream.config.retrieve_tokens = budget if archive else 0
+                answer = stream.ask(fact["question"], max_new_tokens=24)
+                rows.append({"set": args.set, "facts_at_once": args.facts_at_once, "mention": args.mention,
+                             "policy": policy, "cache": cache, "trial": trial, "distance": distance,
+                             "archive": archive, "retrieve_tokens": budget,
+                             "archive_block": stream.config.archive_block,
+                             "recalled": fact["value"] in answer.text, "answer": answer.text,
+                             "retrieved_tokens": answer.retrieved_tokens, "latency_s": round(answer.latency, 3)})
+        stream.config.retrieve_tokens = budget
+    print(f"{policy}@{cache} trial {trial}: {sum(r['recalled'] for r in rows if r['archive'])}/"
+          f"{sum(r['archive'] for r in rows)} with the archive, "
+          f"{sum(r['recalled'] for r in rows if not r['archive'])}/{sum(not r['archive'] for r in rows)} without "
+          f"({time.monotonic() - start:.0f} s)", flush=True)
+    return rows
+
+
+def recall(args) -> None:
+    import torch
+
+    from inf_mllm_ros.engine.loading import load_model
+
+    torch.set_num_threads(args.threads)
+    out = RESULTS / args.out
+    rows = json.loads(out.read_text()) if out.exists() else []
+    done = {(r["set"], r["facts_at_once"], r["mention"], r["policy"], r["cache"], r["trial"], r["retrieve_tokens"],
+             r["archive_block"]) for r in rows}
+    adapter = load_model(args.model, device="cpu", dtype="float32")
+    paras = paragraphs(args.set)
+    for trial in range(args.first_trial, args.first_trial + args.trials):
+        for policy in args.policy:
+            for cache in args.cache:
+                key = (args.set, args.facts_at_once, args.mention, policy,
+                       cache if policy != "full" else None, trial)
+                if any(d[:5] == key[:5] and (d[4] == cache or policy == "full") and d[5] == trial
+                       and (args.retrieve_tokens is None or d[6] == args.retrieve_tokens)
+                       and (args.archive_block is None or d[7] == args.archive_block) for d in done):
+                    continue
+                rows += run_stream(adapter, paras, args, policy, cache, trial)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(rows, indent=0) + "\n")
+                if policy == "full":
+                    break
+
+
+def latency(args) -> None:
+    """Answer latency with 0, 16K and 64K archived tokens (64K: the 16K stream's blocks written four times, as
+    scoring costs the same whatever the blocks hold); host bytes per token; RSS once a small archive is full."""
+    import torch
+
+    from inf_mllm_ros.engine.archive import ArchivedBlock
+    from inf_mllm_ros.engine.loading import load_model
+    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+
+    torch.set_num_threads(args.threads)
+    adapter = load_model(args.model, device="cpu", dtype="float32")
+    paras = paragraphs("report")
+    facts = fact_set("B", random.Random(0), 3)
+    record = {"machine": machine(), "model": args.model, "dtype": "float32"}
+    stream = KVStream(adapter, StreamConfig(archive_size=65536))
+    record["settings"] = {k: getattr(stream.config, k) for k in ("capacity", "chunk_size", "retrieve_tokens",
+                                                                 "archive_block")}
+    source = iter(paras)
+    for fact in facts:
+        stream.push_text(fact["message"])
+    while stream.tokens_seen < 16384:
+        stream.push_text(next(source))
+
+    def timed(archived: str) -> None:
+        runs = {}
+        for archive in (False, True):
+            stream.config.retrieve_tokens = record["settings"]["retrieve_tokens"] if archive else 0
+            times = [stream.ask(f["question"], max_new_tokens=16).latency for f in facts for _ in range(2)]
+            runs["with" if archive else "without"] = statistics.median(times)
+        record[archived] = {**runs, "ratio": runs["with"] / runs["without"],
+                            "archive_tokens": stream.archive.tokens}
+        print(archived, record[archived], flush=True)
+
+    timed("16K")
+    archive = stream.archive
+    copies = list(archive.blocks)
+    seq = stream.tokens_seen
+    while archive.tokens + copies[0].length <= 65536 - 64:
+        for block in copies:
+            if archive.tokens + block.length > 65536 - 64:
+                break
+            k, v, s, e = archive.block_tensors(block)
+            archive._place(ArchivedBlock(archive._next_index, 0, block.length, seq, block.extent, block.frame,
+                                         block.stamp), k.clone(), v.clone(), s.int(), e.int())
+            seq += block.length
+    timed("64K")
+    record["bytes_per_token"] = archive.bytes_per_token()
+    record["archive_bytes"] = archive.nbytes()
+    # Host memory over a long run with a small archive: flat once it is full.
+    small = KVStream(adapter, StreamConfig(archive_size=4096))
+    rss = []
+    while small.tokens_seen < 16384:
+        small.push_text(next(source))
+        rss.append((small.tokens_seen, small.archive.tokens, _rss()))
+    record["rss_small_archive"] = rss[:: max(1, len(rss) // 40)]
+    record["peak_rss_bytes"] = peak_rss_bytes()
+    (RESULTS / "archive_latency.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("recall")
+    r.add_argument("--set", choices=("tuning", "report"), default="report")
+    r.add_argument("--policy", nargs="+", default=["inf_mllm"])
+    r.add_argument("--cache", nargs="+", type=int, default=[512])
+    r.add_argument("--facts-at-once", type=int, default=1)
+    r.add_argument("--mention", action=argparse.BooleanOptionalAction, default=True)
+    r.add_argument("--trials", type=int, default=4)
+    r.add_argument("--first-trial", type=int, default=0)
+    r.add_argument("--max-distance", type=int, default=16000)
+    r.add_argument("--retrieve-tokens", type=int, default=None, help="default: the shipped setting")
+    r.add_argument("--archive-block", type=int, default=None, help="default: the shipped setting")
+    r.add_argument("--out", default="archive_recall.json")
+    for p in (r, sub.add_parser("latency")):
+        p.add_argument("--model", default="qwen2.5-0.5b")
+        p.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    recall(args) if args.command == "recall" else latency(args)
+
+
+if __name__ == "__main__":
+    main()
