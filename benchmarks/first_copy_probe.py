@@ -3,7 +3,7 @@
     python benchmarks/first_copy_probe.py
 
 When a subject keeps coming up, each mention draws attention to the one before it, and the mentions,
-not the statement they refer to, become the saddles (Recall in the README). Here a later copy of a rare
+not the statement they refer to, become the saddles (docs/experiments.md). Here a later copy of a rare
 phrase (`span` tokens, three by default) is treated as redundant with its first copy still in the cache:
 the attention it draws is credited to the first copy, and it is not kept for its own sake (its score is
 lowered below every other candidate's after pooling); with `renew`, the first copy and the tokens pooled

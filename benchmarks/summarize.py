@@ -1,4 +1,4 @@
-"""Markdown tables of the recorded results, for the README.
+"""Markdown tables of the recorded results, for docs/benchmarks.md.
 
     python benchmarks/summarize.py
 """

@@ -36,7 +36,7 @@ fi
 # Python started from .venv re-executes itself once through the wheels' .pth hook
 # (ros_wheels_bootstrapper) to set LD_LIBRARY_PATH; it keeps the entries set here.
 # Raw camera frames above about 600 KB between processes: Fast DDS with large shared-memory segments
-# (config/fastdds_large_frames.xml; see README "Large frames"), unless a profile is chosen already.
+# (config/fastdds_large_frames.xml; see docs/deployment.md, "Large frames"), unless a profile is chosen already.
 if [[ -z "${FASTDDS_DEFAULT_PROFILES_FILE:-}" && -z "${FASTDDS_BUILTIN_TRANSPORTS:-}" ]]; then
     export FASTDDS_DEFAULT_PROFILES_FILE="$_inf_root/install/inf_mllm_ros/share/inf_mllm_ros/config/fastdds_large_frames.xml"
 fi

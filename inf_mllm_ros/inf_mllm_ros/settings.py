@@ -2,7 +2,7 @@
 can change at run time, what they mean, and which engine setting each one is.
 
 The node declares its parameters from it, the offline runner takes its defaults and checks from it,
-the README's parameter table is checked against it (test_settings.py), and `stream_config` and
+the parameter table in docs/node.md is checked against it (test_settings.py), and `stream_config` and
 `load_settings` are the one place where parameter values become the engine's configuration and the
 model's loading options.
 """

@@ -1,4 +1,4 @@
-"""The settings table is the one source: the README's parameter table matches it, and the node's
+"""The settings table is the one source: the parameter table in docs/node.md matches it, and the node's
 parameters file builds the same engine in the node and in the offline runner."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ ROS_TYPES = {bool: "bool", int: "int", float: "double", str: "string"}
 
 
 def readme_parameter_rows() -> list[list[str]]:
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("### Parameters"):]
-    section = section[: section.index("\n### ", 5)]
+    text = (REPO_ROOT / "docs" / "node.md").read_text(encoding="utf-8")
+    section = text[text.index("\n## Parameters\n"):]
+    section = section[: section.index("\n## ", 5)]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
 
