@@ -85,7 +85,7 @@ def run_stream(adapter, paras, args, policy: str, cache: int, trial: int) -> lis
         cache = max(distances) + 2000 + 300 * len(facts)
     stream = KVStream(adapter, StreamConfig(capacity=cache, policy=policy, **settings))
     budget = stream.config.retrieve_tokens
-    source = iter(paras[rng.randint(0, len(paras) - 2000):])
+    source = iter(paras[rng.randint(0, len(paras) - 400):])
     for fact in facts:
         for _ in range(rng.randint(1, 3)):
             stream.push_text(next(source))

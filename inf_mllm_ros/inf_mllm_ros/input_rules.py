@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .engine.text_rules import is_blank
+from .engine.text_rules import is_blank, is_undecodable, text_problem
 
 
 def stamp_seconds(header_stamp: Any | None, now_ns: int) -> float:
@@ -42,6 +42,8 @@ def text_refusal(text: Any, max_text_chars: int) -> tuple[str, str] | None:
         return "text_too_long", f"{too_long}; split it into shorter messages"
     if is_blank(text):
         return "text_empty", "empty text message refused (no visible character)"
+    if is_undecodable(text):
+        return "text_undecodable", text_problem(text, "text message")
     return None
 
 

@@ -52,7 +52,7 @@ from inf_mllm_interfaces.srv import Query
 from .engine.adapters import FramesNotSupportedError
 from .engine.engine import EngineBusyError, EngineNotReadyError, FrameDroppedError, StreamingEngine
 from .engine.stream import AnswerCancelledError
-from .engine.text_rules import is_blank
+from .engine.text_rules import text_problem
 from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
 from .input_rules import FrameGate, StreamClock, length_refusal, stamp_seconds, text_refusal
 from .settings import (BY_NAME, MAX_NEW_TOKENS_LIMIT, PARAMETERS, Param, knob_problem, load_settings,
@@ -121,6 +121,7 @@ class InfMLLMNode(LifecycleNode):
         self._engine_factory = engine_factory
         self.engine: StreamingEngine | None = None
         self._active = False
+        self._lifecycle_state = "unconfigured"  # as the lifecycle names it; /diagnostics reports it
         # Set while autostart configures and activates: callers then hear "model is still loading".
         self.autostarting = bool(self.get_parameter("autostart").value)
         self._lock = threading.Lock()  # the counters below, written from several threads
@@ -165,7 +166,34 @@ class InfMLLMNode(LifecycleNode):
         self.add_on_set_parameters_callback(self._on_set_parameters)
 
     # --- lifecycle ------------------------------------------------------------------------------------------
+    def _transition(self, result: TransitionCallbackReturn, success: str, failure: str) -> TransitionCallbackReturn:
+        """Remember the lifecycle state a transition leads to (what /diagnostics reports), and pass its result on."""
+        self._lifecycle_state = success if result == TransitionCallbackReturn.SUCCESS else failure
+        return result
+
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        return self._transition(self._configure(), "inactive", "unconfigured")
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        return self._transition(self._activate(state), "active", "inactive")
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        return self._transition(self._deactivate(state), "inactive", "active")
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        result = TransitionCallbackReturn.SUCCESS if self._release() else TransitionCallbackReturn.FAILURE
+        return self._transition(result, "unconfigured", "inactive")
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stopping.set()
+        self._release()
+        return self._transition(TransitionCallbackReturn.SUCCESS, "finalized", "finalized")
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        return self._transition(TransitionCallbackReturn.SUCCESS, "unconfigured", "finalized")
+
+    def _configure(self) -> TransitionCallbackReturn:
         if not self._release():  # what a failed configure or cleanup left
             return TransitionCallbackReturn.FAILURE
         self._stats_pub = self.create_publisher(CacheStats, "~/cache_stats", STATS_QOS)
@@ -207,7 +235,7 @@ class InfMLLMNode(LifecycleNode):
         self._report_ready(time.monotonic() - started)
         return TransitionCallbackReturn.SUCCESS
 
-    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+    def _activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         if getattr(self.engine, "closed", False):  # kept by a cleanup that failed: it takes no more input
             self.get_logger().error("cannot activate: the model is closed (a cleanup is pending); clean up first")
             return TransitionCallbackReturn.FAILURE
@@ -226,7 +254,7 @@ class InfMLLMNode(LifecycleNode):
         self._publish_stats()
         return super().on_activate(state)
 
-    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+    def _deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._active = False
         for sub in self._input_subscriptions:
             self.destroy_subscription(sub)
@@ -242,18 +270,6 @@ class InfMLLMNode(LifecycleNode):
         else:
             self.get_logger().info("inactive: input is no longer taken; the memory is kept")
         return super().on_deactivate(state)
-
-    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        return TransitionCallbackReturn.SUCCESS if self._release() else TransitionCallbackReturn.FAILURE
-
-    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stopping.set()
-        self._release()
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
-        return TransitionCallbackReturn.SUCCESS
 
     def _release(self) -> bool:
         """Stop taking input, save and free the model, and drop the publishers (back to unconfigured). False
@@ -615,7 +631,7 @@ class InfMLLMNode(LifecycleNode):
         elif pending["queries"] >= self._param("max_pending_queries"):
             level, message = DiagnosticStatus.WARN, f"query queue full ({pending['queries']} waiting)"
         values = {
-            "state": "unconfigured" if engine is None else ("active" if self._active else "inactive"),
+            "state": self._lifecycle_state,
             "model": str(self._param("model")),
             "model_ready": str(engine is not None and engine.ready.is_set()).lower(),
             "cache_fill": f"{stats.fill if stats else 0}/{self._param('cache_size')}",
@@ -675,8 +691,9 @@ class InfMLLMNode(LifecycleNode):
         too_long = length_refusal("question", question, self._param("max_text_chars"))
         if too_long:  # a kept question goes in whole before its answer: it must be short enough to stop soon
             return self._query_failed(response, too_long)
-        if is_blank(question):  # after the length: it reads up to the first visible character
-            return self._query_failed(response, "empty question")
+        problem = text_problem(question, "question")  # after the length: it reads up to the first visible character
+        if problem:
+            return self._query_failed(response, problem)
         if max_new > MAX_NEW_TOKENS_LIMIT:
             return self._query_failed(response, f"max_new_tokens {max_new} is above the limit {MAX_NEW_TOKENS_LIMIT}")
         timeout = self._param("query_timeout")

@@ -211,3 +211,24 @@ def test_a_reset_empties_the_archive_and_a_resize_keeps_the_newest_blocks():
     assert archive.nbytes() == 40 * archive.bytes_per_token()
     archive.reset()
     assert archive.tokens == 0 and not archive.blocks
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2_vl"])
+def test_taking_input_is_the_same_with_the_archive_on_or_off(family, adapters):
+    """The archive copies what goes through the model and changes nothing of it: the same evictions, the same
+    slots, the same logits (so perplexity over any stream is the archive's to leave alone)."""
+    adapter = adapters[family]
+    streams = [KVStream(adapter, StreamConfig(capacity=48, chunk_size=16, archive_size=size)) for size in (0, 4096)]
+    logits = []
+    for stream in streams:
+        for i in range(10):
+            stream.push_text(sentence(i), stamp=float(i))
+            if adapter.supports_frames and i % 3 == 0:
+                stream.push_frame(frame(i), stamp=i + 0.5)
+        logits.append(stream.push_tokens(adapter.tokenize(sentence(11)), return_logits=True))
+    off, on = streams
+    assert on.archive.tokens == on.tokens_seen and off.archive.tokens == 0
+    assert on.cache.evictions == off.cache.evictions > 0
+    for i in range(len(on.cache.layers)):
+        assert torch.equal(on.cache.cached_seq(i), off.cache.cached_seq(i))
+    assert torch.equal(logits[0], logits[1])

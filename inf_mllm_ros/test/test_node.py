@@ -1001,3 +1001,50 @@ def test_a_sim_time_node_keeps_following_clock_once_active(local_node):
         time.sleep(0.02)  # the probe spins in its own thread
     probe.wait_for(lambda: node.get_clock().now().nanoseconds >= 1_009 * 10**9, 10, "the node's clock at bag time")
     probe.wait_for(lambda: len(probe.stats.messages) >= start + 5, 10, "periodic stats on bag time")
+
+
+def test_diagnostics_state_is_the_lifecycle_state_in_every_transition_failed_ones_too():
+    """A lifecycle manager and a robot monitor must agree: after each transition, successful or failed, the
+    state /diagnostics reports is the one the lifecycle's get_state service gives."""
+    from lifecycle_msgs.srv import GetState
+
+    from inf_mllm_ros.engine.engine import EngineNotReadyError
+    from inf_mllm_ros.node import InfMLLMNode
+
+    class FailsToLoad(StandInEngine):
+        def wait_ready(self, timeout=None):
+            self.load_error = "no such model"
+            raise EngineNotReadyError("model failed to load: no such model")
+
+    factories = iter([FailsToLoad, StandInEngine])
+    probe = RosProbe("lifecycle_state_probe")
+    node = InfMLLMNode(engine_factory=lambda *a, **k: next(factories)(*a, **k),
+                       namespace=f"/lifecycle_state_{os.getpid()}", context=probe.context)
+    probe.executor.add_node(node)
+    try:
+        fqn = node.get_fully_qualified_name()
+        change = probe.node.create_client(ChangeState, f"{fqn}/change_state")
+        get = probe.node.create_client(GetState, f"{fqn}/get_state")
+        probe.wait_for(lambda: change.service_is_ready() and get.service_is_ready(), 30, "the lifecycle services")
+
+        def step(transition: int | None, succeeds: bool) -> None:
+            if transition is not None:
+                done = change.call_async(ChangeState.Request(transition=Transition(id=transition)))
+                assert probe.wait_for(lambda: done.done(), 30, f"transition {transition}")
+                assert done.result().success is succeeds
+            state = get.call_async(GetState.Request())
+            probe.wait_for(lambda: state.done(), 10, "get_state")
+            reported = {kv.key: kv.value for kv in node.health().values}["state"]
+            assert reported == state.result().current_state.label, (transition, reported)
+
+        step(None, True)  # unconfigured
+        step(Transition.TRANSITION_CONFIGURE, False)  # the model fails to load: unconfigured still
+        step(Transition.TRANSITION_CONFIGURE, True)
+        step(Transition.TRANSITION_ACTIVATE, True)
+        step(Transition.TRANSITION_DEACTIVATE, True)
+        step(Transition.TRANSITION_CLEANUP, True)
+    finally:
+        node.close()
+        probe.executor.remove_node(node)
+        node.destroy_node()
+        probe.close()

@@ -13,7 +13,8 @@ import pytest
 from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.engine.random_models import FAMILIES, build_model_folder
 from inf_mllm_ros.engine.stream import KVStream, StreamConfig
-from inf_mllm_ros.engine.text_rules import is_blank
+from inf_mllm_ros.engine.text_rules import is_blank, is_undecodable
+from inf_mllm_ros.input_rules import text_refusal
 
 # Control strings of the supported families' templates (ChatML/Qwen/SmolLM2, Idefics3/SmolVLM, Llama 2/3,
 # Mistral, LLaVA) and image placeholders.
@@ -153,6 +154,23 @@ def test_invisible_text_is_blank():
         assert is_blank(text), repr(text)
     for text in ("a", "\u200bx\u200b", "é", "🙂", "0", ".", "東"):
         assert not is_blank(text), repr(text)
+
+
+def test_text_of_replacement_characters_only_is_refused_and_some_among_real_ones_are_taken(adapters):
+    """Bytes that were not UTF-8 reach the node as U+FFFD: nothing to read, refused with the reason."""
+    for text in ("\ufffd", "\ufffd\ufffd \ufffd\n", "\u200b\ufffd"):
+        assert is_undecodable(text) and not is_blank(text), repr(text)
+        kind, reason = text_refusal(text, 4000)
+        assert kind == "text_undecodable" and "not valid UTF-8" in reason
+    for text in ("caf\ufffd au lait", "\ufffd7", "a"):
+        assert not is_undecodable(text) and text_refusal(text, 4000) is None, repr(text)
+    stream = KVStream(adapters["smollm2"], StreamConfig(capacity=256))
+    with pytest.raises(ValueError, match="replacement characters"):
+        stream.push_text("\ufffd\ufffd")
+    with pytest.raises(ValueError, match="replacement characters"):
+        stream.ask("\ufffd?\ufffd".replace("?", ""))
+    assert stream.tokens_seen == 0
+    assert stream.push_text("Forklift F\ufffd parked at dock 3.") > 0
 
 
 def test_invisible_text_and_questions_are_refused(adapters):

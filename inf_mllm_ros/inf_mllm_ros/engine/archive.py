@@ -329,7 +329,7 @@ class KVArchive:
         if not candidates:
             return []
         # The middle half of the layers score: on the tuning set they ranked a fact's block first more often
-        # than all layers, the first or the last half (benchmarks/README), at half the cost of all.
+        # than all layers, the first or the last half (docs/archive.md), at half the cost of all.
         first = queries.shape[0] // 4
         scoring = range(first, queries.shape[0] - first)
         queries = queries[first : queries.shape[0] - first]

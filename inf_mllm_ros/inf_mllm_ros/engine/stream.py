@@ -23,7 +23,7 @@ from .attention import cache_observing
 from .cache import BoundedKVCache, CacheOverflowError, PromptPositions, shift_rotary
 from .chat import check_stamp, stamped
 from .policies import make_policy
-from .text_rules import is_blank
+from .text_rules import text_problem
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are the memory of a mobile robot. Camera frames and messages arrive with their time in seconds. "
@@ -260,8 +260,10 @@ class KVStream:
         items = [(text, stamp, bool(pin and pin[0])) for text, stamp, *pin in items]
         if not items:
             return []
-        if any(is_blank(text) for text, _, _ in items):
-            raise ValueError("empty text")
+        for text, _, _ in items:
+            problem = text_problem(text)
+            if problem:
+                raise ValueError(problem)
         for _, stamp, _ in items:
             check_stamp(stamp, "text")
         self._ensure_started()
@@ -302,8 +304,9 @@ class KVStream:
         headroom and has to be pushed into the memory before the answer: it then stays, with the answer so
         far and its turn closed.
         """
-        if is_blank(question):
-            raise ValueError("empty question")
+        problem = text_problem(question, "question")
+        if problem:
+            raise ValueError(problem)
         return self._exchange(self.adapter.chat.question_parts(question), max_new_tokens, keep_in_memory,
                               on_token, cancel, retrieve=True)
 
@@ -472,6 +475,7 @@ class KVStream:
                 self._push(self.adapter.text_prompt(system), stoppable=True)
             except BaseException:
                 self.cache.reset()  # it held nothing before: the system turn comes first
+                self.archive.reset()
                 self.tokens_seen = 0
                 raise
         self._started = True

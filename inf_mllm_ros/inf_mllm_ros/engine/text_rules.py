@@ -1,5 +1,8 @@
 """What counts as text: one rule for every place that takes a text message or a question.
 
+A text made only of U+FFFD replacement characters (bytes that were not UTF-8, as the ROS layer decodes
+them) says nothing either, and is refused with that reason; a few among real characters are taken.
+
 A text is blank, and refused as empty, when it has no character that shows: only whitespace,
 control and format characters (zero-width space, joiners, word joiner, byte order mark, soft
 hyphen, bidirectional marks...) and the other code points Unicode marks as ignorable by default
@@ -11,7 +14,10 @@ from __future__ import annotations
 
 import unicodedata
 
-__all__ = ["is_blank"]
+__all__ = ["is_blank", "is_undecodable", "text_problem"]
+
+# What a decoder puts where bytes were not valid UTF-8 (the ROS layer does so for a string message).
+REPLACEMENT = "\ufffd"
 
 # Unicode's Default_Ignorable_Code_Point ranges (DerivedCoreProperties.txt) that are not already
 # control or format characters: invisible wherever they appear.
@@ -43,3 +49,18 @@ def is_blank(text: object) -> bool:
         return True
     # Most texts show in their first characters: this returns at the first visible one.
     return all(_invisible(char) for char in text)
+
+
+def is_undecodable(text: object) -> bool:
+    """True when every visible character of ``text`` is U+FFFD: bytes that were not UTF-8, nothing to read."""
+    return (isinstance(text, str) and REPLACEMENT in text
+            and all(char == REPLACEMENT or _invisible(char) for char in text))
+
+
+def text_problem(text: object, what: str = "text") -> str | None:
+    """Why a text or a question says nothing the model could read (blank, or only invalid UTF-8), or None."""
+    if is_blank(text):
+        return f"empty {what}"
+    if is_undecodable(text):
+        return f"{what} refused: only replacement characters (U+FFFD), its bytes were not valid UTF-8"
+    return None
