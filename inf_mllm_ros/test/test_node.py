@@ -740,7 +740,16 @@ def test_a_tiny_stats_period_is_refused_at_start(tmp_path):
 
 
 class StandInEngine:
-    """The engine's interface, answering every query with what `answer` returns (a Future)."""
+    """The engine's interface (EngineLike), answering every query with what `answer` returns (a Future)."""
+
+    closed = False
+    memory_file = None
+    memory_status = "no memory file"
+    last_saved = None
+    save_error = None
+    adapter = None
+    frame_period = 0.0
+    checkpoint_period = 0.0
 
     def __init__(self, model, config, *, on_ingested=None, **_kwargs):
         from inf_mllm_ros.engine.engine import EngineCounters
@@ -754,6 +763,10 @@ class StandInEngine:
         self.answer = lambda: Future()
         self.control = lambda: Future()  # a reset or a save
 
+    @property
+    def pending(self):
+        return {"texts": 0, "queries": 0, "frame": False}
+
     def wait_ready(self, timeout=None):
         return True
 
@@ -763,10 +776,19 @@ class StandInEngine:
     def submit_ask(self, question, *, max_new_tokens=None, keep_in_memory=False, on_token=None, cancel=None):
         return self.answer()
 
+    def submit_describe(self, prompt=None, *, max_new_tokens=None):
+        return self.answer()
+
     def submit_text(self, text, stamp=None, *, pin=False):
         return Future()
 
+    def submit_frame(self, rgb, stamp=None):
+        return Future()
+
     def submit_reset(self):
+        return self.control()
+
+    def submit_save(self):
         return self.control()
 
     def abandon(self, future):
@@ -777,6 +799,62 @@ class StandInEngine:
 
     def close(self, timeout=None):
         pass
+
+
+def protocol_members(protocol: type) -> set[str]:
+    """The names a class must provide to satisfy `protocol`: its annotated attributes, its methods and its
+    properties (the Protocol machinery's own names, all starting with an underscore, left out)."""
+    return set(protocol.__annotations__) | {name for name in vars(protocol) if not name.startswith("_")}
+
+
+def engine_members_the_node_uses() -> set[str]:
+    """Every attribute the node's modules read, set or call on its engine (`self.engine.X` or a local
+    `engine.X`), from their source."""
+    import ast
+
+    import inf_mllm_ros.node as node_module
+
+    used = set()
+    for path in sorted(Path(node_module.__file__).parent.glob("node*.py")):
+        for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(n, ast.Attribute):
+                continue
+            owner = n.value
+            if (isinstance(owner, ast.Name) and owner.id == "engine") or (
+                    isinstance(owner, ast.Attribute) and owner.attr == "engine"
+                    and isinstance(owner.value, ast.Name) and owner.value.id == "self"):
+                used.add(n.attr)
+    return used
+
+
+def test_the_engine_and_its_stand_in_provide_the_engine_interface():
+    """The node reaches its engine through EngineLike only, and both StreamingEngine and StandInEngine
+    provide every member of it, methods with the same parameters: a member renamed on one side fails
+    here rather than in a callback of a running node."""
+    import inspect
+
+    from inf_mllm_ros.engine.engine import StreamingEngine
+    from inf_mllm_ros.engine.stream import StreamConfig
+    from inf_mllm_ros.engine_interface import EngineLike
+
+    members = protocol_members(EngineLike)
+    assert engine_members_the_node_uses() == members
+    # Some of StreamingEngine's members are set in its __init__: an instance whose model fails to load has
+    # them all (the worker ends at once).
+    real = StreamingEngine(adapter=object())
+    try:
+        for engine in (real, StandInEngine(None, StreamConfig())):
+            name = type(engine).__name__
+            missing = sorted(m for m in members if not hasattr(engine, m))
+            assert not missing, f"{name} lacks {missing}"
+            assert isinstance(engine, EngineLike), name
+            for member in members:
+                declared = vars(EngineLike).get(member)
+                if inspect.isfunction(declared):
+                    wanted = list(inspect.signature(declared).parameters)[1:]  # without self
+                    assert list(inspect.signature(getattr(engine, member)).parameters) == wanted, (name, member)
+    finally:
+        real.close(timeout=10)
 
 
 def stand_in_factory():

@@ -1,0 +1,88 @@
+"""What the node uses of its engine, declared once: `EngineLike`.
+
+The node talks to `StreamingEngine` (engine/engine.py) through this interface only, and its tests pass a
+stand-in that provides the same members (test_node.py checks that both do). No ROS import, and no import
+of the model at run time: the engine's types appear in annotations only.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # annotations only: importing this module loads nothing of the model
+    import numpy as np
+
+    from .engine.adapters import ModelAdapter
+    from .engine.engine import EngineCounters
+    from .engine.memory_file import MemoryFileInfo
+    from .engine.stream import StreamConfig, StreamStats
+
+
+@runtime_checkable
+class EngineLike(Protocol):
+    """An engine as the node drives it: inputs and questions submitted for futures, control jobs (reset,
+    save), the figures it reports, the settings the node changes while it runs, and its lifecycle (ready,
+    closed). Exactly the members the node reads, sets or calls; nothing else of the engine is relied on.
+    """
+
+    # Configuration and settings the node changes at run time.
+    config: StreamConfig  # the node sets live engine fields (system_prompt, max_new_tokens) on it
+    frame_period: float  # seconds between frames taken under a flood of texts (from frame_rate)
+    checkpoint_period: float  # seconds between saves of a changed memory
+    time_origin: float | None  # the caller's time of stream time 0, kept with the memory
+
+    # Lifecycle.
+    ready: threading.Event  # set once the model is usable
+    load_error: Exception | None  # why the model did not load
+    memory_file: str | None  # where the memory is saved; None: no file
+    memory_status: str  # what happened to the memory file at load (restored, refused, missing)
+    last_saved: MemoryFileInfo | None  # the last save that went through
+    save_error: str | None  # why the last save failed; None once one succeeds
+
+    # Figures.
+    counters: EngineCounters
+
+    @property
+    def pending(self) -> dict:
+        """Inputs waiting for the model: {"texts": int, "queries": int, "frame": bool}."""
+        ...
+
+    @property
+    def adapter(self) -> ModelAdapter | None:
+        """The loaded model (its `notice` is shown to users); None until loaded."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """Closed: it takes no more work."""
+        ...
+
+    def stats(self) -> StreamStats | None: ...
+
+    # Work, answered through futures.
+    def submit_text(self, text: str, stamp: float | None = None, *, pin: bool = False) -> Future: ...
+
+    def submit_frame(self, rgb: np.ndarray, stamp: float | None = None) -> Future: ...
+
+    def submit_ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
+                   on_token=None, cancel: threading.Event | None = None) -> Future: ...
+
+    def submit_describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None) -> Future: ...
+
+    def submit_reset(self) -> Future: ...
+
+    def submit_save(self) -> Future: ...
+
+    def abandon(self, future: Future) -> bool: ...
+
+    # Lifecycle and live settings.
+    def wait_ready(self, timeout: float | None = None) -> bool: ...
+
+    def set_policy_knob(self, name: str, value) -> None: ...
+
+    def close(self, timeout: float | None = 10.0) -> bool | None: ...
+
+
+__all__ = ["EngineLike"]

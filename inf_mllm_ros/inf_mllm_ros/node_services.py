@@ -1,0 +1,264 @@
+"""The node's services and action: `~/query`, `~/reset`, `~/save_memory` and `~/ask`.
+
+`NodeServices` is a part of `InfMLLMNode` (node.py). The services exist in every lifecycle state, so a
+caller always hears why not instead of nothing, and they run in a reentrant callback group and wait for
+the engine there, so a multi-threaded executor keeps serving topics, timers and parameters while the
+model works. Every caller gets a response: a refusal in the node's state, a timeout, a failure of the
+model and a shutdown each say so in `message`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from contextlib import contextmanager
+
+from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from std_srvs.srv import Trigger
+
+from inf_mllm_interfaces.action import Ask
+from inf_mllm_interfaces.srv import Query
+
+from .engine.engine import EngineBusyError, EngineNotReadyError
+from .engine.stream import AnswerCancelledError
+from .engine.text_rules import text_problem
+from .engine_interface import EngineLike
+from .input_rules import length_refusal
+from .settings import MAX_NEW_TOKENS_LIMIT
+
+# Services: requests and responses kept for a burst of callers. The default depth (10) lets the middleware
+# drop the requests of a burst while the executor is busy, and their callers never hear back.
+SERVICE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000, reliability=ReliabilityPolicy.RELIABLE,
+                         durability=DurabilityPolicy.VOLATILE)
+SHUTTING_DOWN = "node is shutting down"
+NOT_CONFIGURED = "node is not configured: no model is loaded (configure it through its lifecycle)"
+LOADING = "model is still loading"
+INACTIVE = "node is inactive: it takes no input and answers no question until it is activated"
+
+
+class NodeServices:
+    """The services and the action, each handler counted in flight while it runs (so that shutdown waits
+    for its caller), and control jobs (reset, save) one of each kind at a time.
+
+    A mixin of `InfMLLMNode`: it uses the node's `engine`, `_lock`, `_stopping`, `_active`, `autostarting`,
+    `_last_error`, `_param`, `_post` and `_ros_time`.
+    """
+
+    def _init_services(self) -> None:
+        """The services and the action, and their counters."""
+        self._in_service = 0  # service and action callbacks running now
+        self._queries_failed = 0  # failed before or after the engine (empty, timed out)
+        self._controls_waiting: set[str] = set()  # "reset", "saved": one of each at a time
+        # Services exist in every state, so a caller always hears why not instead of nothing.
+        waiting = ReentrantCallbackGroup()
+        self.create_service(Query, "~/query", self._on_query, callback_group=waiting, qos_profile=SERVICE_QOS)
+        self.create_service(Trigger, "~/reset", self._on_reset, callback_group=waiting, qos_profile=SERVICE_QOS)
+        self.create_service(Trigger, "~/save_memory", self._on_save_memory, callback_group=waiting,
+                            qos_profile=SERVICE_QOS)
+        # Every goal is accepted, so that each one ends with a result that says why when it fails.
+        self._ask_server = ActionServer(
+            self, Ask, "~/ask", execute_callback=self._execute_ask, callback_group=waiting,
+            goal_callback=lambda _goal: GoalResponse.ACCEPT, cancel_callback=lambda _goal: CancelResponse.ACCEPT)
+
+    @property
+    def services_busy(self) -> int:
+        """Service and action callbacks running now (each has a caller waiting for its response)."""
+        with self._lock:
+            return self._in_service
+
+    @contextmanager
+    def _serving(self):
+        with self._lock:
+            self._in_service += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_service -= 1
+
+    def _served(self, handler, request, response):
+        """Run a service handler counted as in flight; a failure during shutdown says so."""
+        with self._serving():
+            try:
+                response = handler(request, response)
+            except Exception as exc:  # every caller gets a response, whatever went wrong
+                self.get_logger().error(f"request failed: {type(exc).__name__}: {exc}")
+                response.success, response.message = False, f"internal error: {type(exc).__name__}: {exc}"
+            if not response.success and self._stopping.is_set():
+                response.message = SHUTTING_DOWN
+            return response
+
+    def _on_query(self, request: Query.Request, response: Query.Response) -> Query.Response:
+        return self._served(self._ask_engine, request, response)
+
+    def _ask_engine(self, request, response, on_token=None, cancel: threading.Event | None = None,
+                    cancelled=lambda: False):
+        """Answer a Query request or an Ask goal into its response or result (the same fields)."""
+        start = time.monotonic()
+        engine = self.engine
+        unusable = self._lifecycle_refusal(engine, ask=True)
+        if unusable:
+            return self._query_failed(response, unusable)
+        question = request.question.strip()
+        max_new = request.max_new_tokens or self._param("max_new_tokens")
+        too_long = length_refusal("question", question, self._param("max_text_chars"))
+        if too_long:  # a kept question goes in whole before its answer: it must be short enough to stop soon
+            return self._query_failed(response, too_long)
+        problem = text_problem(question, "question")  # after the length: it reads up to the first visible character
+        if problem:
+            return self._query_failed(response, problem)
+        if max_new > MAX_NEW_TOKENS_LIMIT:
+            return self._query_failed(response, f"max_new_tokens {max_new} is above the limit {MAX_NEW_TOKENS_LIMIT}")
+        timeout = self._param("query_timeout")
+        try:
+            future = engine.submit_ask(question, max_new_tokens=max_new, keep_in_memory=request.keep_in_memory,
+                                       on_token=on_token, cancel=cancel)
+        except EngineNotReadyError as exc:
+            return self._query_failed(response, str(exc))
+        deadline = time.monotonic() + timeout
+        try:
+            while cancel is not None:  # an action goal: watch for a cancel request while waiting
+                try:
+                    answer = future.result(timeout=0.05)
+                    break
+                except FutureTimeoutError:
+                    if cancelled():
+                        cancel.set()  # a running answer stops at its next token
+                        if future.cancel():  # one still waiting never starts: counted here, not by the engine
+                            return self._query_failed(response, "cancelled")
+                    elif time.monotonic() >= deadline:
+                        raise
+            else:
+                answer = future.result(timeout=timeout)
+        except FutureTimeoutError:
+            if cancel is not None:
+                cancel.set()
+            reason = f"no answer within query_timeout ({timeout:g} s): the model is busy"
+            if engine.abandon(future):  # running: the engine counts it failed when it ends, never answered
+                response.success, response.message = False, reason
+                return response
+            return self._query_failed(response, reason)  # never started: the worker skips it
+        except AnswerCancelledError:
+            response.success, response.message = False, "cancelled"
+            return response
+        except (EngineNotReadyError, EngineBusyError, ValueError) as exc:
+            # The engine counted these itself.
+            response.success, response.message = False, str(exc)
+            return response
+        except Exception as exc:
+            response.success, response.message = False, f"model error: {type(exc).__name__}: {exc}"
+            self._last_error = response.message
+            return response
+        response.success = True
+        response.answer = answer.text
+        if answer.cut_by_headroom:
+            response.message = (f"answer cut at {answer.tokens_generated} tokens of {max_new}: the cache's headroom "
+                                "bounds an answer not kept in memory (keep_in_memory lifts the bound)")
+        response.newest_frame_stamp = self._ros_time(answer.newest_frame_stamp)
+        response.tokens_seen = answer.tokens_seen
+        response.cache_fill = answer.cache_fill
+        response.retrieved_tokens = answer.retrieved_tokens
+        response.latency = time.monotonic() - start
+        return response
+
+    def _execute_ask(self, goal_handle) -> Ask.Result:
+        """The ~/ask action: the answer so far as feedback after each token; cancel stops it at the next one."""
+        def feedback(text: str, n: int) -> None:
+            goal_handle.publish_feedback(Ask.Feedback(partial_answer=text, tokens_generated=n))
+
+        def answer(request, result: Ask.Result) -> Ask.Result:
+            return self._ask_engine(request, result, on_token=feedback, cancel=threading.Event(),
+                                    cancelled=lambda: goal_handle.is_cancel_requested)
+
+        with self._serving():  # in flight until the goal's end is out, so that shutdown waits for it
+            result = self._served(answer, goal_handle.request, Ask.Result())
+            if result.success:
+                goal_handle.succeed()
+            elif result.message == "cancelled" and goal_handle.is_cancel_requested:
+                goal_handle.canceled()
+            else:
+                goal_handle.abort()
+            return result
+
+    def _lifecycle_refusal(self, engine: EngineLike | None, *, ask: bool) -> str | None:
+        """Why a request cannot be served in the node's state, or None: the same words from every service.
+        A question also needs the node active; one asked while the model loads hears why from the engine,
+        which counts it."""
+        if self._stopping.is_set():
+            return SHUTTING_DOWN
+        if engine is None:
+            return LOADING if self.autostarting else NOT_CONFIGURED
+        if not engine.ready.is_set():
+            if ask:
+                return None
+            return f"model failed to load: {engine.load_error}" if engine.load_error else LOADING
+        if ask and not self._active:
+            return LOADING if self.autostarting else INACTIVE
+        return None
+
+    def _query_failed(self, response: Query.Response, reason: str) -> Query.Response:
+        with self._lock:
+            self._queries_failed += 1
+        response.success, response.message = False, reason
+        return response
+
+    def _on_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        return self._served(self._clear, request, response)
+
+    def _clear(self, _request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        engine = self.engine
+        refusal = self._lifecycle_refusal(engine, ask=False)
+        if refusal:
+            response.success, response.message = False, refusal
+            return response
+        done, _ = self._wait_control(engine.submit_reset, response, "reset")
+        if not done:
+            return response
+        self._post("ingested", "reset")  # stats and descriptions follow the empty memory
+        response.success, response.message = True, "memory cleared"
+        return response
+
+    def _wait_control(self, submit, response, verb: str) -> tuple[bool, object]:
+        """Run a control job of the engine (reset, save) within query_timeout; on failure `response` says why.
+        One of each kind waits at a time: each holds an executor thread while it waits (see executor_threads)."""
+        timeout = self._param("query_timeout")
+        with self._lock:
+            if verb in self._controls_waiting:
+                response.success, response.message = False, f"not {verb}: another request for it is under way"
+                return False, None
+            self._controls_waiting.add(verb)
+        try:
+            future = submit()
+            return True, future.result(timeout=timeout)
+        except FutureTimeoutError:
+            # Not started yet: it never will be. Already running: it completes, and the caller is told so.
+            if not future.cancel() and future.done() and future.exception() is None:
+                return True, future.result()  # it ended just now
+            later = "" if future.cancelled() else "; it is under way and will complete"
+            response.success, response.message = False, f"not {verb} within query_timeout ({timeout:g} s){later}"
+        except Exception as exc:
+            response.success, response.message = False, f"not {verb}: {exc}"
+        finally:
+            with self._lock:
+                self._controls_waiting.discard(verb)
+        return False, None
+
+    def _on_save_memory(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        return self._served(self._save_memory, request, response)
+
+    def _save_memory(self, _request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        engine = self.engine
+        refusal = self._lifecycle_refusal(engine, ask=False)
+        if refusal:
+            response.success, response.message = False, refusal
+            return response
+        done, info = self._wait_control(engine.submit_save, response, "saved")
+        if not done:
+            return response
+        response.success = True
+        response.message = (f"saved {info.fill} tokens ({info.tokens_seen} seen) to {info.path}: "
+                            f"{info.bytes / 1e6:.1f} MB in {info.seconds:.2f} s")
+        return response
