@@ -146,8 +146,9 @@ def recall(args) -> None:
 
 
 def latency(args) -> None:
-    """Answer latency with 0, 16K and 64K archived tokens (64K: the 16K stream's blocks written four times, as
-    scoring costs the same whatever the blocks hold); host bytes per token; RSS once a small archive is full."""
+    """Answer latency with no archive, 16K and 64K archived tokens (the stream's blocks written again up to
+    that, as scoring costs the same whatever the blocks hold); host bytes per token; resident memory while a
+    small archive fills and then stays full."""
     import torch
 
     from inf_mllm_ros.engine.archive import ArchivedBlock
@@ -165,8 +166,23 @@ def latency(args) -> None:
     source = iter(paras)
     for fact in facts:
         stream.push_text(fact["message"])
-    while stream.tokens_seen < 16384:
+    while stream.tokens_seen < args.stream_tokens:
         stream.push_text(next(source))
+
+    def tile(tokens: int) -> None:
+        """Write the stream's blocks again until the archive holds `tokens` (scoring costs the same whatever
+        the blocks hold)."""
+        archive, seq = stream.archive, stream.tokens_seen
+        copies = list(archive.blocks)
+        while True:
+            for block in copies:
+                if archive.tokens + block.length > tokens:
+                    return
+                k, v, s, e = archive.block_tensors(block)
+                archive._place(ArchivedBlock(archive._next_index, 0, block.length, seq, block.extent, block.frame,
+                                             block.stamp, -1 - archive._next_index), k.clone(), v.clone(), s.int(),
+                               e.int())
+                seq += block.length
 
     def timed(archived: str) -> None:
         runs = {}
@@ -178,25 +194,16 @@ def latency(args) -> None:
                             "archive_tokens": stream.archive.tokens}
         print(archived, record[archived], flush=True)
 
+    tile(16384)
     timed("16K")
-    archive = stream.archive
-    copies = list(archive.blocks)
-    seq = stream.tokens_seen
-    while archive.tokens + copies[0].length <= 65536 - 64:
-        for block in copies:
-            if archive.tokens + block.length > 65536 - 64:
-                break
-            k, v, s, e = archive.block_tensors(block)
-            archive._place(ArchivedBlock(archive._next_index, 0, block.length, seq, block.extent, block.frame,
-                                         block.stamp), k.clone(), v.clone(), s.int(), e.int())
-            seq += block.length
+    tile(65536 - 64)
     timed("64K")
-    record["bytes_per_token"] = archive.bytes_per_token()
-    record["archive_bytes"] = archive.nbytes()
+    record["bytes_per_token"] = stream.archive.bytes_per_token()
+    record["archive_bytes"] = stream.archive.nbytes()
     # Host memory over a long run with a small archive: flat once it is full.
-    small = KVStream(adapter, StreamConfig(archive_size=4096))
+    small = KVStream(adapter, StreamConfig(archive_size=2048))
     rss = []
-    while small.tokens_seen < 16384:
+    while small.tokens_seen < 4 * 2048:
         small.push_text(next(source))
         rss.append((small.tokens_seen, small.archive.tokens, _rss()))
     record["rss_small_archive"] = rss[:: max(1, len(rss) // 40)]
@@ -224,7 +231,9 @@ def main() -> None:
     r.add_argument("--retrieve-tokens", type=int, default=None, help="default: the shipped setting")
     r.add_argument("--archive-block", type=int, default=None, help="default: the shipped setting")
     r.add_argument("--out", default="archive_recall.json")
-    for p in (r, sub.add_parser("latency")):
+    lat = sub.add_parser("latency")
+    lat.add_argument("--stream-tokens", type=int, default=8192, help="real stream before the archive is tiled")
+    for p in (r, lat):
         p.add_argument("--model", default="qwen2.5-0.5b")
         p.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()

@@ -14,11 +14,14 @@ Positions. Each block's keys are kept rotated as if the block began at position 
 relative to its first; a frame keeps its M-RoPE layout), so that a block can be placed at any position by
 one uniform rotation, and every block is scored alike, wherever it came from.
 
-Scoring (`rank`). The question's queries, each rotated to sit `block_tokens` positions after the block
-start, are compared with every archived key of the middle half of the layers; per layer and query head, a
-block's score is the largest attention logit any of its tokens gets from any question token, standardised
-over the blocks (so that no layer-head dominates by its scale), and summed over layer-heads. One selection
-serves every layer, so that the placed blocks are whole turns at one set of positions.
+Scoring (`rank`). The queries of the question's own words (not its chat template), each rotated to sit
+`block_tokens` positions after the block start, are compared with every archived key of the middle half
+of the layers; per layer and query head, a block's score is the largest attention logit any of its
+tokens gets from any of those queries, standardised over the blocks (so that no layer-head dominates by
+its scale), and summed over layer-heads. Half the score the same blocks get from a reference question
+about nothing in particular is taken off, so that blocks every question is drawn to give way to those
+this question points to. One selection serves every layer, so that the placed blocks are whole turns at
+one set of positions.
 
 Host bytes per archived token: layers x KV heads x (key dim + value dim) x the cache's element size,
 plus 16 bytes of bookkeeping (two positions and the block index).
@@ -35,6 +38,8 @@ from torch import Tensor
 
 from .cache import shift_rotary
 
+# How much of a reference question's scores is taken off a question's (see `KVArchive.rank`).
+REFERENCE_WEIGHT = 0.5
 # Bookkeeping per archived token: relative position start and end (int32 each) and its block's index (int64).
 BOOKKEEPING_BYTES = 16
 
@@ -50,6 +55,7 @@ class ArchivedBlock:
     extent: int  # positions it spans (one past its largest relative position)
     frame: bool
     stamp: float | None  # the input's stream time, where it had one
+    message: int = -1  # shared by the pieces of one long message (retrieved with it), else the block's own
 
     @property
     def seq_end(self) -> int:
@@ -84,6 +90,7 @@ class KVArchive:
         self.inv_freq = None if rope_inv_freq is None else rope_inv_freq.detach().to("cpu", torch.float32)
         self.blocks: deque[ArchivedBlock] = deque()
         self._next_index = 0
+        self._next_message = 0
         self._head = 0  # next free slot
         self.keys: Tensor | None = None  # [layers, heads, size, dk]
         self.values: Tensor | None = None
@@ -143,18 +150,21 @@ class KVArchive:
             lengths, stamps = [total - sum(lengths)] + lengths, [None] + stamps
         elif sum(lengths) > total:  # the prompt went in only part-way (a stop): it ends where it stopped
             lengths = _clip(lengths, total)
-        pieces = [total] if frame else _cut(lengths, self.block_tokens)
+        pieces = [(total, -1)] if frame else _cut(lengths, self.block_tokens)
         turn_starts = torch.tensor(lengths).cumsum(0) - torch.tensor(lengths)
-        offset = 0
-        for length in pieces:
+        offset, own = 0, len(lengths)
+        for length, piece_of in pieces:
             sl = slice(offset, offset + length)
             turn = int((turn_starts <= offset).sum()) - 1  # the message the block begins in
+            if piece_of < 0:  # whole messages (or a frame): a message of its own
+                piece_of, own = own, own + 1
             self._add(keys[:, :, sl], values[:, :, sl], start[sl], end[sl], pending.first_seq + offset, frame,
-                      stamps[turn])
+                      stamps[turn], self._next_message + piece_of)
             offset += length
+        self._next_message += own
 
     def _add(self, keys: Tensor, values: Tensor, start: Tensor, end: Tensor, first_seq: int, frame: bool,
-             stamp: float | None) -> None:
+             stamp: float | None, message: int) -> None:
         n = keys.shape[2]
         if n > self.size:
             return  # a block larger than the whole archive is not kept
@@ -176,7 +186,7 @@ class KVArchive:
         self.values[:, :, slot : slot + n] = values
         self.pos_start[slot : slot + n] = rel_start.to(torch.int32)
         self.pos_end[slot : slot + n] = rel_end.to(torch.int32)
-        block = ArchivedBlock(self._next_index, slot, n, first_seq, int(rel_end.max()), frame, stamp)
+        block = ArchivedBlock(self._next_index, slot, n, first_seq, int(rel_end.max()), frame, stamp, message)
         self.block_of[slot : slot + n] = block.index
         self._next_index += 1
         self._head = slot + n
@@ -287,8 +297,8 @@ class KVArchive:
             "archive.values": self.values.index_select(2, slots),
             "archive.pos_start": self.pos_start[slots],
             "archive.pos_end": self.pos_end[slots],
-            # index, length, first stream index, extent, frame; and the stream time (NaN: none)
-            "archive.blocks": torch.tensor([[b.index, b.length, b.first_seq, b.extent, int(b.frame)]
+            # index, length, first stream index, extent, frame, message; and the stream time (NaN: none)
+            "archive.blocks": torch.tensor([[b.index, b.length, b.first_seq, b.extent, int(b.frame), b.message]
                                             for b in self.blocks], dtype=torch.long),
             "archive.stamps": torch.tensor([math.nan if b.stamp is None else b.stamp for b in self.blocks],
                                            dtype=torch.float64),
@@ -304,7 +314,7 @@ class KVArchive:
         keys, values = state["archive.keys"].to(dtype), state["archive.values"].to(dtype)
         lengths = blocks[:, 1]
         total = int(lengths.sum())
-        if blocks.dim() != 2 or blocks.shape[1] != 5 or total != keys.shape[2] or total != values.shape[2] \
+        if blocks.dim() != 2 or blocks.shape[1] != 6 or total != keys.shape[2] or total != values.shape[2] \
                 or stamps.shape[0] != blocks.shape[0] or state["archive.pos_start"].shape[0] != total:
             raise ValueError("saved archive blocks do not match their tensors")
         if self.keys is not None and (self.keys.shape[:2] != keys.shape[:2] or self.keys.shape[-1] != keys.shape[-1]):
@@ -316,18 +326,32 @@ class KVArchive:
             first -= 1
             room -= int(lengths[first])
         for row, start, stamp in zip(blocks[first:].tolist(), starts[first:], stamps[first:].tolist()):
-            index, length, first_seq, extent, frame = row
+            index, length, first_seq, extent, frame, message = row
             sl = slice(start, start + length)
-            block = ArchivedBlock(index, 0, length, first_seq, extent, bool(frame), None if math.isnan(stamp) else stamp)
+            stamp = None if math.isnan(stamp) else stamp
+            block = ArchivedBlock(index, 0, length, first_seq, extent, bool(frame), stamp, message)
+            self._next_message = max(self._next_message, message + 1)
             self._place(block, keys[:, :, sl], values[:, :, sl], state["archive.pos_start"][sl],
                         state["archive.pos_end"][sl])
 
     # --- retrieval -----------------------------------------------------------------------------------
-    def rank(self, queries: Tensor, query_positions: Tensor, candidates: list[ArchivedBlock]) -> list[ArchivedBlock]:
-        """`candidates` ordered best first for a question whose per-layer queries are `queries`
-        ([layers, query heads, q, dk], rotated with `query_positions` [q])."""
+    def rank(self, question: tuple[Tensor, Tensor], reference: tuple[Tensor, Tensor] | None,
+             candidates: list[ArchivedBlock]) -> list[ArchivedBlock]:
+        """`candidates` ordered best first for a question: its per-layer queries ([layers, query heads, q, dk])
+        and the positions they were rotated with ([q]). A `reference` question's scores (a question about
+        nothing in particular) are taken off at REFERENCE_WEIGHT: blocks that draw any question's attention
+        give way to those this question points to."""
         if not candidates:
             return []
+        score = self._scores(*question, candidates)
+        if reference is not None:
+            score = score - REFERENCE_WEIGHT * self._scores(*reference, candidates)
+        order = torch.argsort(score, descending=True, stable=True).tolist()
+        return [candidates[i] for i in order]
+
+    def _scores(self, queries: Tensor, query_positions: Tensor, candidates: list[ArchivedBlock]) -> Tensor:
+        """[candidates]: each block's largest logit from the queries, per layer-head of the middle half of the
+        layers, standardised over the candidates and summed."""
         # The middle half of the layers score: on the tuning set they ranked a fact's block first more often
         # than all layers, the first or the last half (docs/archive.md), at half the cost of all.
         first = queries.shape[0] // 4
@@ -354,10 +378,9 @@ class KVArchive:
             logits = logits.view(q_heads, q, used).amax(1)  # the best question token, per query head
             best[row].scatter_reduce_(1, column[None].expand(q_heads, -1), logits, reduce="amax")
         best = best[..., :-1].flatten(0, 1)  # [layer-heads, candidates]
-        standard = (best - best.mean(1, keepdim=True)) / best.std(1, keepdim=True).clamp_min(1e-6)
-        score = standard.sum(0)
-        order = torch.argsort(score, descending=True, stable=True).tolist()
-        return [candidates[i] for i in order]
+        if best.shape[1] < 2:
+            return best.sum(0)
+        return ((best - best.mean(1, keepdim=True)) / best.std(1, keepdim=True).clamp_min(1e-6)).sum(0)
 
     def block_tensors(self, block: ArchivedBlock) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """A block's keys and values ([layers, heads, n, dim], rotated as if it began at position 0) and its
@@ -379,23 +402,22 @@ def _clip(turns: list[int], total: int) -> list[int]:
     return out
 
 
-def _cut(turns: list[int], block: int) -> list[int]:
-    """Block lengths along the turns: a long turn in near-equal pieces of at most `block`, short whole turns
-    merged with their neighbours while the merged block stays within `block`."""
-    pieces: list[tuple[int, bool]] = []  # (length, a whole turn)
-    for t in turns:
+def _cut(turns: list[int], block: int) -> list[tuple[int, int]]:
+    """Blocks along the turns, as (length, the turn it is a piece of, or -1 for whole turns): a long turn in
+    near-equal pieces of at most `block`, short whole turns merged with their neighbours while the merged
+    block stays within `block`."""
+    pieces: list[tuple[int, int]] = []
+    for i, t in enumerate(turns):
         if t <= block:
-            pieces.append((t, True))
+            pieces.append((t, -1))
         else:
             parts = -(-t // block)
             base, extra = divmod(t, parts)
-            pieces.extend((base + (i < extra), False) for i in range(parts))
-    out: list[int] = []
-    merging = False
-    for length, whole in pieces:
-        if whole and merging and out[-1] + length <= block:
-            out[-1] += length
+            pieces.extend((base + (k < extra), i) for k in range(parts))
+    out: list[tuple[int, int]] = []
+    for length, piece_of in pieces:
+        if piece_of < 0 and out and out[-1][1] < 0 and out[-1][0] + length <= block:
+            out[-1] = (out[-1][0] + length, -1)
         else:
-            out.append(length)
-        merging = whole
+            out.append((length, piece_of))
     return out

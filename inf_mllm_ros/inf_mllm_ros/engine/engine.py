@@ -7,14 +7,15 @@ Order of work. Each time the worker is free it takes, in this order:
    `frame_period` seconds have passed since the last frame was taken (`frame_period` 0: frames and
    other work alternate);
 3. otherwise the oldest message: a question alone, or the texts waiting in a row before the next
-   question (up to about a cache's worth of characters), pushed together in one model call
+   question (up to about a cache's worth of characters, and while a camera is live what the model takes
+   in half a frame period, by its measured speed), pushed together in one model call
    (`KVStream.push_texts`: each text still its own user turn with its own time marker, counted one by
    one in `texts_ingested`, its future resolved with its own token count);
 4. otherwise the frame.
 
 So a question sees every text submitted before it, and waits behind the text calls for those texts
-and a frame; under a flood of texts a frame still goes in every `frame_period` seconds or every other
-job, and under a camera faster than the model texts and questions still get every other job. Frames
+and a frame; under a flood of texts a frame still goes in every `frame_period` seconds (a text call then
+lasts about half a period) or every other job, and under a camera faster than the model texts and questions still get every other job. Frames
 are kept one deep: a frame that arrives while another waits replaces it and the older one counts as
 dropped, so a camera faster than the model never builds a backlog.
 Texts and questions have bounded queues; when one is full the call is refused at once with a reason.
@@ -44,7 +45,7 @@ from .loading import DEFAULT_MODEL, load_model, use_torch_threads
 from .memory_file import MemoryFileError, MemoryFileInfo, load_memory, model_fingerprint, save_memory, set_aside
 from .policies import make_policy
 from .stream import Answer, KVStream, StreamConfig, StreamStats
-from .text_rules import is_blank
+from .text_rules import text_problem
 
 
 # Bounds of the waiting queues (the node's max_pending_texts and max_pending_queries default to these).
@@ -71,6 +72,7 @@ class EngineCounters:
     queries_answered: int = 0
     queries_failed: int = 0
     checkpoints_failed: int = 0
+    longest_text_wait_s: float = 0.0  # from a text's submission to the start of the model call that takes it
 
 
 class StreamingEngine:
@@ -117,6 +119,8 @@ class StreamingEngine:
         self._abandoned: set[Future] = set()  # running queries whose callers were told they failed
         self.frame_period = frame_period  # seconds; may change at any time (see the module docstring)
         self._last_frame_taken = float("-inf")
+        self._last_frame_offered = float("-inf")
+        self._seconds_per_char: float | None = None  # the model's time per character of text, measured
         self._last_kind: str | None = None
         self._closed = False
         self.memory_file = os.path.expanduser(memory_file) if memory_file else None
@@ -142,8 +146,9 @@ class StreamingEngine:
         """Queue a message for the memory (`pin`: keep it ahead of what attention chooses; see
         `KVStream.push_text`). The future gives its token count."""
         # Refused at the door: queued texts go into the model together, and one bad text would fail them all.
-        if is_blank(text):
-            return _failed(ValueError("empty text"))
+        problem = text_problem(text)
+        if problem:
+            return _failed(ValueError(problem))
         try:
             check_stamp(stamp, "text")
         except ValueError as exc:
@@ -160,6 +165,7 @@ class StreamingEngine:
         job = _Job("frame", run=lambda s: s.push_frame(rgb, stamp))
         with self._lock:
             self._check_open()
+            self._last_frame_offered = time.monotonic()
             if self._frame is not None:
                 self.counters.frames_dropped += 1
                 _fail(self._frame.future, FrameDroppedError("a newer frame replaced this one"))
@@ -170,10 +176,11 @@ class StreamingEngine:
     def submit_ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
                    on_token=None, cancel: threading.Event | None = None) -> Future:
         """Queue a question; `on_token` and `cancel` as in KVStream.ask (on_token runs on the worker thread)."""
-        if is_blank(question):
+        problem = text_problem(question, "question")
+        if problem:
             with self._lock:
                 self.counters.queries_failed += 1
-            return _failed(ValueError("empty question"))
+            return _failed(ValueError(problem))
         return self._submit_query(lambda s: s.ask(question, max_new_tokens=max_new_tokens, keep_in_memory=keep_in_memory,
                                                   on_token=on_token, cancel=cancel))
 
@@ -479,6 +486,9 @@ class StreamingEngine:
         live = [(job.text, job.future) for job in batch if job.future.set_running_or_notify_cancel()]
         if not live:
             return False
+        start = time.monotonic()
+        wait = start - min(job.submitted for job in batch)
+        self.counters.longest_text_wait_s = max(self.counters.longest_text_wait_s, wait)
         try:
             counts = self._stream.push_texts([item for item, _ in live])
         except Exception as exc:  # every caller gets the reason (see _run on a prompt failed part-way in)
@@ -486,6 +496,10 @@ class StreamingEngine:
             for _, future in live:
                 future.set_exception(exc)
             return False
+        chars = sum(len(text) for (text, _, _), _ in live)
+        per_char = (time.monotonic() - start) / max(chars, 1)
+        ema = self._seconds_per_char
+        self._seconds_per_char = per_char if ema is None else 0.7 * ema + 0.3 * per_char
         self._snapshot_stats()
         for (_, future), n in zip(live, counts):
             future.set_result(n)
@@ -496,6 +510,16 @@ class StreamingEngine:
         reads them next (a reset's caller publishing stats) never sees the memory as it was before."""
         with self._lock:
             self._stats = self._stream.stats()
+
+    def _text_batch_chars(self, now: float) -> int:
+        """The most characters of text one model call takes: a cache's worth, and while a camera is live (a
+        frame offered within two frame periods) what the model takes in half a frame period, by its measured
+        speed, so that a frame's turn comes every period however many texts wait."""
+        limit = 4 * self.config.capacity
+        period = self.frame_period
+        if period > 0 and self._seconds_per_char and now - self._last_frame_offered <= 2 * period:
+            limit = min(limit, int(0.5 * period / self._seconds_per_char))
+        return max(limit, 1)
 
     def _frame_due(self, now: float) -> bool:
         return self._last_kind != "frame" and now - self._last_frame_taken >= self.frame_period
@@ -516,7 +540,7 @@ class StreamingEngine:
         # Waiting texts go in together, up to about a cache's worth (4 characters a token), so that a long
         # backlog does not hold a question or a frame for many blocks of the model.
         batch, chars = [], 0
-        limit = 4 * self.config.capacity
+        limit = self._text_batch_chars(now)
         while self._messages and self._messages[0].kind == "text" and (not batch or chars < limit):
             chars += len(self._messages[0].text[0])
             batch.append(self._messages.popleft())
@@ -534,6 +558,7 @@ class _Job:
     run: Callable[[KVStream], object] | None = None
     text: tuple | None = None
     future: Future = field(default_factory=Future)
+    submitted: float = field(default_factory=time.monotonic)
 
 
 def _fail(future: Future, exc: Exception) -> None:

@@ -30,6 +30,9 @@ DEFAULT_SYSTEM_PROMPT = (
     "Answer questions about what happened briefly and precisely."
 )
 DEFAULT_DESCRIPTION_PROMPT = "Describe briefly what the robot sees and what happened most recently."
+# Scores the archive's blocks alongside each question, so that the blocks any question is drawn to give way
+# to those the question points to (engine/archive.py).
+REFERENCE_QUESTION = "What happened?"
 
 
 # The smallest memory that still holds the sinks, a recent window and a few candidates.
@@ -321,11 +324,11 @@ class KVStream:
         start = time.monotonic()
         self._ensure_started()
         max_new = max_new_tokens or self.config.max_new_tokens
-        ids = self.adapter.tokenize_turn(question_parts)
+        ids, content = self._question_ids(question_parts)
         self._on_token, self._cancel = on_token, cancel
         self._retrieved: list = []
         try:
-            tokens = self._answer_tokens(ids, max_new, keep, retrieve)
+            tokens = self._answer_tokens(ids, max_new, keep, content if retrieve else None)
         finally:
             self._on_token = self._cancel = None
         text = self.adapter.decode([t for t in tokens if t not in self._stop_ids]).strip()
@@ -344,7 +347,9 @@ class KVStream:
             retrieved_stamps=[b.stamp for b in self._retrieved],
         )
 
-    def _answer_tokens(self, ids: Tensor, max_new: int, keep: bool, retrieve: bool = False) -> list[int]:
+    def _answer_tokens(self, ids: Tensor, max_new: int, keep: bool, retrieve: slice | None = None) -> list[int]:
+        """The answer's tokens; `retrieve`: where the question's own words are, to retrieve from the archive with
+        (None: the cache alone)."""
         # Room in the headroom for the question and the whole answer.
         fits = self.cache.slots - self.cache.fill - ids.numel() >= max_new
         closing = self._closing
@@ -382,8 +387,8 @@ class KVStream:
             max_new = min(max_new, room)
             snapshot = (self.cache.fill, self.cache.next_position, self.tokens_seen)
             try:
-                if retrieve:
-                    self._retrieve(ids, budget=min(self.config.retrieve_tokens, room - max_new))
+                if retrieve is not None:
+                    self._retrieve(ids, retrieve, budget=min(self.config.retrieve_tokens, room - max_new))
                 logits = self._forward(self.adapter.text_prompt(ids), self.cache.next_position, evict=False,
                                        pack=False, observe=False)
                 tokens = self._generate(logits, max_new, keep=False)
@@ -413,7 +418,33 @@ class KVStream:
                                    record=keep)
         return tokens
 
-    def _retrieve(self, ids: Tensor, budget: int) -> None:
+    @functools.cached_property
+    def _reference_question(self) -> tuple[Tensor, slice]:
+        return self._question_ids(self.adapter.chat.question_parts(REFERENCE_QUESTION))
+
+    def _question_ids(self, parts: tuple[str, str, str]) -> tuple[Tensor, slice]:
+        """A question turn's ids, and where its own words are among them (all of it where the template's
+        pieces do not tokenize apart)."""
+        ids = self.adapter.tokenize_turn(parts)
+        head, tail = (len(self.adapter.tokenize(p)) if p else 0 for p in (parts[0], parts[2]))
+        return ids, slice(head, len(ids) - tail) if 0 < len(ids) - head - tail else slice(0, len(ids))
+
+    def _content_queries(self, ids: Tensor, content: slice) -> tuple[Tensor, Tensor]:
+        """The queries of every layer for the question's own words, asked of the cache as it is (the question
+        is taken away again), and the positions they were rotated with."""
+        fill, frontier = self.cache.fill, self.cache.next_position
+        self.cache.captured_queries = {}
+        try:
+            self._forward(self.adapter.text_prompt(ids), frontier, evict=False, pack=False, observe=False)
+            captured = self.cache.captured_queries
+        finally:
+            self.cache.captured_queries = None
+            self.cache.truncate(fill, frontier)
+            self.tokens_seen -= len(ids)
+        queries = torch.stack([captured[i][:, content] for i in range(len(self.cache.layers))])
+        return queries, torch.arange(frontier, frontier + ids.numel())[content]  # text: as _forward placed them
+
+    def _retrieve(self, ids: Tensor, content: slice, budget: int) -> None:
         """Place the archived blocks that the question's queries score best, up to `budget` tokens, after the
         held ones (in stream order, re-rotated to sit there). Blocks that every layer-head still holds are
         not candidates. The caller truncates the cache back afterwards."""
@@ -427,27 +458,26 @@ class KVStream:
         candidates = [b for b, h in zip(blocks, held.tolist()) if not h and b.length <= budget]
         if not candidates:
             return
-        # The question's own queries, asked of the cache as it is (then taken away again).
-        fill, frontier = self.cache.fill, self.cache.next_position
-        self.cache.captured_queries = {}
-        try:
-            self._forward(self.adapter.text_prompt(ids), frontier, evict=False, pack=False, observe=False)
-            captured = self.cache.captured_queries
-        finally:
-            self.cache.captured_queries = None
-            self.cache.truncate(fill, frontier)
-            self.tokens_seen -= len(ids)
-        queries = torch.stack([captured[i] for i in range(len(self.cache.layers))])
-        query_positions = torch.arange(frontier, frontier + ids.numel())  # text: as _forward placed them
-        chosen, used = [], 0
-        for block in archive.rank(queries, query_positions, candidates):
-            if used + block.length <= budget:
-                chosen.append(block)
-                used += block.length
+        question = self._content_queries(ids, content)
+        reference = self._content_queries(*self._reference_question)
+        # Best first; a piece of a long message brings the rest of it, nearest pieces first, as far as the
+        # budget goes (a fact cut between two blocks comes back whole).
+        pieces: dict[int, list] = {}
+        for block in candidates:
+            pieces.setdefault(block.message, []).append(block)
+        chosen, taken, used = [], set(), 0
+        for block in archive.rank(question, reference, candidates):
+            if block.index in taken or used + block.length > budget:
+                continue
+            for piece in sorted(pieces[block.message], key=lambda b: abs(b.first_seq - block.first_seq)):
+                if piece.index not in taken and used + piece.length <= budget:
+                    chosen.append(piece)
+                    taken.add(piece.index)
+                    used += piece.length
             if budget - used < 1:
                 break
         chosen.sort(key=lambda b: b.first_seq)
-        parts, base = [], frontier
+        parts, base = [], self.cache.next_position
         for block in chosen:
             keys, values, rel_start, rel_end = archive.block_tensors(block)
             parts.append((keys, values, rel_start + base, rel_end + base, torch.full((block.length,), base),
