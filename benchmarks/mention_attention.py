@@ -132,7 +132,7 @@ def main() -> None:
                 stream.push_text(next(filler))
             message += 1
         for layer in range(Observed.layers):
-            rows = [found for l, found in Observed.seen if l == layer]
+            rows = [found for seen_layer, found in Observed.seen if seen_layer == layer]
             if rows:
                 medians = {}
                 for part in ("value", "subject", "earlier"):

@@ -1,3 +1,5 @@
+"""Installs the inf_mllm_ros package: the node, the bag tools, launch files, configs and sample bag."""
+
 import os
 from glob import glob
 

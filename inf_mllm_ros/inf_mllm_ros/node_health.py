@@ -55,10 +55,12 @@ class NodeHealth:
         msg.header.stamp = self.get_clock().now().to_msg()
         s = self.engine.stats()
         if s is not None:
-            msg.capacity, msg.fill, msg.tokens_seen, msg.tokens_evicted = s.capacity, s.fill, s.tokens_seen, s.tokens_evicted
+            msg.capacity, msg.fill = s.capacity, s.fill
+            msg.tokens_seen, msg.tokens_evicted = s.tokens_seen, s.tokens_evicted
             msg.frames_ingested, msg.texts_ingested, msg.kv_bytes = s.frames_ingested, s.texts_ingested, s.kv_bytes
             msg.pinned_held = s.pinned_held
-            msg.archive_tokens, msg.archive_blocks, msg.archive_bytes = s.archive_tokens, s.archive_blocks, s.archive_bytes
+            msg.archive_tokens, msg.archive_blocks = s.archive_tokens, s.archive_blocks
+            msg.archive_bytes = s.archive_bytes
             msg.eviction_policy = s.policy  # the bias is the config's: the snapshot lags a change until the next input
         counters = self.engine.counters
         with self._lock:
@@ -120,6 +122,7 @@ class NodeHealth:
             "inputs_rejected": str(rejected),
             "queries_failed": str(failed + (counters.queries_failed if counters else 0)),
             "checkpoints_failed": str(counters.checkpoints_failed if counters else 0),
+            "longest_text_wait_s": f"{counters.longest_text_wait_s if counters else 0.0:.2f}",
             "last_error": last_error,
         }
         return DiagnosticStatus(level=level, name=f"{self.get_fully_qualified_name()}: memory", message=message,

@@ -25,6 +25,8 @@ PERIODS = ("description_period", "stats_period", "checkpoint_period", "diagnosti
 
 @dataclass(frozen=True)
 class Param:
+    """One node parameter: its default, meaning, rule (range, choices, read-only) and the engine setting it is."""
+
     name: str
     default: object
     description: str
@@ -80,7 +82,8 @@ PARAMETERS = (
     Param("torch_threads", 0, "CPU threads the model uses; 0: torch's default (one per core). On a small or busy "
           "CPU fewer threads can be much faster.", low=0, high=1024),
     Param("trust_remote_code", False, "Allow code shipped in the model folder to run."),
-    Param("cache_size", StreamConfig.capacity, "Tokens the KV cache keeps (fixed memory).", low=MIN_CAPACITY, high=1 << 20,
+    Param("cache_size", StreamConfig.capacity, "Tokens the KV cache keeps (fixed memory).", low=MIN_CAPACITY,
+          high=1 << 20,
           engine_field="capacity"),
     Param("eviction_policy", StreamConfig.policy, "How the cache chooses tokens to forget.",
           constraints="one of: " + ", ".join(sorted(POLICIES)), choices=tuple(sorted(POLICIES)), engine_field="policy"),
@@ -88,9 +91,9 @@ PARAMETERS = (
     Param("chunk_size", StreamConfig.chunk_size,
           "Longest block of a prompt pushed before an eviction (bounds the peak).", low=1, high=65536,
           engine_field="chunk_size"),
-    Param("archive_size", StreamConfig.archive_size, "Tokens of older keys and values kept in host memory, from which a "
-          "question retrieves what it needs (the oldest blocks go past it); 0: no archive. Host bytes per token: "
-          "layers x KV heads x (key + value dims) x element size + 16.", low=0, high=1 << 24,
+    Param("archive_size", StreamConfig.archive_size, "Tokens of older keys and values kept in host memory, from "
+          "which a question retrieves what it needs (the oldest blocks go past it); 0: no archive. Host bytes per "
+          "token: layers x KV heads x (key + value dims) x element size + 16.", low=0, high=1 << 24,
           engine_field="archive_size"),
     Param("archive_block", StreamConfig.archive_block, "Longest block of text the archive keeps and retrieves as one "
           "(a short message is its own block; a frame is always one block).", low=1, high=4096,
@@ -118,7 +121,8 @@ PARAMETERS = (
           read_only=False),
     Param("system_prompt", DEFAULT_SYSTEM_PROMPT, "Opens the memory; a change applies from the next ~/reset.",
           read_only=False, engine_field="system_prompt"),
-    Param("max_new_tokens", StreamConfig.max_new_tokens, "Longest answer or description, in tokens (a query may ask for its own).",
+    Param("max_new_tokens", StreamConfig.max_new_tokens,
+          "Longest answer or description, in tokens (a query may ask for its own).",
           read_only=False, low=1, high=MAX_NEW_TOKENS_LIMIT, engine_field="max_new_tokens"),
     Param("max_text_chars", 4000, "Longest text message or question accepted, in characters; longer ones "
           "are refused.", read_only=False, low=1, high=1_000_000),

@@ -1,6 +1,7 @@
 """Start inf_mllm_node.
 
-    ros2 launch inf_mllm_ros inf_mllm.launch.py params_file:=$(ros2 pkg prefix inf_mllm_ros)/share/inf_mllm_ros/config/jetson_orin.yaml \\
+    ros2 launch inf_mllm_ros inf_mllm.launch.py \\
+        params_file:=$(ros2 pkg prefix inf_mllm_ros)/share/inf_mllm_ros/config/jetson_orin.yaml \\
         image_topic:=/camera/image_raw text_topic:=/robot/events namespace:=robot1 cache_size:=2048
 
 Every node parameter is also a launch argument of the same name (`ros2 launch inf_mllm_ros

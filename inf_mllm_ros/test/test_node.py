@@ -344,7 +344,8 @@ def test_health_on_diagnostics(probe):
     assert values["state"] == "active" and values["model_ready"] == "true"
     assert values["cache_fill"].endswith(f"/{PARAMS['cache_size']}")
     assert {"texts_waiting", "queries_waiting", "frames_dropped_by_model_per_s", "inputs_rejected",
-            "last_error"} <= set(values)
+            "last_error", "archive_fill", "archive_bytes", "longest_text_wait_s"} <= set(values)
+    assert values["archive_fill"].endswith(f"/{PARAMS.get('archive_size', 32768)}")
 
 
 def ask_action(probe):

@@ -70,6 +70,8 @@ def published_name(topic: str, remaps: dict[str, str], namespace: str, inputs) -
 
 @dataclass
 class AnswerRecord:
+    """One question the replay asked through ~/query, and what came back."""
+
     time_s: float
     question: str
     expected: str
@@ -346,7 +348,8 @@ def _summary(player: Player, answers: Sequence[AnswerRecord], out) -> None:
     s = player.stats
     if s is not None:
         out(f"{PROG}: memory: cache {s.fill}/{s.capacity} tokens, {s.tokens_seen} seen, {s.tokens_evicted} evicted, "
-            f"KV storage {s.kv_bytes / 2**20:.1f} MiB; frames {s.frames_ingested} ingested, {s.frames_dropped} dropped; "
+            f"KV storage {s.kv_bytes / 2**20:.1f} MiB; "
+            f"frames {s.frames_ingested} ingested, {s.frames_dropped} dropped; "
             f"texts {s.texts_ingested}; refused {s.inputs_rejected}; policy {s.eviction_policy}, "
             f"attention_bias {s.attention_bias:g}")
 

@@ -531,7 +531,8 @@ class BoundedKVCache(Cache):
             stacked.is_initialized = True
             self._stacked = stacked
         stacked, first = self._stacked, self.layers[0]
-        stacked.fill, stacked.window_queries, stacked.window_start = first.fill, first.window_queries, first.window_start
+        stacked.fill, stacked.window_queries = first.fill, first.window_queries
+        stacked.window_start = first.window_start
         stacked.may_hold_pins = any(layer.may_hold_pins for layer in self.layers)
         stacked.may_hold_frames = any(layer.may_hold_frames for layer in self.layers)
         return stacked

@@ -19,6 +19,8 @@ _MARK = "\u2063MARK\u2063"
 
 @dataclass(frozen=True)
 class ChatFormat:
+    """The model's chat template cut into the pieces around a turn's content (system, user, assistant)."""
+
     system_prefix: str  # before the system prompt
     system_suffix: str  # after it, before the first user turn
     user_prefix: str

@@ -15,7 +15,8 @@ Order of work. Each time the worker is free it takes, in this order:
 
 So a question sees every text submitted before it, and waits behind the text calls for those texts
 and a frame; under a flood of texts a frame still goes in every `frame_period` seconds (a text call then
-lasts about half a period) or every other job, and under a camera faster than the model texts and questions still get every other job. Frames
+lasts about half a period) or every other job, and under a camera faster than the model texts and
+questions still get every other job. Frames
 are kept one deep: a frame that arrives while another waits replaces it and the older one counts as
 dropped, so a camera faster than the model never builds a backlog.
 Texts and questions have bounded queues; when one is full the call is refused at once with a reason.
@@ -67,6 +68,8 @@ class FrameDroppedError(RuntimeError):
 
 @dataclass
 class EngineCounters:
+    """What the engine counts as it runs: refusals, drops, answers, failed saves, the longest text wait."""
+
     frames_dropped: int = 0
     texts_refused: int = 0
     queries_answered: int = 0
@@ -181,7 +184,8 @@ class StreamingEngine:
             with self._lock:
                 self.counters.queries_failed += 1
             return _failed(ValueError(problem))
-        return self._submit_query(lambda s: s.ask(question, max_new_tokens=max_new_tokens, keep_in_memory=keep_in_memory,
+        return self._submit_query(lambda s: s.ask(question, max_new_tokens=max_new_tokens,
+                                                  keep_in_memory=keep_in_memory,
                                                   on_token=on_token, cancel=cancel))
 
     def submit_describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None) -> Future:
@@ -211,7 +215,8 @@ class StreamingEngine:
             self._check_open()
             if self._pending_queries >= self.max_pending_queries:
                 self.counters.queries_failed += 1
-                return _failed(EngineBusyError(f"query queue full ({self.max_pending_queries} waiting); try again later"))
+                return _failed(EngineBusyError(
+                    f"query queue full ({self.max_pending_queries} waiting); try again later"))
             self._pending_queries += 1
             future = self._enqueue(self._messages, _Job("query", run=fn))
         # A caller that gives up (cancels) frees its place at once, so dead questions never fill the queue.
@@ -446,7 +451,8 @@ class StreamingEngine:
                     aside = f"could not move it aside ({move_exc}); the next save replaces it"
                 self.memory_status = f"memory file refused ({exc.kind}): {exc}; {aside}; starting fresh"
         else:
-            self.memory_status = (f"memory restored from {info.path}: {info.fill} tokens held, {info.tokens_seen} seen, "
+            self.memory_status = (f"memory restored from {info.path}: {info.fill} tokens held, "
+                                  f"{info.tokens_seen} seen, "
                                   f"{info.bytes / 1e6:.1f} MB in {info.seconds:.2f} s")
             self._saved_state = self._memory_state(stream)
         self._schedule_checkpoint()

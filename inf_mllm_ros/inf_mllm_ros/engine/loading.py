@@ -395,7 +395,8 @@ def load_model(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Prepare the embedded model folders (once; later runs return at once).")
+    parser = argparse.ArgumentParser(
+        description="Prepare the embedded model folders (once; later runs return at once).")
     parser.add_argument("--prepare", action="store_true",
                         help="all of them: SmolLM2 and the small SmolVLM-shaped model on it, Qwen2.5-0.5B "
                              "(about 490 MB to download) and the LLaVA-OneVision-shaped default on it")

@@ -36,6 +36,8 @@ MISSING, TORN, CORRUPT, VERSION_MISMATCH, MODEL_MISMATCH, SETTINGS_MISMATCH = (
 
 
 class MemoryFileError(RuntimeError):
+    """A memory file that cannot be used; `kind` says why (missing, torn, corrupt, version, model, settings)."""
+
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
@@ -43,6 +45,8 @@ class MemoryFileError(RuntimeError):
 
 @dataclass
 class MemoryFileInfo:
+    """A memory file written or read: where, how big, how long it took, and the memory it holds."""
+
     path: str
     bytes: int
     seconds: float

@@ -31,7 +31,8 @@ class SlotView:
     window_queries: int  # how many queries those are: the newest slots', each seeing every slot before it
     stream_end: int  # one past the stream index of the newest slot (the stream's clock)
     new: int = 0  # slots appended since the last eviction: the retrieval window's own tokens, newest last
-    frame: Tensor | None = None  # [heads, fill] bool: the slot holds a camera frame's token (else text); None: none does
+    # [heads, fill] bool: the slot holds a camera frame's token (else text); None: none does
+    frame: Tensor | None = None
     pinned: Tensor | None = None  # [heads, fill] bool: the caller asked to keep the slot's token; None: none is
     stats: dict[str, Tensor] = field(default_factory=dict)  # the policy's `slot_stats`, [heads, fill], in place
 

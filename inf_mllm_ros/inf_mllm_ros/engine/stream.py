@@ -85,6 +85,8 @@ class StreamConfig:
 
 @dataclass
 class Answer:
+    """An answer and the state of the memory it was given from."""
+
     text: str
     tokens_generated: int
     latency: float  # seconds
@@ -102,6 +104,8 @@ class Answer:
 
 @dataclass
 class StreamStats:
+    """The memory's figures at one moment: the cache, the archive, the inputs taken, the policy in force."""
+
     capacity: int
     fill: int
     tokens_seen: int
@@ -161,7 +165,8 @@ class KVStream:
         max_context = adapter.max_context
         if cfg.position_mode == "cache" and max_context and cfg.capacity + cfg.slots_headroom > max_context:
             raise ValueError(
-                f"capacity {cfg.capacity} + headroom {cfg.slots_headroom} exceeds the model's context of {max_context} tokens"
+                f"capacity {cfg.capacity} + headroom {cfg.slots_headroom} exceeds the model's context "
+                f"of {max_context} tokens"
             )
         self.cache = BoundedKVCache(
             adapter.num_layers,
@@ -582,4 +587,5 @@ class KVStream:
         return logits
 
 
-__all__ = ["Answer", "AnswerCancelledError", "CacheOverflowError", "KVStream", "StreamConfig", "StreamStats", "StreamStoppedError"]
+__all__ = ["Answer", "AnswerCancelledError", "CacheOverflowError", "KVStream", "StreamConfig", "StreamStats",
+           "StreamStoppedError"]

@@ -11,6 +11,8 @@ from .base import VisionLanguageAdapter
 
 @register_adapter
 class Idefics3Adapter(VisionLanguageAdapter):
+    """Idefics3 and SmolVLM: image tiles as the processor cuts them, 1-D positions."""
+
     family = "idefics3"
     model_types = ("idefics3", "smolvlm")
     image_placeholder = "<image>"

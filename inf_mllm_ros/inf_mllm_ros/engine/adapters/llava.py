@@ -12,6 +12,8 @@ from .base import VisionLanguageAdapter
 
 @register_adapter
 class LlavaAdapter(VisionLanguageAdapter):
+    """LLaVA and LLaVA-OneVision: the image's features in place of its placeholder tokens, 1-D positions."""
+
     family = "llava"
     model_types = ("llava", "llava_onevision")
     image_placeholder = "<image>"

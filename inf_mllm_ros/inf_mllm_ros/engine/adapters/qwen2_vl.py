@@ -16,6 +16,8 @@ from .base import VisionLanguageAdapter
 
 @register_adapter
 class Qwen2VLAdapter(VisionLanguageAdapter):
+    """Qwen2-VL and Qwen2.5-VL: M-RoPE positions from the model's own rope index, per frame."""
+
     family = "qwen2_vl"
     model_types = ("qwen2_vl", "qwen2_5_vl")
     image_placeholder = "<|vision_start|><|image_pad|><|vision_end|>"

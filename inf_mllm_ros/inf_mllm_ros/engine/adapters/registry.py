@@ -25,4 +25,5 @@ def adapter_for(config) -> type[ModelAdapter]:
     if any(name.endswith("ForCausalLM") for name in architectures):
         return CausalLMAdapter
     known = sorted({t for cls in ADAPTERS for t in cls.model_types})
-    raise ValueError(f"model type {model_type!r} is not supported; supported: {', '.join(known)} and other *ForCausalLM")
+    raise ValueError(f"model type {model_type!r} is not supported; "
+                     f"supported: {', '.join(known)} and other *ForCausalLM")
