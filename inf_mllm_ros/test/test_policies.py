@@ -235,6 +235,73 @@ def test_a_new_policy_with_one_knob_is_one_class(monkeypatch):
         policy.set_knob("stride", 9)
 
 
+NEW_POLICY_FILE = '''
+"""Keep every n-th: a policy in a file of its own, as a new policy is added to engine/policies/."""
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from inf_mllm_ros.engine.policies import EvictionPolicy, knob, register
+
+
+@register
+@dataclass
+class KeepEveryPolicy(EvictionPolicy):
+    """Keeps the newest slots (the setting is there to be found, not used)."""
+
+    name: ClassVar[str] = "keep_every"
+    keep_every: int = knob(2, "Keep one slot in this many.", low=1, high=64)
+
+    def select(self, view, keep):
+        return torch.arange(view.fill - keep, view.fill).expand(view.num_heads, keep).contiguous()
+'''
+
+
+def test_a_new_policy_with_one_setting_is_one_new_file_and_nothing_else(tmp_path, monkeypatch):
+    """A policy module written on its own registers when imported: selectable by name, its setting a node
+    parameter (fixed at start) and a flag of the offline runner, with no other file changed."""
+    import importlib.util
+    import sys
+
+    from inf_mllm_ros import settings
+    from inf_mllm_ros.bags import offline
+
+    path = tmp_path / "keep_every_policy.py"
+    path.write_text(NEW_POLICY_FILE)
+    module_name = "keep_every_policy"
+    try:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # dataclasses look the module up while building the class
+        spec.loader.exec_module(module)
+
+        assert POLICIES["keep_every"] is module.KeepEveryPolicy
+        policy = make_policy("keep_every", capacity=KEEP, keep_every=3)
+        assert policy.describe() == {"policy": "keep_every", "keep_every": 3}
+        assert kept(policy, view(), keep=KEEP) == set(range(FILL - KEEP, FILL))
+
+        # The node builds its parameter table when it starts (settings.PARAMETERS was built when the settings
+        # module was first imported, before this policy existed): build the policy parameters again.
+        params = {p.name: p for p in settings.knob_params(live=False)}
+        param = params["keep_every"]
+        assert param.description == "keep_every: Keep one slot in this many." and param.read_only
+        assert (param.default, param.low, param.high) == (2, 1, 64)
+        assert "keep_every" not in {p.name for p in settings.knob_params(live=True)}
+
+        # The offline runner makes a flag of each policy parameter in the table when it builds its parser.
+        new = [p for p in params.values() if p.name not in settings.BY_NAME]
+        assert [p.name for p in new] == ["keep_every"]
+        monkeypatch.setattr(offline, "PARAMETERS", (*settings.PARAMETERS, *new))
+        args = offline.build_parser().parse_args(["bag", "--keep-every", "3"])
+        assert args.keep_every == 3
+    finally:
+        POLICIES.pop("keep_every", None)
+        sys.modules.pop(module_name, None)
+    assert "keep_every" not in {p.name for p in settings.knob_params(live=False)}
+
+
 def test_score_pool_keeps_a_saddle_with_the_tokens_around_it():
     policy = inf(attention_bias=0.0)
     half = policy.score_pool // 2

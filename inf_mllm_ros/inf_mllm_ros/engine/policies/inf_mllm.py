@@ -1,213 +1,27 @@
-"""Eviction policies: which cached tokens survive when the cache is over capacity.
-
-A policy sees one layer's slots (in stream order) and returns, per KV head, the indices of the slots
-to keep. The cache does the gathering, so a policy is a few lines of scoring. A policy that needs
-per-slot figures across evictions names them in `slot_stats`; the cache allocates, moves and resets
-them with the slots, and the policy updates them in `select`.
-"""
+"""Inf-MLLM: attention sinks, a recent window, and the attention saddles between, with a recency bias,
+a share of the slots for text and one for pinned messages."""
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .scoring import visible_counts
-from .value_rules import as_declared, setting_problem
-
-
-@dataclass
-class SlotView:
-    """What a policy may look at for one layer: the first `fill` slots, oldest first."""
-
-    fill: int
-    num_heads: int
-    seq: Tensor  # [heads, fill] int64: index of each token in the stream
-    window_attention: Tensor  # [heads, fill] f32: attention received from the queries since the last eviction
-    window_queries: int  # how many queries those are: the newest slots', each seeing every slot before it
-    stream_end: int  # one past the stream index of the newest slot (the stream's clock)
-    new: int = 0  # slots appended since the last eviction: the retrieval window's own tokens, newest last
-    # [heads, fill] bool: the slot holds a camera frame's token (else text); None: none does
-    frame: Tensor | None = None
-    pinned: Tensor | None = None  # [heads, fill] bool: the caller asked to keep the slot's token; None: none is
-    stats: dict[str, Tensor] = field(default_factory=dict)  # the policy's `slot_stats`, [heads, fill], in place
-
-
-def knob(default, doc: str, *, low: float | None = None, high: float | None = None, step: int = 1,
-         live: bool = False):
-    """A policy setting: a dataclass field whose metadata says what it means, its range (numbers only) and
-    whether it may change while the stream runs (`live`). The node turns each knob into a parameter of the
-    same name."""
-    return field(default=default, metadata={"doc": doc, "low": low, "high": high, "step": step, "live": live})
-
-
-# Knobs that several policies share, defined once so that they mean the same everywhere.
-def _sink_size():
-    return knob(4, "The stream's first tokens (attention sinks), always kept.", low=0, high=1024)
-
-
-def _recent_size():
-    return knob(0, "Newest tokens always kept; 0: a quarter of cache_size.", low=0, high=1 << 20)
-
-
-@dataclass
-class EvictionPolicy(ABC):
-    """Chooses the slots to keep. Subclasses are dataclasses whose fields are their settings (made with
-    `knob`); they set `name`, implement `select` and join `POLICIES` with `@register`."""
-
-    name: ClassVar[str]
-    # Whether the cache must compute retrieval-window attention scores for this policy.
-    needs_attention: ClassVar[bool] = False
-    # Whether the cache is bounded at all (the full cache never evicts).
-    evicts: ClassVar[bool] = True
-    # Per-slot float32 figures this policy keeps across evictions (zero for a new token).
-    slot_stats: ClassVar[tuple[str, ...]] = ()
-
-    def __post_init__(self):
-        for f in fields(self):
-            setattr(self, f.name, _checked(f, getattr(self, f.name)))
-
-    @classmethod
-    def knobs(cls) -> dict[str, Field]:
-        """The policy's settings by name."""
-        return {f.name: f for f in fields(cls)}
-
-    def set_knob(self, name: str, value) -> None:
-        """Change a live setting; it applies from the next eviction. Raises ValueError for a setting this
-        policy lacks, one that is fixed at start, or a value out of range (the policy is then unchanged)."""
-        f = self.knobs().get(name)
-        if f is None:
-            raise ValueError(f"policy {self.name!r} has no setting {name!r}")
-        if not f.metadata["live"]:
-            raise ValueError(f"{name} of policy {self.name!r} is fixed when the stream starts")
-        setattr(self, name, _checked(f, value))
-
-    def check_capacity(self, capacity: int) -> None:
-        """Raise ValueError if the settings cannot work with a cache of `capacity` tokens."""
-
-    def protected(self, capacity: int) -> tuple[int, int]:
-        """(first, last): how many of the oldest and of the newest slots a full cache of `capacity` keeps
-        whatever their score (the sinks and the recent window)."""
-        return 0, 0
-
-    @abstractmethod
-    def select(self, view: SlotView, keep: int) -> Tensor:
-        """Indices [heads, keep] of the slots to keep, ascending in each row."""
-
-    def describe(self) -> dict:
-        return {"policy": self.name, **{name: getattr(self, name) for name in self.knobs()}}
-
-
-def _checked(f: Field, value):
-    """The value for knob `f`, or ValueError naming it (ints stay ints; an int is taken for a float)."""
-    expected = type(f.default)
-    problem = setting_problem(f.name, value, expected, f.metadata["low"], f.metadata["high"], f.metadata["step"])
-    if problem:
-        raise ValueError(problem)
-    return as_declared(value, expected)
-
-
-POLICIES: dict[str, type[EvictionPolicy]] = {}
-
-
-def register(cls: type[EvictionPolicy]) -> type[EvictionPolicy]:
-    """Make a policy selectable by its name (the node's eviction_policy, the benchmarks' policy lists)."""
-    POLICIES[cls.name] = cls
-    return cls
-
-
-def _keep_ends_and_best(view: SlotView, keep: int, head: int, tail: int, score: Tensor) -> Tensor:
-    """Keep the first `head` slots, the last `tail` slots and the best-scored `keep - head - tail` between.
-
-    `score` covers the slots between only: [heads, fill - head - tail].
-    """
-    device = view.seq.device
-    first = torch.arange(head, device=device).expand(view.num_heads, head)
-    last = torch.arange(view.fill - tail, view.fill, device=device).expand(view.num_heads, tail)
-    best = keep - head - tail
-    if best <= 0:
-        return torch.cat([first, last], dim=-1).contiguous()
-    top = torch.topk(score, best, dim=-1, sorted=False).indices + head
-    return torch.cat([first, torch.sort(top, dim=-1).values, last], dim=-1)
-
-
-@register
-@dataclass
-class FullPolicy(EvictionPolicy):
-    """No eviction: every token stays until the storage is exhausted."""
-
-    name: ClassVar[str] = "full"
-    evicts: ClassVar[bool] = False
-
-    def select(self, view: SlotView, keep: int) -> Tensor:
-        raise RuntimeError("the full cache never evicts")
-
-
-@register
-@dataclass
-class WindowPolicy(EvictionPolicy):
-    """Sliding window: keep the newest tokens only."""
-
-    name: ClassVar[str] = "window"
-
-    def select(self, view: SlotView, keep: int) -> Tensor:
-        start = view.fill - keep
-        return torch.arange(start, view.fill, device=view.seq.device).expand(view.num_heads, keep).contiguous()
-
-
-@register
-@dataclass
-class StreamingLLMPolicy(EvictionPolicy):
-    """StreamingLLM: the first `sink_size` tokens of the stream (attention sinks) plus a recent window."""
-
-    name: ClassVar[str] = "streaming_llm"
-    sink_size: int = _sink_size()
-
-    def protected(self, capacity: int) -> tuple[int, int]:
-        sinks = min(self.sink_size, capacity)
-        return sinks, capacity - sinks
-
-    def select(self, view: SlotView, keep: int) -> Tensor:
-        # Sinks are the oldest slots: the stream's first tokens are never evicted, so they stay in front.
-        sinks = min(self.sink_size, keep)
-        return _keep_ends_and_best(view, keep, sinks, keep - sinks, view.window_attention[:, :0])
-
-
-def _recent(recent_size: int, capacity: int) -> int:
-    return min(recent_size or capacity // 4, capacity)
-
-
-def _check_recent(recent_size: int, capacity: int) -> None:
-    if recent_size > capacity:
-        raise ValueError(f"recent_size {recent_size} is larger than the cache capacity {capacity}")
-
-
-@register
-@dataclass
-class H2OPolicy(EvictionPolicy):
-    """H2O: a recent window plus the heavy hitters by attention accumulated over every step."""
-
-    name: ClassVar[str] = "h2o"
-    needs_attention: ClassVar[bool] = True
-    slot_stats: ClassVar[tuple[str, ...]] = ("accumulated",)
-    recent_size: int = _recent_size()
-
-    def check_capacity(self, capacity: int) -> None:
-        _check_recent(self.recent_size, capacity)
-
-    def protected(self, capacity: int) -> tuple[int, int]:
-        return 0, _recent(self.recent_size, capacity)
-
-    def select(self, view: SlotView, keep: int) -> Tensor:
-        # The window's attention is every step's since the last eviction: adding it here once equals
-        # adding each step's as it happens.
-        accumulated = view.stats["accumulated"].add_(view.window_attention)
-        recent = self.protected(keep)[1]
-        return _keep_ends_and_best(view, keep, 0, recent, accumulated[:, : view.fill - recent])
+from ..scoring import visible_counts
+from .base import (
+    EvictionPolicy,
+    SlotView,
+    _check_recent,
+    _keep_ends_and_best,
+    _recent,
+    _recent_size,
+    _sink_size,
+    knob,
+    register,
+)
 
 
 @register
@@ -341,17 +155,38 @@ class InfMLLMPolicy(EvictionPolicy):
         return drawn - self.attention_bias * torch.log_(age)
 
     def select(self, view: SlotView, keep: int) -> Tensor:
+        """The sinks, the recent window (less the room the pins need), and the candidates between by their
+        score, with the text's and the pins' quotas ranked above the rest."""
         sinks, recent = self.regions(view, keep)
+        recent, pin_room = self._room_for_pins(view, keep, sinks, recent)
+        drawn, score = self._score(view, sinks, recent)
+        score = self._apply_text_and_pin_quotas(view, keep, sinks, recent, drawn, score, pin_room)
+        return _keep_ends_and_best(view, keep, sinks, recent, score)
+
+    def _room_for_pins(self, view: SlotView, keep: int, sinks: int, recent: int) -> tuple[int, int | None]:
+        """(recent, pin_room): the recent window, shortened where the pins need its room, and the pins'
+        budget; None when no pin counts (pin_share 0, or nothing pinned beside the sinks)."""
         pinned = view.pinned if self.pin_share > 0.0 and view.pinned is not None else None
-        if pinned is not None and bool(pinned[:, sinks:].any()):
-            # The pins' budget is a share of every slot but the sinks, and they outrank the oldest of the
-            # recent window when it would leave them no room (at the first eviction the whole stream is new).
-            pin_room = int(self.pin_share * (keep - sinks))
-            recent = min(recent, keep - sinks - min(int(pinned[:, sinks:].sum(-1).max()), pin_room))
-        else:
-            pinned = None
+        if pinned is None or not bool(pinned[:, sinks:].any()):
+            return recent, None
+        # The pins' budget is a share of every slot but the sinks, and they outrank the oldest of the
+        # recent window when it would leave them no room (at the first eviction the whole stream is new).
+        pin_room = int(self.pin_share * (keep - sinks))
+        recent = min(recent, keep - sinks - min(int(pinned[:, sinks:].sum(-1).max()), pin_room))
+        return recent, pin_room
+
+    def _score(self, view: SlotView, sinks: int, recent: int) -> tuple[Tensor, Tensor]:
+        """(drawn, score) of the candidates (slots sinks .. fill - recent): the log attention they have drawn
+        (remembered with score_memory, pooled over score_pool), and their eviction score, that less the age
+        term (attention_bias times the log of their age)."""
         drawn = self.drawn(view, sinks, recent)
-        score = self.aged(view, drawn, sinks)
+        return drawn, self.aged(view, drawn, sinks)
+
+    def _apply_text_and_pin_quotas(self, view: SlotView, keep: int, sinks: int, recent: int, drawn: Tensor,
+                                   score: Tensor, pin_room: int | None) -> Tensor:
+        """The candidates' scores with the quotas lifted above every other candidate: `text_share` of the
+        candidate slots for the text that has drawn the most attention (`drawn`, their age aside), then up to
+        `pin_room` (less the pins in the recent window) for the newest pins."""
         cand = slice(sinks, view.fill - recent)
         best = keep - sinks - recent
         frame = None if view.frame is None else view.frame[:, cand]
@@ -363,11 +198,12 @@ class InfMLLMPolicy(EvictionPolicy):
             # outrank it), and the rest go to whichever scores best. (Where none is text the lift lifts
             # nothing; not asking which spares the host a wait for a GPU.)
             score = _lift_first(score, ~frame, by=drawn, room=int(self.text_share * max(best, 0)))
-        if pinned is not None:
+        if pin_room is not None:
+            pinned = view.pinned
             # The newest pins first: those in the recent window are kept already and use up their share.
             room = pin_room - pinned[:, view.fill - recent : view.fill].sum(-1, keepdim=True)
             score = _lift_first(score, pinned[:, cand], by=view.seq[:, cand].to(score.dtype), room=room)
-        return _keep_ends_and_best(view, keep, sinks, recent, score)
+        return score
 
 
 def _lift_first(score: Tensor, members: Tensor, *, by: Tensor, room: int | Tensor) -> Tensor:
@@ -382,24 +218,3 @@ def _lift_first(score: Tensor, members: Tensor, *, by: Tensor, room: int | Tenso
     lifted = members & (rank < room)
     return torch.where(lifted, score + (score.abs().max() + 1.0) * 4.0, score)
 
-
-def make_policy(name: str, *, capacity: int, **settings) -> EvictionPolicy:
-    """Build a policy by name with the given settings (the others take their shipped defaults), checked
-    against a cache of `capacity` tokens."""
-    if name not in POLICIES:
-        raise ValueError(f"unknown eviction policy {name!r}; choose one of {sorted(POLICIES)}")
-    cls = POLICIES[name]
-    unknown = sorted(set(settings) - set(cls.knobs()))
-    if unknown:
-        raise ValueError(f"policy {name!r} has no setting {', '.join(unknown)}; its settings: {sorted(cls.knobs())}")
-    policy = cls(**settings)
-    policy.check_capacity(capacity)
-    return policy
-
-
-def policy_defaults(name: str) -> dict:
-    """The shipped settings of a policy."""
-    return {n: f.default for n, f in POLICIES[name].knobs().items()}
-
-
-__all__ = ["EvictionPolicy", "POLICIES", "SlotView", "knob", "make_policy", "policy_defaults", "register"]
