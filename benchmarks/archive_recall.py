@@ -211,6 +211,29 @@ def latency(args) -> None:
     (RESULTS / "archive_latency.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
+def summary(args) -> None:
+    """Recall per setting, policy, cache and distance, with and without the archive, as a Markdown table."""
+    rows = json.loads((RESULTS / args.out).read_text())
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["facts_at_once"], r["mention"], r["policy"], r["cache"] if r["policy"] != "full" else "-")
+        cell = groups.setdefault(key, {}).setdefault((r["distance"], r["archive"]), [0, 0])
+        cell[0] += r["recalled"]
+        cell[1] += 1
+    distances = sorted({r["distance"] for r in rows})
+    print("| Facts at once | Subject named again | Policy | Cache | Archive | "
+          + " | ".join(f"{d // 1000}K back" for d in distances) + " |")
+    print("|---|---|---|---|---|" + "---:|" * len(distances))
+    for key in sorted(groups, key=lambda k: (k[0], not k[1], k[2] != "full", k[2], str(k[3]))):
+        for archive in (True, False):
+            cells = [groups[key].get((d, archive)) for d in distances]
+            if not any(cells):
+                continue
+            text = [f"{c[0]}/{c[1]}" if c else "" for c in cells]
+            label = "-" if key[2] == "full" else ("on" if archive else "off")
+            print(f"| {key[0]} | {'yes' if key[1] else 'no'} | {key[2]} | {key[3]} | {label} | " + " | ".join(text) + " |")
+
+
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
@@ -236,8 +259,9 @@ def main() -> None:
     for p in (r, lat):
         p.add_argument("--model", default="qwen2.5-0.5b")
         p.add_argument("--threads", type=int, default=2)
+    sub.add_parser("summary").add_argument("--out", default="archive_recall_report.json")
     args = ap.parse_args()
-    recall(args) if args.command == "recall" else latency(args)
+    {"recall": recall, "latency": latency, "summary": summary}[args.command](args)
 
 
 if __name__ == "__main__":

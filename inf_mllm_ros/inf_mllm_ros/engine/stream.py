@@ -45,7 +45,7 @@ class StreamConfig:
 
     capacity: int = 1024
     policy: str = "inf_mllm"
-    # The policy's own settings by name (see its knobs in policies.py); the ones left out take its defaults.
+    # The policy's own settings by name (see its knobs in policies/); the ones left out take its defaults.
     policy_settings: dict = field(default_factory=dict)
     chunk_size: int = 128  # longest block pushed before an eviction
     headroom: int | None = None  # slots beyond capacity; default max(chunk_size, 256)
