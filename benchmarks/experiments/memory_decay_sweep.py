@@ -1,6 +1,6 @@
 """How long should the score remember? Inf-MLLM's `memory_decay` on prose and on recall.
 
-    python benchmarks/memory_decay_sweep.py [--decays 0.8 0.9 0.95 0.97 0.99] [--seeds 0 1] [--resume]
+    python benchmarks/experiments/memory_decay_sweep.py [--decays 0.8 0.9 0.95 0.97 0.99] [--seeds 0 1] [--resume]
 
 The score memory keeps `memory_decay` of a token's remembered attention at each eviction: at 0.9 a
 token's attention is remembered for about ten blocks, at 0.97 for about thirty. A longer memory should
@@ -17,10 +17,14 @@ written after each run.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
-from common import load_records, write_records
-from recall import MENTIONED_CACHE as CACHE
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: recall.py, common.py
+
+from common import load_records, write_records  # noqa: E402
+from tracing import MENTIONED_CACHE as CACHE  # noqa: E402
 
 OUT = "memory_decay_sweep.json"
 
@@ -42,7 +46,8 @@ def perplexity(decay: float, threads: int) -> dict:
 
 
 def recall(decay: float, seed: int, threads: int) -> dict:
-    from recall import DISTANCES, mentioned_run
+    from recall import DISTANCES
+    from tracing import mentioned_run
 
     found = mentioned_run("inf_mllm", seed, {"memory_decay": decay}, threads=threads)
     per = {d: [r for r in found if r["distance"] == d] for d in DISTANCES}

@@ -1,7 +1,7 @@
 """Does attention passed back along references keep a mentioned fact? A diagnostic, not a shipped policy.
 
-    python benchmarks/relay_probe.py [--seeds 0 1] [--relay 0.5]
-    python benchmarks/relay_probe.py --trace --relay 2
+    python benchmarks/experiments/relay_probe.py [--seeds 0 1] [--relay 0.5]
+    python benchmarks/experiments/relay_probe.py --trace --relay 2
 
 A mention's queries go to the earlier mentions, not to the statement (`mention_attention.json`); but the
 first mention, when it came, did attend to the statement's subject. Here each prompt remembers, per layer
@@ -17,20 +17,25 @@ with and without the relay: benchmarks/results/relay_trace.json.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import ClassVar
 
 import torch
 
-from common import write_records
 from inf_mllm_ros.engine.policies import InfMLLMPolicy, SlotView, knob, register
-from recall import make_facts, run_one, trace_fact
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: recall.py, common.py
+
+from common import write_records  # noqa: E402
+from recall import make_facts, run_one  # noqa: E402
+from tracing import trace_fact  # noqa: E402
 
 REFERENCES = 8  # older slots remembered per prompt, layer and head
 
 
-@register
 @dataclass
 class RelayPolicy(InfMLLMPolicy):
     name: ClassVar[str] = "inf_mllm_relay"
@@ -107,6 +112,7 @@ def trace(relay: float, hops: int, threads: int) -> None:
 
 
 def main() -> None:
+    register(RelayPolicy)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--relay", type=float, default=0.5)

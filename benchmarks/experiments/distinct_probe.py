@@ -1,6 +1,6 @@
 """Do keys unlike the rest keep a fact? A diagnostic, not a shipped policy.
 
-    python benchmarks/distinct_probe.py
+    python benchmarks/experiments/distinct_probe.py
 
 A code's digits are rare in prose, and their keys (before rotation) are among the least like the mean key
 in the middle layers. Here a share `distinct_share` of the candidate slots goes to the candidates whose
@@ -15,7 +15,9 @@ Results: benchmarks/results/distinct_trace.json.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -24,22 +26,28 @@ import torch.nn.functional as F
 from inf_mllm_ros.engine import cache as cache_module
 from inf_mllm_ros.engine.cache import shift_rotary
 from inf_mllm_ros.engine.policies import InfMLLMPolicy, SlotView, _keep_ends_and_best, _lift_first, knob, register
-from recall import trace_variants
 
-_evict = cache_module.BoundedLayer.evict
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: recall.py, common.py
 
-
-def _evict_showing_keys(self, policy, keep):
-    # A policy sees no keys; this one is handed the layer's, with the positions they were rotated to.
-    policy.keys, policy.positions, policy.inv_freq = self.keys[0, :, : self.fill], self.pos_start[:, : self.fill], \
-        self.owner.rope_inv_freq
-    return _evict(self, policy, keep)
+from tracing import trace_variants  # noqa: E402
 
 
-cache_module.BoundedLayer.evict = _evict_showing_keys
+def show_keys_to_policies() -> None:
+    """A policy sees no keys: from now on, one is handed the layer's at each eviction, with the positions they
+    were rotated to."""
+    evict = cache_module.BoundedLayer.evict
+    if getattr(evict, "shows_keys", False):
+        return
+
+    def evict_showing_keys(self, policy, keep):
+        policy.keys, policy.positions, policy.inv_freq = self.keys[0, :, : self.fill], \
+            self.pos_start[:, : self.fill], self.owner.rope_inv_freq
+        return evict(self, policy, keep)
+
+    evict_showing_keys.shows_keys = True
+    cache_module.BoundedLayer.evict = evict_showing_keys
 
 
-@register
 @dataclass
 class DistinctPolicy(InfMLLMPolicy):
     name: ClassVar[str] = "inf_mllm_distinct"
@@ -90,6 +98,8 @@ VARIANTS = [
 
 
 def main() -> None:
+    register(DistinctPolicy)
+    show_keys_to_policies()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()

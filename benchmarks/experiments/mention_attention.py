@@ -1,6 +1,6 @@
 """Where a mention's attention goes: to the fact's subject, or to its value?
 
-    python benchmarks/mention_attention.py [--facts 8] [--seeds 0 1]
+    python benchmarks/experiments/mention_attention.py [--facts 8] [--seeds 0 1]
 
 The recall benchmark's `mentioned` setting assumes that a message naming a fact's subject ("Someone
 walked past the red locker.") draws attention to the fact, so that attention saddles keep it. This
@@ -22,12 +22,16 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
-from common import machine, read_text, write_records
-from recall import make_facts, paragraphs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: recall.py, common.py
+
+from common import machine, read_text, write_records  # noqa: E402
+from recall import make_facts, paragraphs  # noqa: E402
 
 
 def main() -> None:

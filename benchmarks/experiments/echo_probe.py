@@ -1,6 +1,6 @@
 """Do words that come up again keep what was said with them? A diagnostic, not a shipped policy.
 
-    python benchmarks/echo_probe.py
+    python benchmarks/experiments/echo_probe.py
 
 A mention of a subject draws its attention to the subject's latest mention, not to the fact told about it
 long before. Here, besides attention, a candidate text token whose token comes up again in the retrieval
@@ -14,18 +14,20 @@ ages, against Inf-MLLM as shipped. Results: benchmarks/results/echo_trace.json.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import torch
 
 from inf_mllm_ros.engine.policies import InfMLLMPolicy, SlotView, knob, register
-from recall import tell_policies_token_ids, trace_variants
 
-tell_policies_token_ids()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: recall.py, common.py
+
+from tracing import tell_policies_token_ids, trace_variants  # noqa: E402
 
 
-@register
 @dataclass
 class EchoPolicy(InfMLLMPolicy):
     name: ClassVar[str] = "inf_mllm_echo"
@@ -63,6 +65,8 @@ class EchoPolicy(InfMLLMPolicy):
 
 
 def main() -> None:
+    register(EchoPolicy)
+    tell_policies_token_ids()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--echo", type=float, nargs="+", default=[8.0, 32.0])

@@ -1,6 +1,6 @@
 """Does crediting a phrase's first copy keep a mentioned fact? A diagnostic, not a shipped policy.
 
-    python benchmarks/first_copy_probe.py
+    python benchmarks/experiments/first_copy_probe.py
 
 When a subject keeps coming up, each mention draws attention to the one before it, and the mentions,
 not the statement they refer to, become the saddles (docs/experiments.md). Here a later copy of a rare
@@ -18,19 +18,21 @@ the share of layer-heads holding its value as it ages. Results: benchmarks/resul
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import torch
 
 from inf_mllm_ros.engine.policies import InfMLLMPolicy, SlotView, knob, register
-from common import load_records, write_records
-from recall import mentioned_run, tell_policies_token_ids, trace_variants
 
-tell_policies_token_ids()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: recall.py, common.py
+
+from common import load_records, write_records  # noqa: E402
+from tracing import mentioned_run, tell_policies_token_ids, trace_variants  # noqa: E402
 
 
-@register
 @dataclass
 class FirstCopyPolicy(InfMLLMPolicy):
     name: ClassVar[str] = "inf_mllm_first_copy"
@@ -106,6 +108,8 @@ class FirstCopyPolicy(InfMLLMPolicy):
 
 
 def main() -> None:
+    register(FirstCopyPolicy)
+    tell_policies_token_ids()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-copies", type=int, nargs="+", default=[8])

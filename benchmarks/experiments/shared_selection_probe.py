@@ -1,6 +1,6 @@
 """Does one selection for every layer and head keep a mentioned fact? A diagnostic, not a shipped policy.
 
-    python benchmarks/shared_selection_probe.py [--threads 2]
+    python benchmarks/experiments/shared_selection_probe.py [--threads 2]
 
 Inf-MLLM chooses per layer and KV head, each from its own attention. At a mention of a fact's subject
 some layer-heads attend to the statement and keep it (with `score_pool`, the value beside the subject);
@@ -21,7 +21,9 @@ Results: benchmarks/results/shared_selection_trace.json, one record per message 
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -29,10 +31,12 @@ import torch.nn.functional as F
 
 from inf_mllm_ros.engine.cache import BoundedKVCache
 from inf_mllm_ros.engine.policies import InfMLLMPolicy, SlotView, register
-from recall import trace_variants
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: recall.py, common.py
+
+from tracing import trace_variants  # noqa: E402
 
 
-@register
 @dataclass
 class SharedSelectionPolicy(InfMLLMPolicy):
     name: ClassVar[str] = "inf_mllm_shared"
@@ -74,27 +78,36 @@ def evict_all_layers(cache: BoundedKVCache) -> int:
     return evicted
 
 
-_shipped = BoundedKVCache.after_attention
-
-
-def _after_attention(self, layer_idx, query, key, scaling, scores=None):
-    """For the probe's policy, eviction (and re-packing) waits for the last layer, then covers them all."""
-    if self.policy.name != SharedSelectionPolicy.name:
-        return _shipped(self, layer_idx, query, key, scaling, scores)
-    if self.wants_scores:
-        self.layers[layer_idx].observe(query, key, scaling, scores)
-    if layer_idx != len(self.layers) - 1:
+def select_once_for_all_layers() -> None:
+    """From now on, for the probe's policy, eviction (and re-packing) waits for the last layer, then covers
+    them all; other policies evict as shipped."""
+    if getattr(BoundedKVCache.after_attention, "selects_once", False):
         return
-    if self.evict_after_prompt and self.layers[-1].fill > self.capacity:
-        self.tokens_evicted += evict_all_layers(self)
-        self.evictions += 1
-    if self.pack_after_prompt:
-        for layer in self.layers:
+    shipped = BoundedKVCache.after_attention
+
+    def after_attention(self, layer_idx, query, key, scaling, scores=None):
+        if self.policy.name != SharedSelectionPolicy.name:
+            return shipped(self, layer_idx, query, key, scaling, scores)
+        evict_after_last_layer(self, layer_idx, query, key, scaling, scores)
+
+    after_attention.selects_once = True
+    BoundedKVCache.after_attention = after_attention
+
+
+def evict_after_last_layer(cache, layer_idx, query, key, scaling, scores=None):
+    """The probe policy's `after_attention`: scores observed per layer, one eviction after the last."""
+    if cache.wants_scores:
+        cache.layers[layer_idx].observe(query, key, scaling, scores)
+    if layer_idx != len(cache.layers) - 1:
+        return
+    if cache.evict_after_prompt and cache.layers[-1].fill > cache.capacity:
+        cache.tokens_evicted += evict_all_layers(cache)
+        cache.evictions += 1
+    if cache.pack_after_prompt:
+        for layer in cache.layers:
             if layer.frontier > layer.fill:
-                layer.pack_positions(self.rope_inv_freq)
+                layer.pack_positions(cache.rope_inv_freq)
 
-
-BoundedKVCache.after_attention = _after_attention
 
 VARIANTS = [
     ("inf_mllm", {}),
@@ -104,6 +117,8 @@ VARIANTS = [
 
 
 def main() -> None:
+    register(SharedSelectionPolicy)
+    select_once_for_all_layers()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
