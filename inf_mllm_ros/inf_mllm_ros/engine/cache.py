@@ -17,6 +17,9 @@ for M-RoPE image tokens). In "cache" mode the survivors are re-packed after evic
 evicted tokens are closed and each key is rotated by its shift, so positions stay below the cache
 size however long the stream runs (StreamingLLM's reason for stability past the training context).
 In "original" mode positions are left as they were.
+
+The slots of one layer are a `BoundedLayer` (engine/cache_layer.py); the RoPE arithmetic of a re-pack
+is in engine/rotary.py.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from functools import cached_property
 
 import torch
 from torch import Tensor
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
-from .policies import EvictionPolicy, SlotView
-from .scoring import window_scores
+from .cache_layer import BoundedLayer
+from .policies import EvictionPolicy
+# Re-exported: modules and tests that import these helpers from here keep working.
+from .rotary import packed_positions, rotate_half, shift_rotary  # noqa: F401
 
 POSITION_MODES = ("cache", "original")
 # The most one temporary tensor of a gather or a re-pack may take: with every layer evicted in one pass, a
@@ -74,306 +79,6 @@ class PromptPositions:
         """One past the largest position of these tokens: read once per prompt, not once per layer (on a
         GPU every read waits for the device)."""
         return int(self.end.max())
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def shift_rotary(keys: Tensor, delta: Tensor, inv_freq: Tensor) -> Tensor:
-    """Rotate RoPE keys by `delta` positions: R(p + d) k = R(d) R(p) k.
-
-    keys [heads, n, head_dim], delta [heads, n]. Only the first 2 * len(inv_freq) dims are rotary.
-    The math runs in float32 so repeated shifts do not accumulate rounding of low-precision dtypes.
-    """
-    rot = inv_freq.shape[0] * 2
-    angles = delta.to(torch.float32)[..., None] * inv_freq.to(device=keys.device, dtype=torch.float32)
-    angles = torch.cat((angles, angles), dim=-1)
-    k = keys[..., :rot].to(torch.float32)
-    rotated = k * angles.cos() + rotate_half(k) * angles.sin()
-    if rot == keys.shape[-1]:
-        return rotated.to(keys.dtype)
-    return torch.cat((rotated.to(keys.dtype), keys[..., rot:]), dim=-1)
-
-
-def packed_positions(start: Tensor, end: Tensor, seq: Tensor) -> tuple[Tensor, Tensor]:
-    """Close the gaps that evicted tokens left, per head. Returns (new_start, new_end).
-
-    Runs of tokens that were adjacent in the stream keep their relative positions (so an image's
-    2-D layout survives); each run starts where the previous run's positions ended.
-    """
-    heads, n = start.shape
-    if n == 0:
-        return start, end
-    new_run = torch.ones_like(seq, dtype=torch.bool)
-    new_run[:, 1:] = seq[:, 1:] != seq[:, :-1] + 1
-    run_id = new_run.long().cumsum(-1) - 1  # [heads, n]
-    # Room for n runs, the most there can be: reading the count would make the host wait for the device.
-    # Unused runs stay at 0 extent and shift nothing.
-    empty = torch.zeros(heads, n, dtype=start.dtype, device=start.device)
-    run_first = empty.scatter_reduce(1, run_id, start, reduce="amin", include_self=False)
-    run_last_end = empty.scatter_reduce(1, run_id, end, reduce="amax", include_self=False)
-    extent = run_last_end - run_first
-    run_new_first = extent.cumsum(-1) - extent
-    delta = (run_new_first - run_first).gather(1, run_id)
-    return start + delta, end + delta
-
-
-class BoundedLayer(CacheLayerMixin):
-    """One decoder layer's slots: keys, values, positions and attention statistics."""
-
-    is_sliding = False
-    is_compileable = False
-    is_croppable = False
-
-    def __init__(self, owner: "BoundedKVCache", index: int = 0):
-        super().__init__()
-        self.owner = owner
-        self.index = index  # place among the cache's layers (its slice of shared storage)
-        self.fill = 0
-        # Queries scored since the last eviction (the retrieval window), each seeing every older slot: a
-        # count on the host, so that the policy's average needs no per-slot tally on the device.
-        self.window_queries = 0
-        self._frontier = 0  # next free position after the tokens this layer has seen
-        self.frontier_on_device: Tensor | None = None  # the same, once a re-pack left it on the device
-        # Whether a pinned token, or a frame's, came in since the layer was last empty: known on the host, so
-        # a policy need not ask the device (on a GPU every question makes the host wait).
-        self.may_hold_pins = False
-        self.may_hold_frames = False
-
-    @property
-    def frontier(self) -> int:
-        if self.frontier_on_device is not None:
-            self.owner.read_frontiers()
-        return self._frontier
-
-    @frontier.setter
-    def frontier(self, value: int) -> None:
-        self._frontier, self.frontier_on_device = value, None
-
-    # --- storage -----------------------------------------------------------------------------------
-    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
-        _, heads, _, head_dim = key_states.shape
-        slots = self.owner.slots
-        self.dtype, self.device = key_states.dtype, key_states.device
-        store = self.owner.storage_for(self.index, key_states.device)
-        self.keys = store("keys", (1, heads, slots, head_dim), key_states.dtype)
-        self.values = store("values", (1, heads, slots, value_states.shape[-1]), value_states.dtype)
-        # In half precision every re-pack would round the re-rotated keys again, and long-lived keys (the
-        # saddles) are re-packed most. Keeping each key as the model rotated it, with that position, lets
-        # every re-pack rotate from the original: one rounding, however often a key moves.
-        exact = key_states.dtype == torch.float32 or self.owner.position_mode != "cache"
-        self.key_origin = None if exact else store("key_origin", self.keys.shape, key_states.dtype)
-        self.pos_start = store("pos_start", (heads, slots), torch.long)
-        self.pos_end = store("pos_end", (heads, slots), torch.long)
-        self.pos_origin = None if exact else store("pos_origin", (heads, slots), torch.long)
-        self.seq = store("seq", (heads, slots), torch.long)
-        self.frame = store("frame", (heads, slots), torch.bool)
-        self.pinned = store("pinned", (heads, slots), torch.bool)
-        self.window_attention = store("window_attention", (heads, slots), torch.float32)
-        self.window_start = 0  # first slot appended since the last eviction
-        self.stats = {name: store(f"stat.{name}", (heads, slots), torch.float32)
-                      for name in self.owner.policy.slot_stats}
-        self.is_initialized = True
-
-    @property
-    def num_heads(self) -> int:
-        return self.keys.shape[1]
-
-    def _per_head(self) -> list[Tensor]:
-        """Every per-slot tensor that moves with the slots at an eviction ([heads, slots])."""
-        tensors = [self.pos_start, self.pos_end, self.seq, self.frame, self.pinned, self.window_attention,
-                   *self.stats.values()]
-        return tensors if self.pos_origin is None else tensors + [self.pos_origin]
-
-    def nbytes(self) -> int:
-        if not self.is_initialized:
-            return 0
-        tensors = [self.keys, self.values, *self._per_head()]
-        if self.key_origin is not None:
-            tensors.append(self.key_origin)
-        return sum(t.numel() * t.element_size() for t in tensors)
-
-    def kv_nbytes(self) -> int:
-        if not self.is_initialized:
-            return 0
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
-
-    # --- transformers cache protocol -----------------------------------------------------------------
-    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        q = key_states.shape[-2]
-        end = self.fill + q
-        if key_states.shape[0] != 1:
-            raise ValueError("the bounded cache holds one stream: batch size must be 1")
-        self.keys[:, :, self.fill : end] = key_states
-        self.values[:, :, self.fill : end] = value_states
-        if self.owner.recording:
-            self.owner.archive.take(self.index, key_states, value_states, len(self.owner.layers))
-        staged = self.owner.staged
-        if staged is None or len(staged) != q:
-            raise RuntimeError("positions of the incoming tokens were not staged on the cache")
-        self.pos_start[:, self.fill : end] = staged.start
-        self.pos_end[:, self.fill : end] = staged.end
-        self.seq[:, self.fill : end] = staged.seq
-        self.frame[:, self.fill : end] = staged.frame
-        self.pinned[:, self.fill : end] = staged.pinned
-        self.may_hold_pins |= staged.pinned is not False
-        self.may_hold_frames |= staged.frame
-        if self.key_origin is not None:
-            self.key_origin[:, :, self.fill : end] = key_states
-            self.pos_origin[:, self.fill : end] = staged.start
-        self.window_attention[:, self.fill : end] = 0
-        for stat in self.stats.values():
-            stat[:, self.fill : end] = 0
-        self.frontier = max(self.frontier, staged.last_end)
-        self.fill = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
-
-    def get_seq_length(self) -> int:
-        return self.fill
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        # The physical layout is [kept slots | new tokens]: a plain causal mask over it is right.
-        return self.fill + query_length, 0
-
-    def get_max_length(self) -> int:
-        return self.owner.slots
-
-    def reset(self) -> None:
-        self.fill = 0
-        self.frontier = 0
-        self.window_start = self.window_queries = 0
-        self.may_hold_pins = self.may_hold_frames = False
-
-    # --- saved state -----------------------------------------------------------------------------------
-    def export_state(self) -> dict[str, Tensor]:
-        """The held slots and their bookkeeping, trimmed to `fill` (empty before the first token)."""
-        if not self.is_initialized:
-            return {}
-        n = self.fill
-        state = {
-            "keys": self.keys[0, :, :n], "values": self.values[0, :, :n],
-            "pos_start": self.pos_start[:, :n], "pos_end": self.pos_end[:, :n], "seq": self.seq[:, :n],
-            "frame": self.frame[:, :n], "pinned": self.pinned[:, :n],
-            "window_attention": self.window_attention[:, :n],
-            "counters": torch.tensor([self.fill, self.frontier, self.window_start, self.window_queries],
-                                     dtype=torch.long),
-        }
-        state.update({f"stat.{name}": stat[:, :n] for name, stat in self.stats.items()})
-        if self.key_origin is not None:
-            state.update(key_origin=self.key_origin[0, :, :n], pos_origin=self.pos_origin[:, :n])
-        return {name: t.contiguous() for name, t in state.items()}
-
-    def import_state(self, state: dict[str, Tensor], *, dtype: torch.dtype, device: torch.device) -> None:
-        """Restore what `export_state` gave (storage is allocated here if it was not yet)."""
-        if not state:
-            self.reset()
-            return
-        fill, frontier, window_start, window_queries = (int(v) for v in state["counters"])
-        keys, values = state["keys"], state["values"]
-        # The full cache never evicts, so it may hold its headroom too; the others keep their capacity.
-        room = self.owner.capacity if self.owner.policy.evicts else self.owner.slots
-        if fill > room or keys.shape[1] != fill:
-            raise ValueError(f"saved layer holds {keys.shape[1]} tokens (fill {fill}); the cache keeps {room}")
-        if not self.is_initialized:
-            self.lazy_initialization(keys[None].to(device, dtype), values[None].to(device, dtype))
-        if self.keys.shape[1] != keys.shape[0] or self.keys.shape[-1] != keys.shape[-1]:
-            raise ValueError(f"saved keys {tuple(keys.shape)} do not fit this model's {tuple(self.keys.shape[1:])}")
-        saved_stats = {k[5:] for k in state if k.startswith("stat.")}
-        if set(self.stats) != saved_stats:
-            raise ValueError(f"saved policy statistics {sorted(saved_stats)} differ from this policy's "
-                             f"{sorted(self.stats)} (saved by another version of the policy)")
-        self.keys[0, :, :fill] = keys.to(device, dtype)
-        self.values[0, :, :fill] = values.to(device, dtype)
-        for name in ("pos_start", "pos_end", "seq", "window_attention"):
-            getattr(self, name)[:, :fill] = state[name].to(device)
-        self.frame[:, :fill] = state["frame"].to(device)
-        self.pinned[:, :fill] = state["pinned"].to(device)
-        for name, stat in self.stats.items():
-            stat[:, :fill] = state[f"stat.{name}"].to(device)
-        if self.key_origin is not None:  # half precision (the file's dtype is this cache's)
-            self.key_origin[0, :, :fill] = state["key_origin"].to(device, dtype)
-            self.pos_origin[:, :fill] = state["pos_origin"].to(device)
-        self.fill, self.frontier, self.window_start = fill, frontier, window_start
-        self.window_queries = window_queries
-        self.may_hold_pins = bool(self.pinned[:, :fill].any())
-        self.may_hold_frames = bool(self.frame[:, :fill].any())
-
-    # --- Inf-MLLM bookkeeping --------------------------------------------------------------------------
-    def observe(self, query: Tensor, key: Tensor, scaling: float, scores: Tensor | None = None) -> None:
-        """Add the attention the new queries pay to every visible slot (computed here unless given)."""
-        q = query.shape[-2]
-        n_past = self.fill - q
-        if scores is None:
-            scores = window_scores(query[0], key[0], n_past, scaling, backend=self.owner.scoring_backend)
-        self.window_attention[:, : self.fill].add_(scores)
-        self.window_queries += q
-
-    def evict(self, policy: EvictionPolicy, keep: int) -> int:
-        """Keep `keep` slots chosen by the policy; returns how many tokens were evicted."""
-        n = self.fill
-        if n <= keep:
-            return 0
-        view = SlotView(
-            fill=n,
-            num_heads=self.num_heads,
-            seq=self.seq[:, :n],
-            frame=self.frame[:, :n] if self.may_hold_frames else None,
-            pinned=self.pinned[:, :n] if self.may_hold_pins else None,
-            window_attention=self.window_attention[:, :n],
-            window_queries=self.window_queries,
-            new=n - self.window_start,
-            stream_end=self.owner.staged.seq_end,
-            stats={name: stat[:, :n] for name, stat in self.stats.items()},
-        )
-        idx = policy.select(view, keep)
-        self._gather(idx)
-        self.fill = keep
-        # The retrieval window ends with the eviction it drove.
-        self.window_attention[:, :keep] = 0
-        self.window_queries = 0
-        self.window_start = keep
-        return n - keep
-
-    def _gather(self, idx: Tensor) -> None:
-        keep = idx.shape[-1]
-        stores = (self.keys, self.values) if self.key_origin is None else (self.keys, self.values, self.key_origin)
-        for store in stores:
-            dim = store.shape[-1]
-            for rows in self._row_blocks(keep * dim * store.element_size()):
-                full = idx[rows, :, None].expand(-1, -1, dim)
-                store[0, rows, :keep] = torch.gather(store[0, rows], 1, full)
-        for meta in self._per_head():
-            meta[:, :keep] = torch.gather(meta, 1, idx)
-
-    def pack_positions(self, inv_freq: Tensor) -> Tensor:
-        """Close position gaps (cache mode) and rotate the keys to match. Returns the slots' new ends."""
-        n = self.fill
-        start, end = packed_positions(self.pos_start[:, :n], self.pos_end[:, :n], self.seq[:, :n])
-        # Rotated whether or not anything moved: a re-pack follows gaps, so something nearly always has, and
-        # asking would make the host wait for a GPU.
-        if self.key_origin is None:
-            source, shift = self.keys, start - self.pos_start[:, :n]
-        else:
-            source, shift = self.key_origin, start - self.pos_origin[:, :n]
-        for rows in self._row_blocks(n * self.keys.shape[-1] * 4):  # the rotation runs in float32
-            self.keys[0, rows, :n] = shift_rotary(source[0, rows, :n], shift[rows], inv_freq)
-        self.pos_start[:, :n] = start
-        self.pos_end[:, :n] = end
-        self.frontier = 0
-        if n:
-            self.frontier_on_device = end.max()  # read with every layer's at once, when next needed
-        return end
-
-    def _row_blocks(self, bytes_per_row: int) -> list[slice]:
-        """The rows (layer-heads) in blocks whose temporaries take at most TEMPORARY_BYTES each: all at once
-        for a small model, where launches dominate; a bounded peak for a large model and cache."""
-        rows = self.keys.shape[1]
-        step = max(1, TEMPORARY_BYTES // max(bytes_per_row, 1))
-        return [slice(first, min(first + step, rows)) for first in range(0, rows, step)]
 
 
 class BoundedKVCache(Cache):
@@ -436,6 +141,12 @@ class BoundedKVCache(Cache):
     @property
     def slots(self) -> int:
         return self.capacity + self.headroom
+
+    @property
+    def temporary_bytes(self) -> int:
+        """The most one temporary tensor of a gather or a re-pack may take (this module's TEMPORARY_BYTES,
+        read when asked)."""
+        return TEMPORARY_BYTES
 
     # --- driven by the engine around each forward pass ------------------------------------------------
     def stage(self, positions: PromptPositions, *, evict: bool, pack: bool = True, observe: bool = True,
