@@ -1,0 +1,286 @@
+"""The question side of a stream: answers from the memory, and the archive's blocks retrieved for them.
+
+`Answering` is part of `KVStream` (engine/stream.py), kept in a module of its own: a question is tokenized as a
+turn of the chat template, the archive's best blocks for it are placed after the cache's (engine/archive.py),
+and the answer is decoded greedily, in the cache's headroom (then taken away again) or kept in the memory as a
+dialogue turn.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import torch
+from torch import Tensor
+
+from .cache import shift_rotary
+from .text_rules import text_problem
+
+if TYPE_CHECKING:
+    from .adapters import ModelAdapter
+    from .archive import KVArchive
+    from .cache import BoundedKVCache
+    from .stream import StreamConfig
+
+DEFAULT_DESCRIPTION_PROMPT = "Describe briefly what the robot sees and what happened most recently."
+# Scores the archive's blocks alongside each question, so that the blocks any question is drawn to give way
+# to those the question points to (engine/archive.py).
+REFERENCE_QUESTION = "What happened?"
+
+
+@dataclass
+class Answer:
+    """An answer and the state of the memory it was given from."""
+
+    text: str
+    tokens_generated: int
+    latency: float  # seconds
+    tokens_seen: int
+    cache_fill: int
+    newest_frame_stamp: float | None
+    kept_in_memory: bool
+    # The answer reached the end of the cache's headroom before max_new_tokens (an answer not kept in memory
+    # is generated in the headroom; a kept one is not bounded so).
+    cut_by_headroom: bool = False
+    # Archived tokens placed before the question for this answer, and the stream times of their blocks.
+    retrieved_tokens: int = 0
+    retrieved_stamps: list = field(default_factory=list)
+
+
+class StreamStoppedError(RuntimeError):
+    """The stream was asked to stop (shutdown) in the middle of an answer."""
+
+
+class AnswerCancelledError(RuntimeError):
+    """The caller cancelled the answer; the memory is as it was before the question."""
+
+
+# Called after each generated token with the answer so far (text) and the number of tokens generated.
+TokenCallback = Callable[[str, int], None]
+
+
+class Answering:
+    """Questions to a stream and their answers: the part of `KVStream` that asks, retrieves and generates.
+
+    It is a mixin of `KVStream` alone, and uses the stream's own state: `adapter` (tokenizing, the chat
+    template, decoding), `config` (max_new_tokens, retrieve_tokens), `cache` (its fill, slots and headroom,
+    truncated back after an answer not kept), `archive` (the blocks to retrieve from), `tokens_seen`,
+    `newest_frame_stamp`, `stop_requested` and `_stop_ids`; and its pushing: `_ensure_started`, `_push` and
+    `_forward`. Its own state is an answer's: `_on_token`, `_cancel` and `_retrieved`.
+    """
+
+    adapter: ModelAdapter
+    config: StreamConfig
+    cache: BoundedKVCache
+    archive: KVArchive
+    tokens_seen: int
+    newest_frame_stamp: float | None
+    stop_requested: bool
+    _stop_ids: set[int]
+
+    _on_token: TokenCallback | None = None
+    _cancel: threading.Event | None = None
+
+    @functools.cached_property
+    def _closing(self) -> Tensor | None:
+        """The template's end of an assistant turn, which closes a kept answer (tokenized once, when needed)."""
+        suffix = self.adapter.chat.assistant_suffix
+        return self.adapter.tokenize(suffix) if suffix else None
+
+    def ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
+            on_token: TokenCallback | None = None, cancel: threading.Event | None = None) -> Answer:
+        """Answer greedily from what is in memory. Without keep_in_memory the cache is left as it was.
+
+        on_token gets the answer so far after each token. Setting `cancel` stops the answer at the next token
+        with AnswerCancelledError and leaves the memory as it was, also with keep_in_memory (the question
+        and answer are kept only once the answer is complete), unless the question is too long for the
+        headroom and has to be pushed into the memory before the answer: it then stays, with the answer so
+        far and its turn closed.
+        """
+        problem = text_problem(question, "question")
+        if problem:
+            raise ValueError(problem)
+        return self._exchange(self.adapter.chat.question_parts(question), max_new_tokens, keep_in_memory,
+                              on_token, cancel, retrieve=True)
+
+    def describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None) -> Answer:
+        """A description of the scene so far; never stays in memory."""
+        return self._exchange(self.adapter.chat.question_parts(prompt or DEFAULT_DESCRIPTION_PROMPT), max_new_tokens,
+                              False)
+
+    def _exchange(self, question_parts: tuple[str, str, str], max_new_tokens: int | None, keep: bool,
+                  on_token: TokenCallback | None = None, cancel: threading.Event | None = None, *,
+                  retrieve: bool = False) -> Answer:
+        start = time.monotonic()
+        self._ensure_started()
+        max_new = max_new_tokens or self.config.max_new_tokens
+        ids, content = self._question_ids(question_parts)
+        self._on_token, self._cancel = on_token, cancel
+        self._retrieved: list = []
+        try:
+            tokens = self._answer_tokens(ids, max_new, keep, content if retrieve else None)
+        finally:
+            self._on_token = self._cancel = None
+        text = self.adapter.decode([t for t in tokens if t not in self._stop_ids]).strip()
+        # Only the headroom ends an answer before max_new without its stop token (a cancel or stop raises).
+        cut = not keep and len(tokens) < max_new and bool(tokens) and tokens[-1] not in self._stop_ids
+        return Answer(
+            text=text,
+            tokens_generated=len(tokens),
+            latency=time.monotonic() - start,
+            tokens_seen=self.tokens_seen,
+            cache_fill=self.cache.fill,
+            newest_frame_stamp=self.newest_frame_stamp,
+            kept_in_memory=keep,
+            cut_by_headroom=cut,
+            retrieved_tokens=sum(b.length for b in self._retrieved),
+            retrieved_stamps=[b.stamp for b in self._retrieved],
+        )
+
+    def _answer_tokens(self, ids: Tensor, max_new: int, keep: bool, retrieve: slice | None = None) -> list[int]:
+        """The answer's tokens; `retrieve`: where the question's own words are, to retrieve from the archive with
+        (None: the cache alone)."""
+        # Room in the headroom for the question and the whole answer.
+        fits = self.cache.slots - self.cache.fill - ids.numel() >= max_new
+        closing = self._closing
+        if keep and fits:
+            # Answer as if not kept, then keep question and answer as one prompt: a cancelled answer
+            # leaves the memory as it was. What was retrieved for it is not kept: it is in the archive already.
+            tokens = self._answer_tokens(ids, max_new, keep=False, retrieve=retrieve)
+            kept = [t for t in tokens if t not in self._stop_ids]
+            prompt = torch.cat([ids, torch.tensor(kept, dtype=torch.long, device=ids.device)]
+                               + ([closing.to(ids.device)] if closing is not None else []))
+            self._push(self.adapter.text_prompt(prompt))
+            return tokens
+        if keep:
+            logits = self._push(self.adapter.text_prompt(ids), last_logits=True)
+            try:
+                tokens = self._generate(logits, max_new, keep=True)
+            except (StreamStoppedError, AnswerCancelledError):
+                # The question and the answer so far are in the memory: end the turn, so that it stays whole.
+                if closing is not None:
+                    self._push(self.adapter.text_prompt(closing))
+                raise
+            tail = [tokens[-1]] if tokens and tokens[-1] not in self._stop_ids else []
+            tail_ids = torch.tensor(tail, dtype=torch.long, device=ids.device)
+            if closing is not None:
+                tail_ids = torch.cat([tail_ids, closing])
+            if tail_ids.numel():
+                self._push(self.adapter.text_prompt(tail_ids))
+        else:
+            room = self.cache.slots - self.cache.fill - ids.numel()
+            if room < 1:
+                raise ValueError(
+                    f"question of {ids.numel()} tokens does not fit in the cache headroom "
+                    f"({self.cache.slots - self.cache.fill} free slots); ask a shorter question or keep it in memory"
+                )
+            max_new = min(max_new, room)
+            snapshot = (self.cache.fill, self.cache.next_position, self.tokens_seen)
+            try:
+                if retrieve is not None:
+                    self._retrieve(ids, retrieve, budget=min(self.config.retrieve_tokens, room - max_new))
+                logits = self._forward(self.adapter.text_prompt(ids), self.cache.next_position, evict=False,
+                                       pack=False, observe=False)
+                tokens = self._generate(logits, max_new, keep=False)
+            finally:
+                self.cache.truncate(snapshot[0], snapshot[1])
+                self.tokens_seen = snapshot[2]
+        return tokens
+
+    def _generate(self, logits: Tensor, max_new: int, *, keep: bool) -> list[int]:
+        """Greedy decoding; the last token is returned but not pushed."""
+        tokens: list[int] = []
+        for step in range(max_new):
+            if self.stop_requested:
+                raise StreamStoppedError("stopped while answering")
+            if self._cancel is not None and self._cancel.is_set():
+                raise AnswerCancelledError("cancelled")
+            token = int(logits[-1].argmax())
+            tokens.append(token)
+            if self._on_token is not None:
+                self._on_token(self.adapter.decode([t for t in tokens if t not in self._stop_ids]).strip(), len(tokens))
+            if token in self._stop_ids or step == max_new - 1:
+                break
+            prompt = self.adapter.text_prompt(torch.tensor([token], dtype=torch.long))
+            # A kept answer may outgrow the headroom: evict once the storage is about to fill up.
+            evict = keep and self.cache.fill + 2 > self.cache.slots
+            logits = self._forward(prompt, self.cache.next_position, evict=evict, pack=evict, observe=keep,
+                                   record=keep)
+        return tokens
+
+    @functools.cached_property
+    def _reference_question(self) -> tuple[Tensor, slice]:
+        return self._question_ids(self.adapter.chat.question_parts(REFERENCE_QUESTION))
+
+    def _question_ids(self, parts: tuple[str, str, str]) -> tuple[Tensor, slice]:
+        """A question turn's ids, and where its own words are among them (all of it where the template's
+        pieces do not tokenize apart)."""
+        ids = self.adapter.tokenize_turn(parts)
+        head, tail = (len(self.adapter.tokenize(p)) if p else 0 for p in (parts[0], parts[2]))
+        return ids, slice(head, len(ids) - tail) if 0 < len(ids) - head - tail else slice(0, len(ids))
+
+    def _content_queries(self, ids: Tensor, content: slice) -> tuple[Tensor, Tensor]:
+        """The queries of every layer for the question's own words, asked of the cache as it is (the question
+        is taken away again), and the positions they were rotated with."""
+        fill, frontier = self.cache.fill, self.cache.next_position
+        self.cache.captured_queries = {}
+        try:
+            self._forward(self.adapter.text_prompt(ids), frontier, evict=False, pack=False, observe=False)
+            captured = self.cache.captured_queries
+        finally:
+            self.cache.captured_queries = None
+            self.cache.truncate(fill, frontier)
+            self.tokens_seen -= len(ids)
+        queries = torch.stack([captured[i][:, content] for i in range(len(self.cache.layers))])
+        return queries, torch.arange(frontier, frontier + ids.numel())[content]  # text: as _forward placed them
+
+    def _retrieve(self, ids: Tensor, content: slice, budget: int) -> None:
+        """Place the archived blocks that the question's queries score best, up to `budget` tokens, after the
+        held ones (in stream order, re-rotated to sit there). Blocks that every layer-head still holds are
+        not candidates. The caller truncates the cache back afterwards."""
+        archive = self.archive
+        if budget <= 0 or not archive.enabled or not archive.blocks:
+            return
+        blocks = list(archive.blocks)
+        first = torch.tensor([b.first_seq for b in blocks], dtype=torch.long)
+        end = torch.tensor([b.seq_end for b in blocks], dtype=torch.long)
+        held = self.cache.holds(first, end)
+        candidates = [b for b, h in zip(blocks, held.tolist()) if not h and b.length <= budget]
+        if not candidates:
+            return
+        question = self._content_queries(ids, content)
+        reference = self._content_queries(*self._reference_question)
+        # Best first; a piece of a long message brings the rest of it, nearest pieces first, as far as the
+        # budget goes (a fact cut between two blocks comes back whole).
+        pieces: dict[int, list] = {}
+        for block in candidates:
+            pieces.setdefault(block.message, []).append(block)
+        chosen, taken, used = [], set(), 0
+        for block in archive.rank(question, reference, candidates):
+            if block.index in taken or used + block.length > budget:
+                continue
+            for piece in sorted(pieces[block.message], key=lambda b: abs(b.first_seq - block.first_seq)):
+                if piece.index not in taken and used + piece.length <= budget:
+                    chosen.append(piece)
+                    taken.add(piece.index)
+                    used += piece.length
+            if budget - used < 1:
+                break
+        chosen.sort(key=lambda b: b.first_seq)
+        parts, base = [], self.cache.next_position
+        for block in chosen:
+            keys, values, rel_start, rel_end = archive.block_tensors(block)
+            parts.append((keys, values, rel_start + base, rel_end + base, torch.full((block.length,), base),
+                          torch.arange(block.first_seq, block.seq_end), torch.full((block.length,), block.frame)))
+            base += block.extent
+        keys, values, start, end, shift, seq, frame = (torch.cat(t, dim=2 if i < 2 else 0)
+                                                       for i, t in enumerate(zip(*parts)))
+        layers, heads = keys.shape[:2]
+        # Each block's keys sit as if it began at 0: one uniform rotation puts it at its place.
+        keys = shift_rotary(keys.flatten(0, 1), shift[None].expand(layers * heads, -1), archive.inv_freq)
+        self.cache.splice(keys.view(layers, heads, *keys.shape[1:]), values, start, end, seq, frame)
+        self._retrieved = chosen
