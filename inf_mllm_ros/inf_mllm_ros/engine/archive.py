@@ -6,22 +6,17 @@ values as the model produced them) in host memory, up to `size` tokens, dropping
 that. When a question comes, its own queries score the archived blocks, and the best ones, up to a token
 budget, are placed between the cache and the question for that answer only (`BoundedKVCache.splice`).
 
-Blocks. A prompt is cut into blocks of at most `block_tokens` tokens along its turns: a short message is a
-block of its own (or shares one with its short neighbours), a long one is cut into near-equal pieces; a
-camera frame is one block, whatever its size, so that its 2-D layout comes back whole.
+Blocks. A prompt is cut into blocks of at most `block_tokens` tokens along its turns (engine/archive_blocks.py);
+a camera frame is one block, whatever its size, so that its 2-D layout comes back whole.
 
 Positions. Each block's keys are kept rotated as if the block began at position 0 (its tokens' positions
 relative to its first; a frame keeps its M-RoPE layout), so that a block can be placed at any position by
 one uniform rotation, and every block is scored alike, wherever it came from.
 
-Scoring (`rank`). The queries of the question's own words (not its chat template), each rotated to sit
-`block_tokens` positions after the block start, are compared with every archived key of the middle half
-of the layers; per layer and query head, a block's score is the largest attention logit any of its
-tokens gets from any of those queries, standardised over the blocks (so that no layer-head dominates by
-its scale), and summed over layer-heads. Half the score the same blocks get from a reference question
-about nothing in particular is taken off, so that blocks every question is drawn to give way to those
-this question points to. One selection serves every layer, so that the placed blocks are whole turns at
-one set of positions.
+Scoring (`rank`, engine/archive_scoring.py). The queries of the question's own words are compared with the
+archived keys of the middle half of the layers, less half the score of a reference question about nothing
+in particular; one selection serves every layer, so that the placed blocks are whole turns at one set of
+positions.
 
 Host bytes per archived token: layers x KV heads x (key dim + value dim) x the cache's element size,
 plus 16 bytes of bookkeeping (two positions and the block index).
@@ -36,12 +31,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .cache import shift_rotary
+from . import archive_scoring
+from .archive_blocks import clip_turns, cut_turns
+from .rotary import shift_rotary
 
-# How much of a reference question's scores is taken off a question's (see `KVArchive.rank`).
-REFERENCE_WEIGHT = 0.5
 # Bookkeeping per archived token: relative position start and end (int32 each) and its block's index (int64).
 BOOKKEEPING_BYTES = 16
+# The block-cutting helper under the name it had here (engine/archive_blocks.py).
+_cut = cut_turns
 
 
 @dataclass
@@ -149,8 +146,8 @@ class KVArchive:
         if sum(lengths) < total:
             lengths, stamps = [total - sum(lengths)] + lengths, [None] + stamps
         elif sum(lengths) > total:  # the prompt went in only part-way (a stop): it ends where it stopped
-            lengths = _clip(lengths, total)
-        pieces = [(total, -1)] if frame else _cut(lengths, self.block_tokens)
+            lengths = clip_turns(lengths, total)
+        pieces = [(total, -1)] if frame else cut_turns(lengths, self.block_tokens)
         turn_starts = torch.tensor(lengths).cumsum(0) - torch.tensor(lengths)
         offset, own = 0, len(lengths)
         for length, piece_of in pieces:
@@ -337,87 +334,12 @@ class KVArchive:
     # --- retrieval -----------------------------------------------------------------------------------
     def rank(self, question: tuple[Tensor, Tensor], reference: tuple[Tensor, Tensor] | None,
              candidates: list[ArchivedBlock]) -> list[ArchivedBlock]:
-        """`candidates` ordered best first for a question: its per-layer queries ([layers, query heads, q, dk])
-        and the positions they were rotated with ([q]). A `reference` question's scores (a question about
-        nothing in particular) are taken off at REFERENCE_WEIGHT: blocks that draw any question's attention
-        give way to those this question points to."""
-        if not candidates:
-            return []
-        score = self._scores(*question, candidates)
-        if reference is not None:
-            score = score - REFERENCE_WEIGHT * self._scores(*reference, candidates)
-        order = torch.argsort(score, descending=True, stable=True).tolist()
-        return [candidates[i] for i in order]
-
-    def _scores(self, queries: Tensor, query_positions: Tensor, candidates: list[ArchivedBlock]) -> Tensor:
-        """[candidates]: each block's largest logit from the queries, per layer-head of the middle half of the
-        layers, standardised over the candidates and summed."""
-        # The middle half of the layers score: on the tuning set they ranked a fact's block first more often
-        # than all layers, the first or the last half (docs/archive.md), at half the cost of all.
-        first = queries.shape[0] // 4
-        scoring = range(first, queries.shape[0] - first)
-        queries = queries[first : queries.shape[0] - first]
-        layers, q_heads, q, dim = queries.shape
-        heads = self.keys.shape[1]
-        group = q_heads // heads
-        # Every question token as if it sat block_tokens positions after the start of the block it reads.
-        flat = queries.to("cpu", torch.float32).flatten(0, 1)
-        delta = (self.block_tokens - query_positions.to("cpu"))[None].expand(flat.shape[0], -1)
-        aligned = (shift_rotary(flat, delta, self.inv_freq) / math.sqrt(dim)).view(layers, heads, group * q, dim)
-        # Scored over the storage in place (no gather of the archive's keys); slots of no candidate go to a
-        # spare column.
-        column = torch.full((self.size + 1,), len(candidates), dtype=torch.long)
-        for i, block in enumerate(candidates):
-            column[block.slot : block.slot + block.length] = i
-        used = max(b.slot + b.length for b in candidates)
-        column = column[:used]
-        best = torch.full((layers, q_heads, len(candidates) + 1), float("-inf"))
-        for row, layer in enumerate(scoring):
-            keys = self.keys[layer, :, :used].to(torch.float32)  # [heads, used, dk]
-            logits = torch.matmul(aligned[row], keys.transpose(-1, -2))  # [heads, group * q, used]
-            logits = logits.view(q_heads, q, used).amax(1)  # the best question token, per query head
-            best[row].scatter_reduce_(1, column[None].expand(q_heads, -1), logits, reduce="amax")
-        best = best[..., :-1].flatten(0, 1)  # [layer-heads, candidates]
-        if best.shape[1] < 2:
-            return best.sum(0)
-        return ((best - best.mean(1, keepdim=True)) / best.std(1, keepdim=True).clamp_min(1e-6)).sum(0)
+        """`candidates` ordered best first for a question (its per-layer queries and their positions), less
+        a `reference` question's scores (engine/archive_scoring.py)."""
+        return archive_scoring.rank(self, question, reference, candidates)
 
     def block_tensors(self, block: ArchivedBlock) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """A block's keys and values ([layers, heads, n, dim], rotated as if it began at position 0) and its
         tokens' relative position starts and ends ([n])."""
         sl = slice(block.slot, block.slot + block.length)
         return (self.keys[:, :, sl], self.values[:, :, sl], self.pos_start[sl].long(), self.pos_end[sl].long())
-
-
-def _clip(turns: list[int], total: int) -> list[int]:
-    """The turns cut at `total` tokens."""
-    out, left = [], total
-    for t in turns:
-        if left <= 0:
-            break
-        out.append(min(t, left))
-        left -= t
-    if left > 0:
-        out.append(left)
-    return out
-
-
-def _cut(turns: list[int], block: int) -> list[tuple[int, int]]:
-    """Blocks along the turns, as (length, the turn it is a piece of, or -1 for whole turns): a long turn in
-    near-equal pieces of at most `block`, short whole turns merged with their neighbours while the merged
-    block stays within `block`."""
-    pieces: list[tuple[int, int]] = []
-    for i, t in enumerate(turns):
-        if t <= block:
-            pieces.append((t, -1))
-        else:
-            parts = -(-t // block)
-            base, extra = divmod(t, parts)
-            pieces.extend((base + (k < extra), i) for k in range(parts))
-    out: list[tuple[int, int]] = []
-    for length, piece_of in pieces:
-        if piece_of < 0 and out and out[-1][1] < 0 and out[-1][0] + length <= block:
-            out[-1] = (out[-1][0] + length, -1)
-        else:
-            out.append((length, piece_of))
-    return out
