@@ -7,7 +7,7 @@
 
 Frames are synthetic (a fixed scene with a box moving across it, 640x480), one per second of stream
 time, each pushed as one prompt (in blocks of --chunk tokens, evicting after each). Models have random
-weights built from their config classes (see inf_mllm_ros/engine/random_models.py), so the numbers are
+weights built from their config classes (see inf_mllm_ros/testing/random_models.py), so the numbers are
 costs, not answer quality:
   smolvlm-small     SmolVLM/Idefics3 shape, 4-layer 256-wide decoder: the default on CPU;
   smolvlm-smollm2   the small embedded model (SmolLM2-135M decoder, untrained vision part);
@@ -44,7 +44,7 @@ def model_folder(name: str, dtype: str) -> str:
     import torch
 
     from inf_mllm_ros.engine.loading import home
-    from inf_mllm_ros.engine.random_models import build_model_folder
+    from inf_mllm_ros.testing.random_models import build_model_folder
 
     if MODEL_CONFIGS[name] is None:
         return "smolvlm-smollm2"

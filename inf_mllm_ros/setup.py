@@ -46,7 +46,7 @@ setup(
             "inf_mllm_node = inf_mllm_ros.node:main",
             "inf_mllm_replay = inf_mllm_ros.bags.replay:main",
             "inf_mllm_offline = inf_mllm_ros.bags.offline:main",
-            "inf_mllm_demo = inf_mllm_ros.engine.demo:main",
+            "inf_mllm_demo = inf_mllm_ros.demo:main",
         ],
     },
 )

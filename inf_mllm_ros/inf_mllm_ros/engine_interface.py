@@ -17,7 +17,8 @@ if TYPE_CHECKING:  # annotations only: importing this module loads nothing of th
     from .engine.adapters import ModelAdapter
     from .engine.engine import EngineCounters
     from .engine.memory_file import MemoryFileInfo
-    from .engine.stream import StreamConfig, StreamStats
+    from .engine.live_settings import LiveSettings
+    from .engine.stream import StreamStats
 
 
 @runtime_checkable
@@ -27,10 +28,7 @@ class EngineLike(Protocol):
     closed). Exactly the members the node reads, sets or calls; nothing else of the engine is relied on.
     """
 
-    # Configuration and settings the node changes at run time.
-    config: StreamConfig  # the node sets live engine fields (system_prompt, max_new_tokens) on it
-    frame_period: float  # seconds between frames taken under a flood of texts (from frame_rate)
-    checkpoint_period: float  # seconds between saves of a changed memory
+    # The clock the node keeps with the memory.
     time_origin: float | None  # the caller's time of stream time 0, kept with the memory
 
     # Lifecycle.
@@ -59,6 +57,11 @@ class EngineLike(Protocol):
         """Closed: it takes no more work."""
         ...
 
+    @property
+    def settings(self) -> LiveSettings:
+        """The live settings as last changed (policy knobs, answer length, system prompt, periods)."""
+        ...
+
     def stats(self) -> StreamStats | None: ...
 
     # Work, answered through futures.
@@ -80,7 +83,9 @@ class EngineLike(Protocol):
     # Lifecycle and live settings.
     def wait_ready(self, timeout: float | None = None) -> bool: ...
 
-    def set_policy_knob(self, name: str, value) -> None: ...
+    def update_settings(self, **changes) -> LiveSettings:
+        """Change live settings in one step, checked whole (ValueError: nothing changed)."""
+        ...
 
     def close(self, timeout: float | None = 10.0) -> bool | None: ...
 

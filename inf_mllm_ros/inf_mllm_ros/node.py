@@ -45,7 +45,7 @@ from .node_health import STATS_QOS, NodeHealth
 from .node_inputs import LATCHED_QOS, NodeInputs
 from .node_parameters import NodeParameters
 from .node_services import NodeServices
-from .settings import PARAMETERS, load_settings, stream_config
+from .settings import PARAMETERS, frame_period, load_settings, stream_config
 
 NODE_NAME = "inf_mllm"
 # Seconds a shutdown or cleanup waits for the model: it stops within one block or token, then saves.
@@ -135,6 +135,7 @@ class InfMLLMNode(NodeParameters, NodeInputs, NodeServices, NodeHealth, Lifecycl
                 on_ingested=lambda kind: self._post("ingested", kind),
                 memory_file=self._param("memory_file") or None,
                 checkpoint_period=self._param("checkpoint_period"),
+                frame_period=frame_period(self._param("frame_rate")),
                 torch_threads=self._param("torch_threads"),
             )
         except Exception as exc:  # rclpy would swallow it: say why here
@@ -142,7 +143,6 @@ class InfMLLMNode(NodeParameters, NodeInputs, NodeServices, NodeHealth, Lifecycl
             self.get_logger().error(self._last_error)
             self._publish_stats()
             return TransitionCallbackReturn.FAILURE
-        self._set_frame_period(self._param("frame_rate"))
         self._publish_stats()
         # The engine signals readiness; meanwhile the services answer "model is still loading".
         try:

@@ -50,7 +50,7 @@ class NodeHealth:
         if self._stats_pub is None or self.engine is None:
             return
         msg = CacheStats(capacity=self._param("cache_size"), eviction_policy=self._param("eviction_policy"),
-                         attention_bias=float(self.engine.config.policy_settings.get("attention_bias", 0.0)),
+                         attention_bias=float(self.engine.settings.policy_settings.get("attention_bias", 0.0)),
                          model_ready=self.engine.ready.is_set() and self._active)
         msg.header.stamp = self.get_clock().now().to_msg()
         s = self.engine.stats()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
 from rclpy.exceptions import InvalidParameterValueException
 
-from .settings import BY_NAME, PARAMETERS, Param, knob_problem, value_problem
+from .settings import BY_NAME, PARAMETERS, Param, knob_problem, live_engine_changes, value_problem
 
 
 def descriptor(p: Param) -> ParameterDescriptor:
@@ -60,37 +60,27 @@ class NodeParameters:
             problem = knob_problem(name, self._param("eviction_policy"))
             if problem:
                 return SetParametersResult(successful=False, reason=problem)
-        # Before configure the parameter alone changes: configure reads it. After, the engine takes it too.
-        engine = self.engine
+        # Before configure the parameter alone changes: configure reads it. After, the engine takes its part of
+        # the change in one call, checked whole, and applies it between two jobs.
+        if self.engine is not None:
+            change = live_engine_changes({p.name: p.value for p in params})
+            if change:
+                try:
+                    self.engine.update_settings(**change)
+                except ValueError as exc:
+                    return SetParametersResult(successful=False, reason=str(exc))
         for p in params:
-            if p.name in knobs:
-                if engine is not None:
-                    try:
-                        engine.set_policy_knob(p.name, p.value)
-                    except ValueError as exc:
-                        return SetParametersResult(successful=False, reason=str(exc))
-            elif p.name == "frame_rate":
+            if p.name == "frame_rate":
                 self._frame_gate.rate = p.value
-                self._set_frame_period(p.value)
             elif p.name == "description_period" and self._active:
                 self._set_timer("description", p.value)
             elif p.name == "stats_period" and self._stats_pub is not None:
                 self._set_timer("stats", p.value)
             elif p.name == "diagnostics_period":
                 self._set_diagnostics_period(p.value)
-            elif p.name == "checkpoint_period" and engine is not None:
-                engine.checkpoint_period = p.value  # from the next save on
-            elif p.name in BY_NAME and BY_NAME[p.name].engine_field and engine is not None:
-                # A live engine setting (system_prompt, max_new_tokens): the configuration it reads.
-                setattr(engine.config, BY_NAME[p.name].engine_field, p.value)
             if p.name in BY_NAME:
                 self.get_logger().info(f"{p.name} set to {p.value!r}")
         return SetParametersResult(successful=True)
-
-    def _set_frame_period(self, frame_rate: float) -> None:
-        """Under a flood of texts the engine still takes a waiting frame every 1 / frame_rate seconds."""
-        if self.engine is not None:
-            self.engine.frame_period = 1.0 / frame_rate if frame_rate > 0.0 else 0.0
 
     def _set_timer(self, name: str, period: float) -> None:
         """(Re)create a periodic timer of `period` seconds; 0: none."""

@@ -172,6 +172,30 @@ def stream_config(values: dict) -> StreamConfig:
     return StreamConfig(**kwargs)
 
 
+def frame_period(frame_rate: float) -> float:
+    """Seconds between frames taken under a flood of texts, from `frame_rate` (0: no bound, every other job)."""
+    return 1.0 / frame_rate if frame_rate > 0.0 else 0.0
+
+
+def live_engine_changes(values: dict) -> dict:
+    """The engine's live-settings change (`LiveSettings` fields, for `StreamingEngine.update_settings`) that
+    parameter values set at run time make; parameters that are not engine settings are left out."""
+    changes: dict = {}
+    for name, value in values.items():
+        p = BY_NAME.get(name)
+        if p is None:
+            continue
+        if p.policy_knob:
+            changes.setdefault("policy_settings", {})[name] = value
+        elif p.engine_field is not None:  # a live stream setting: system_prompt, max_new_tokens
+            changes[p.engine_field] = value
+        elif name == "frame_rate":
+            changes["frame_period"] = frame_period(value)
+        elif name == "checkpoint_period":
+            changes["checkpoint_period"] = value
+    return changes
+
+
 def load_settings(values: dict) -> dict:
     """How the model is loaded, from parameter values (missing ones take their defaults): load_model's
     keyword arguments, for the node's engine and the offline runner alike."""

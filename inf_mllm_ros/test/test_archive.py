@@ -11,7 +11,7 @@ import torch
 from inf_mllm_ros.engine.archive import BOOKKEEPING_BYTES, KVArchive, _cut
 from inf_mllm_ros.engine.cache import shift_rotary
 from inf_mllm_ros.engine.loading import load_model
-from inf_mllm_ros.engine.random_models import FAMILIES, build_model_folder
+from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
 from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

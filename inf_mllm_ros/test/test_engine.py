@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
+import time
 
 import pytest
 import torch
@@ -468,12 +470,15 @@ def test_a_policy_setting_changed_while_the_model_loads_reaches_the_policy(smoll
     monkeypatch.setattr(engine_module, "load_model", slow_load)
     engine = StreamingEngine("smollm2", StreamConfig(capacity=256, chunk_size=64))
     try:
-        engine.set_policy_knob("attention_bias", 2.5)
+        engine.update_settings(policy_settings={"attention_bias": 2.5})
         with pytest.raises(ValueError, match="attention_bias must be in"):
-            engine.set_policy_knob("attention_bias", -1.0)  # refused: the configuration keeps 2.5
+            engine.update_settings(policy_settings={"attention_bias": -1.0})  # refused: the settings keep 2.5
         with pytest.raises(ValueError, match="fixed when the stream starts"):
-            engine.set_policy_knob("score_pool", 5)
-        assert engine.config.policy_settings == {"attention_bias": 2.5}
+            engine.update_settings(policy_settings={"score_pool": 5})
+        with pytest.raises(ValueError, match="max_new_tokens"):  # refused whole: the knob does not change either
+            engine.update_settings(max_new_tokens=0, policy_settings={"attention_bias": 1.0})
+        assert dict(engine.settings.policy_settings) == {"attention_bias": 2.5}
+        assert engine.config.policy_settings == {}  # the caller's configuration is never written to
         release.set()
         engine.wait_ready(60)
         assert engine._stream.policy.attention_bias == 2.5
@@ -481,6 +486,49 @@ def test_a_policy_setting_changed_while_the_model_loads_reaches_the_policy(smoll
     finally:
         release.set()
         engine.close(timeout=30)
+
+
+def test_settings_changed_while_the_worker_runs_reach_every_job_whole(smollm2):
+    """A hammer: one thread changes three live settings together, over and over, while the worker takes texts.
+    Every job sees one snapshot whole (never a prompt of one change with the answer length of another), the
+    caller's configuration is never written to, and the last change is what the stream ends with."""
+    seen = []
+    engine = StreamingEngine(adapter=smollm2, config=StreamConfig(capacity=256, chunk_size=64),
+                             max_pending_texts=1000, on_ingested=lambda kind: seen.append(applied()))
+
+    def applied():
+        s = engine._stream
+        return s.config.max_new_tokens, s.config.system_prompt, s.policy.attention_bias
+
+    stop = threading.Event()
+
+    def hammer():
+        n = 0
+        while not stop.is_set():
+            n = n % 200 + 1
+            engine.update_settings(max_new_tokens=n, system_prompt=f"prompt {n}",
+                                   policy_settings={"attention_bias": n / 100})
+            time.sleep(0.001)  # leave the worker the interpreter now and then
+        return n
+
+    try:
+        engine.wait_ready(60)
+        before = applied()
+        hammering = concurrent.futures.ThreadPoolExecutor(1).submit(hammer)
+        texts = [engine.submit_text(f"Pallet {i} moved to bay {i % 7}.") for i in range(30)]
+        for t in texts:
+            t.result(120)
+        stop.set()
+        last = hammering.result(10)
+        engine.push_text("The shift ended.", timeout=60)
+    finally:
+        stop.set()
+        engine.close(timeout=30)
+    whole = [(n, f"prompt {n}", n / 100) for n in range(1, 201)]
+    assert all(s in whole or s == before for s in seen), [s for s in seen if s not in whole and s != before]
+    assert len({s for s in seen}) >= 3, "the settings changed while the worker ran"
+    assert seen[-1] == (last, f"prompt {last}", last / 100)
+    assert engine.config.max_new_tokens == StreamConfig().max_new_tokens and engine.config.policy_settings == {}
 
 
 def test_a_caller_told_that_a_job_ended_reads_the_memory_after_it(smollm2):

@@ -17,7 +17,7 @@ import torch
 from inf_mllm_ros.engine.adapters import FramesNotSupportedError
 from inf_mllm_ros.engine.chat import clock
 from inf_mllm_ros.engine.loading import load_model
-from inf_mllm_ros.engine.random_models import FAMILIES, build_model_folder
+from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
 from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 
 from conftest import load_prepared

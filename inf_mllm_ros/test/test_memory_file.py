@@ -21,7 +21,7 @@ import torch
 from inf_mllm_ros.engine.engine import StreamingEngine
 from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.engine.memory_file import MemoryFileError, load_memory, save_memory
-from inf_mllm_ros.engine.random_models import build_model_folder
+from inf_mllm_ros.testing.random_models import build_model_folder
 from inf_mllm_ros.engine.stream import KVStream, StreamConfig, StreamStoppedError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -265,7 +265,7 @@ def test_a_failing_checkpoint_is_reported_until_a_save_goes_through(folders, tmp
     try:
         engine.wait_ready(60)
         blocker.write_text("not a folder")
-        engine.checkpoint_period = 0.2  # from here: no save could make the folder before the file took its place
+        engine.update_settings(checkpoint_period=0.2)  # from here: no save could make the folder before the file took its place
         engine.push_text(TEXTS[0], timeout=60)
         deadline = time.monotonic() + 20
         while not engine.counters.checkpoints_failed and time.monotonic() < deadline:
@@ -299,7 +299,7 @@ def test_a_checkpoint_period_set_at_run_time_applies_at_once(folders, tmp_path):
         engine.push_text(TEXTS[0], timeout=60)
         time.sleep(0.5)
         assert not path.exists(), "period 0: saves only on request and at close"
-        engine.checkpoint_period = 0.2  # the worker sleeps with nothing due: the new period must wake it
+        engine.update_settings(checkpoint_period=0.2)  # the worker sleeps with nothing due: the new period must wake it
         deadline = time.monotonic() + 20
         while not path.exists() and time.monotonic() < deadline:
             time.sleep(0.05)

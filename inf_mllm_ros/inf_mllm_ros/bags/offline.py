@@ -18,7 +18,7 @@ import os
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -27,7 +27,7 @@ from ..input_rules import StreamClock
 from ..settings import BY_NAME, DEFAULTS, PARAMETERS, load_settings, value_problem
 from ..settings import stream_config
 from .bag_io import BagError
-from .report import mib, write_plot, write_report
+from .report import RunResult, mib, write_plot, write_report
 from .stream_inputs import (
     Question,
     chosen_questions,
@@ -112,20 +112,6 @@ def memory_now() -> dict:
     except (OSError, ValueError, IndexError):
         rss = peak
     return {"rss_bytes": rss, "peak_rss_bytes": peak}
-
-
-@dataclass
-class RunResult:
-    """What :func:`run_offline` did; ``records`` are the JSONL log lines."""
-
-    records: list[dict] = field(default_factory=list)
-    answers: list[dict] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)
-    notices: list[str] = field(default_factory=list)
-    settings: dict = field(default_factory=dict)
-    bag: dict = field(default_factory=dict)
-    model: dict = field(default_factory=dict)
-    seconds: float = 0.0
 
 
 def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: dict, *,

@@ -3,13 +3,25 @@ plot (cache fill, evictions and memory over the run)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .stream_inputs import tally
 
-if TYPE_CHECKING:
-    from .offline import RunResult
+
+@dataclass
+class RunResult:
+    """What a run of the offline runner (offline.py) did; ``records`` are the JSONL log lines."""
+
+    records: list[dict] = field(default_factory=list)
+    answers: list[dict] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    notices: list[str] = field(default_factory=list)
+    settings: dict = field(default_factory=dict)
+    bag: dict = field(default_factory=dict)
+    model: dict = field(default_factory=dict)
+    seconds: float = 0.0
 
 
 def mib(n: float) -> str:

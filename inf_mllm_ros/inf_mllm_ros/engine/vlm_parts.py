@@ -1,6 +1,6 @@
 """Configs and processors of vision-language shapes around a given tokenizer and language config:
 SmolVLM/Idefics3 (the small embedded model) and LLaVA-OneVision (the embedded default), whose language
-weights are real (loading.py), and the random test models of the same families (random_models.py)."""
+weights are real (loading.py), and the random test models of the same families (testing/random_models.py)."""
 
 from __future__ import annotations
 

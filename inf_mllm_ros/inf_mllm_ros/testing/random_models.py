@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from .adapters.base import image_only_processor_class
-from .vlm_parts import IDEFICS3_TOKENS, idefics3_parts
+from ..engine.adapters.base import image_only_processor_class
+from ..engine.vlm_parts import IDEFICS3_TOKENS, idefics3_parts
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava", "llava_onevision", "idefics3")
 TEXT_FAMILIES = ("llama",)

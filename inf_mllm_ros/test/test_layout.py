@@ -1,0 +1,130 @@
+"""The package's shape, read from its source: small modules and classes, no import cycle, and every import
+pointing down the layers (the engine knows nothing of ROS, the bags or the node; only the node's modules
+import the node's modules)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT
+
+PACKAGE = REPO_ROOT / "inf_mllm_ros" / "inf_mllm_ros"
+MAX_MODULE_LINES = 420  # "about 400"
+MAX_CLASS_LINES = 300
+ROS = {"rclpy", "rosbag2_py", "rcl_interfaces", "lifecycle_msgs", "std_msgs", "sensor_msgs", "std_srvs",
+       "diagnostic_msgs", "builtin_interfaces", "action_msgs", "inf_mllm_interfaces", "launch", "launch_ros"}
+
+
+def modules() -> dict[str, Path]:
+    """Dotted name -> file, for every module of the package."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _type_checking_only(node: ast.AST, parents: dict) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return True
+    return False
+
+
+def imports(name: str, path: Path) -> list[tuple[str, bool]]:
+    """(imported module, at module level) for every import of a module that is not for annotations only."""
+    tree = ast.parse(path.read_text())
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)) or _type_checking_only(node, parents):
+            continue
+        top = all(not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) for p in _ancestors(node, parents))
+        if isinstance(node, ast.Import):
+            found += [(a.name, top) for a in node.names]
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+            base = ".".join(anchor + ([base] if base else []))
+        known = modules()
+        for a in node.names:  # `from . import x` imports the module x where there is one
+            found.append((f"{base}.{a.name}" if f"{base}.{a.name}" in known else base, top))
+    return found
+
+
+def _ancestors(node, parents):
+    while node in parents:
+        node = parents[node]
+        yield node
+
+
+def owner(module: str) -> str:
+    """The layer a module of the package belongs to."""
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in ("engine", "bags", "testing"):
+        return parts[1]
+    if len(parts) > 1 and (parts[1] == "node" or parts[1].startswith("node_")):
+        return "node"
+    return "top"
+
+
+def test_no_module_or_class_is_too_long():
+    too_long = []
+    for name, path in modules().items():
+        text = path.read_text()
+        if text.count("\n") > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:
+                too_long.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not too_long, too_long
+
+
+def test_the_engine_imports_nothing_of_ros_or_of_the_layers_above_it():
+    wrong = []
+    for name, path in modules().items():
+        for imported, _ in imports(name, path):
+            root = imported.split(".")[0]
+            if owner(name) == "engine" and (root in ROS or (root == "inf_mllm_ros" and owner(imported) != "engine")):
+                wrong.append(f"{name} imports {imported}")
+            if owner(name) != "node" and root == "inf_mllm_ros" and owner(imported) == "node":
+                wrong.append(f"{name} imports the node's {imported}")
+            if owner(name) in ("engine", "bags", "top") and root == "inf_mllm_ros" and owner(imported) == "testing":
+                wrong.append(f"{name} imports the test helpers' {imported}")
+    assert not wrong, wrong
+
+
+def test_no_import_cycle():
+    graph = {name: {i for i, top in imports(name, path) if top and i in modules() and i != name}
+             for name, path in modules().items()}
+    # A package's __init__ is imported on the way to its modules: an edge to it is no cycle of the code's making.
+    graph = {name: {i for i in targets if not name.startswith(i + ".")} for name, targets in graph.items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node, trail):
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(trail[trail.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, cycles
+
+
+@pytest.mark.parametrize("module", ["inf_mllm_ros.engine.engine", "inf_mllm_ros.engine.stream"])
+def test_the_layout_rules_see_imports(module):
+    """The checks above read real edges (a parser that found none would pass them all)."""
+    found = {i for i, _ in imports(module, modules()[module])}
+    assert "inf_mllm_ros.engine.cache" in found or "inf_mllm_ros.engine.stream" in found, found
