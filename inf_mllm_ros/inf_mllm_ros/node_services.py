@@ -33,6 +33,12 @@ from .settings import MAX_NEW_TOKENS_LIMIT
 # drop the requests of a burst while the executor is busy, and their callers never hear back.
 SERVICE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000, reliability=ReliabilityPolicy.RELIABLE,
                          durability=DurabilityPolicy.VOLATILE)
+# Responses of the services leave at least this far apart. Every client of a service receives every response
+# it sends and drops those for other clients (Fast DDS: one reply topic per service); a burst of instant
+# responses (refusals of a full queue) fills a default client's history (10 deep) in each calling process
+# and pushes out a caller's own response before that process takes it. Spaced, each process keeps up, and
+# a burst of 100 refusals takes a second.
+RESPONSE_SPACING = 0.01
 SHUTTING_DOWN = "node is shutting down"
 NOT_CONFIGURED = "node is not configured: no model is loaded (configure it through its lifecycle)"
 LOADING = "model is still loading"
@@ -50,6 +56,7 @@ class NodeServices:
     def _init_services(self) -> None:
         """The services and the action, and their counters."""
         self._in_service = 0  # service and action callbacks running now
+        self._next_response_at = 0.0  # monotonic time before which no service response leaves (see RESPONSE_SPACING)
         self._queries_failed = 0  # failed before or after the engine (empty, timed out)
         self._controls_waiting: set[str] = set()  # "reset", "saved": one of each at a time
         # Services exist in every state, so a caller always hears why not instead of nothing.
@@ -89,7 +96,17 @@ class NodeServices:
                 response.success, response.message = False, f"internal error: {type(exc).__name__}: {exc}"
             if not response.success and self._stopping.is_set():
                 response.message = SHUTTING_DOWN
+            self._space_response()
             return response
+
+    def _space_response(self) -> None:
+        """Wait for this response's turn to leave, RESPONSE_SPACING after the one before."""
+        with self._lock:
+            now = time.monotonic()
+            at = max(now, self._next_response_at)
+            self._next_response_at = at + RESPONSE_SPACING
+        if at > now:
+            time.sleep(at - now)
 
     def _on_query(self, request: Query.Request, response: Query.Response) -> Query.Response:
         return self._served(self._ask_engine, request, response)

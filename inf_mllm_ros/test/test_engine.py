@@ -515,9 +515,8 @@ def test_settings_changed_while_the_worker_runs_reach_every_job_whole(smollm2):
         engine.wait_ready(60)
         before = applied()
         hammering = concurrent.futures.ThreadPoolExecutor(1).submit(hammer)
-        texts = [engine.submit_text(f"Pallet {i} moved to bay {i % 7}.") for i in range(30)]
-        for t in texts:
-            t.result(120)
+        for i in range(30):  # one job each (texts waiting together would go in as one)
+            engine.push_text(f"Pallet {i} moved to bay {i % 7}.", timeout=120)
         stop.set()
         last = hammering.result(10)
         engine.push_text("The shift ended.", timeout=60)

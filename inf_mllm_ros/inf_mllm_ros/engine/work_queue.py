@@ -3,17 +3,18 @@
 Each time the worker is free it takes, in this order:
 
 1. control (a reset or a save), at once;
-2. the waiting camera frame, if it is due: the previous job was not a frame and at least
-   `frame_period` seconds have passed since the last frame was taken (`frame_period` 0: frames and
+2. the waiting camera frame, if it is due: the previous job was not a frame and at least three
+   quarters of `frame_period` have passed since the last frame was taken (`frame_period` 0: frames and
    other work alternate);
 3. otherwise the oldest message: a question alone, or the texts waiting in a row before the next
-   question (up to about a cache's worth of characters, and while a camera is live what the model takes
-   in half a frame period, by its measured speed), pushed together in one model call;
+   question (up to about a cache's worth of characters, and while a camera is live what the model takes,
+   by its measured speed, in a quarter of a frame period or what a frame leaves of it), pushed together in
+   one model call;
 4. otherwise the frame.
 
 So a question sees every text submitted before it, and waits behind the text calls for those texts
 and a frame; under a flood of texts a frame still goes in every `frame_period` seconds (a text call then
-lasts about half a period) or every other job, and under a camera faster than the model texts and
+lasts a quarter of a period at most) or every other job, and under a camera faster than the model texts and
 questions still get every other job. Frames are kept one deep: a frame that arrives while another waits
 replaces it, so a camera faster than the model never builds a backlog.
 """
@@ -55,6 +56,7 @@ class WorkQueue:
         self.last_frame_taken = float("-inf")
         self.last_frame_offered = float("-inf")
         self.seconds_per_char: float | None = None  # the model's time per character of text, measured
+        self.seconds_per_frame: float | None = None  # the model's time per frame, measured
         self.last_kind: str | None = None
 
     def __bool__(self) -> bool:
@@ -96,17 +98,23 @@ class WorkQueue:
 
     def took_texts(self, chars: int, seconds: float) -> None:
         """The model took `chars` characters of text in `seconds`: its measured speed (a moving average)."""
-        per_char = seconds / max(chars, 1)
-        ema = self.seconds_per_char
-        self.seconds_per_char = per_char if ema is None else 0.7 * ema + 0.3 * per_char
+        self.seconds_per_char = _moving_average(self.seconds_per_char, seconds / max(chars, 1))
+
+    def took_frame(self, seconds: float) -> None:
+        """The model took a frame in `seconds` (a moving average)."""
+        self.seconds_per_frame = _moving_average(self.seconds_per_frame, seconds)
 
     def text_batch_chars(self, now: float, frame_period: float, capacity: int) -> int:
         """The most characters of text one model call takes: a cache's worth (4 characters a token), and while a
-        camera is live (a frame offered within two frame periods) what the model takes in half a frame period,
-        by its measured speed, so that a frame's turn comes every period however many texts wait."""
+        camera is live (a frame offered within two frame periods) what the model takes, by its measured speed,
+        in a quarter of a frame period, or in what a frame leaves of a period where that is less (a tenth at
+        least). A frame that comes while texts go in waits at most that: its turn comes every period however
+        many texts wait, even when the frames reach the queue out of step with the worker's period."""
         limit = 4 * capacity
         if frame_period > 0 and self.seconds_per_char and now - self.last_frame_offered <= 2 * frame_period:
-            limit = min(limit, int(0.5 * frame_period / self.seconds_per_char))
+            left = frame_period - (self.seconds_per_frame or 0.0)
+            seconds = max(min(left, 0.25 * frame_period), 0.1 * frame_period)
+            limit = min(limit, int(seconds / self.seconds_per_char))
         return max(limit, 1)
 
     def next_jobs(self, frame_period: float, capacity: int) -> list[Job]:
@@ -114,7 +122,10 @@ class WorkQueue:
         if self.control:
             return [self.control.popleft()]
         now = time.monotonic()
-        frame_due = self.last_kind != "frame" and now - self.last_frame_taken >= frame_period
+        # Due after three quarters of a period: frames that a rate gate upstream (the node's frame_rate) lets
+        # through once a period reach the queue out of step with the worker, and a whole period here would
+        # hold some of them for another text call, slowing frames below the rate.
+        frame_due = self.last_kind != "frame" and now - self.last_frame_taken >= 0.75 * frame_period
         if self.frame is not None and (not self.messages or frame_due):
             job, self.frame = self.frame, None
             self.last_frame_taken, self.last_kind = now, "frame"
@@ -133,3 +144,7 @@ class WorkQueue:
         self.texts -= len(batch)
         self.last_kind = "text"
         return batch
+
+
+def _moving_average(average: float | None, sample: float) -> float:
+    return sample if average is None else 0.7 * average + 0.3 * sample

@@ -60,11 +60,15 @@ class EngineWorker(MemoryCheckpoints):
                 job = jobs[0]
                 if not job.future.set_running_or_notify_cancel():
                     continue
+                started = time.monotonic()
                 try:
                     outcome, ok = job.run(self._stream), True
                 except Exception as exc:  # the caller gets the reason (a prompt that failed part-way in,
                     # out of memory say, leaves the blocks that went in: a message cut short)
                     outcome, ok = exc, False
+                if kind == "frame" and ok:
+                    with self._lock:
+                        self._work.took_frame(time.monotonic() - started)
                 self._snapshot_stats()
                 if kind == "query":
                     self._count_query(job.future, ok)
