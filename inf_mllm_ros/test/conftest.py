@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,10 @@ SHARED_TEXT = REPO_ROOT.parent / "shared" / "data" / "texts" / "jack_sheppard_pg
 RUN_DOMAIN_ID = str(os.getpid() % 100 + 1)
 os.environ["ROS_DOMAIN_ID"] = RUN_DOMAIN_ID
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+# Files the package keeps between runs (a model's retrieval heads) go to a folder of this run's, shared by
+# its child processes, and removed at its end.
+os.environ["INF_MLLM_CACHE_DIR"] = tempfile.mkdtemp(prefix="inf_mllm_test_cache_")
+atexit.register(shutil.rmtree, os.environ["INF_MLLM_CACHE_DIR"], ignore_errors=True)
 
 # A short passage for the engine's equivalence checks (about 250 tokens).
 LIGHTHOUSE = (

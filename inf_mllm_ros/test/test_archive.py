@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from inf_mllm_ros.engine.archive import BOOKKEEPING_BYTES, KVArchive, _cut
+from inf_mllm_ros.engine import retrieval_heads as retrieval_heads_module
+from inf_mllm_ros.engine.answering import best_last
+from inf_mllm_ros.engine.archive import BOOKKEEPING_BYTES, ArchivedBlock, KVArchive, _cut
 from inf_mllm_ros.engine.cache import shift_rotary
 from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
@@ -232,3 +234,35 @@ def test_taking_input_is_the_same_with_the_archive_on_or_off(family, adapters):
     for i in range(len(on.cache.layers)):
         assert torch.equal(on.cache.cached_seq(i), off.cache.cached_seq(i))
     assert torch.equal(logits[0], logits[1])
+
+
+def test_chosen_blocks_are_placed_best_last_with_a_messages_pieces_together_in_order():
+    def block(index: int, first_seq: int, message: int) -> ArchivedBlock:
+        return ArchivedBlock(index, 0, 4, first_seq, 4, False, None, message)
+
+    # As chosen: the best block, the other pieces of its long message (nearest first), then the next best.
+    best, before_best, after_best, second = block(5, 40, 7), block(4, 36, 7), block(6, 44, 7), block(1, 8, 1)
+    third = block(9, 60, 9)
+    assert best_last([best, before_best, after_best, second, third]) == [
+        third, second, before_best, best, after_best]
+
+
+def test_retrieval_heads_are_a_tenth_of_the_layer_heads_found_alike_and_kept_in_a_file(adapters, tmp_path,
+                                                                                      monkeypatch):
+    monkeypatch.setenv("INF_MLLM_CACHE_DIR", str(tmp_path))
+    adapter = adapters["qwen2_vl"]
+    heads = retrieval_heads_module._kept_or_found(adapter)
+    assert heads.dtype == torch.bool and heads.shape[0] == adapter.num_layers
+    assert int(heads.sum()) == max(retrieval_heads_module.MIN_HEADS, round(retrieval_heads_module.SHARE * heads.numel()))
+    assert torch.equal(retrieval_heads_module.find_retrieval_heads(adapter), heads), "the same model, the same heads"
+    assert len(list(tmp_path.glob("retrieval_heads-*.json"))) == 1
+
+    def not_again(_adapter):
+        raise AssertionError("found again although kept")
+
+    monkeypatch.setattr(retrieval_heads_module, "find_retrieval_heads", not_again)
+    assert torch.equal(retrieval_heads_module._kept_or_found(adapter), heads)
+    # A file that cannot be read costs only finding them again.
+    next(tmp_path.glob("retrieval_heads-*.json")).write_bytes(b"not a tensor")
+    monkeypatch.setattr(retrieval_heads_module, "find_retrieval_heads", lambda a: heads)
+    assert torch.equal(retrieval_heads_module._kept_or_found(adapter), heads)

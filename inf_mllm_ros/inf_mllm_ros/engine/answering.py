@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from .cache import shift_rotary
+from .retrieval_heads import retrieval_heads
 from .text_rules import text_problem
 
 if TYPE_CHECKING:
@@ -49,6 +50,17 @@ class Answer:
     # Archived tokens placed before the question for this answer, and the stream times of their blocks.
     retrieved_tokens: int = 0
     retrieved_stamps: list = field(default_factory=list)
+
+
+def best_last(chosen: list) -> list:
+    """Blocks chosen best first (a long message's pieces after its best one) in the order they are placed:
+    each message's pieces together and in stream order, the best message last, nearest the question. The
+    model answers from the nearest of several facts of the same form: placed in stream order instead, 3 of
+    12 such facts were recalled where this order recalled 11 (docs/archive.md)."""
+    messages: dict[int, list] = {}
+    for block in chosen:
+        messages.setdefault(block.message, []).append(block)
+    return [b for pieces in reversed(messages.values()) for b in sorted(pieces, key=lambda b: b.first_seq)]
 
 
 class StreamStoppedError(RuntimeError):
@@ -240,18 +252,25 @@ class Answering:
 
     def _retrieve(self, ids: Tensor, content: slice, budget: int) -> None:
         """Place the archived blocks that the question's queries score best, up to `budget` tokens, after the
-        held ones (in stream order, re-rotated to sit there). Blocks that every layer-head still holds are
-        not candidates. The caller truncates the cache back afterwards."""
+        held ones, the best nearest the question (a long message's pieces together, in their order), each
+        re-rotated to sit there. The caller truncates the cache back afterwards."""
+        chosen = self._choose_blocks(ids, content, budget)
+        if chosen:
+            self._place_blocks(best_last(chosen))
+
+    def _choose_blocks(self, ids: Tensor, content: slice, budget: int) -> list:
+        """The archived blocks to place for a question, best first, up to `budget` tokens. Blocks that every
+        layer-head still holds are not candidates."""
         archive = self.archive
         if budget <= 0 or not archive.enabled or not archive.blocks:
-            return
+            return []
         blocks = list(archive.blocks)
         first = torch.tensor([b.first_seq for b in blocks], dtype=torch.long)
         end = torch.tensor([b.seq_end for b in blocks], dtype=torch.long)
         held = self.cache.holds(first, end)
         candidates = [b for b, h in zip(blocks, held.tolist()) if not h and b.length <= budget]
         if not candidates:
-            return
+            return []
         question = self._content_queries(ids, content)
         reference = self._content_queries(*self._reference_question)
         # Best first; a piece of a long message brings the rest of it, nearest pieces first, as far as the
@@ -260,7 +279,7 @@ class Answering:
         for block in candidates:
             pieces.setdefault(block.message, []).append(block)
         chosen, taken, used = [], set(), 0
-        for block in archive.rank(question, reference, candidates):
+        for block in archive.rank(question, reference, candidates, retrieval_heads(self.adapter)):
             if block.index in taken or used + block.length > budget:
                 continue
             for piece in sorted(pieces[block.message], key=lambda b: abs(b.first_seq - block.first_seq)):
@@ -270,7 +289,11 @@ class Answering:
                     used += piece.length
             if budget - used < 1:
                 break
-        chosen.sort(key=lambda b: b.first_seq)
+        return chosen
+
+    def _place_blocks(self, chosen: list) -> None:
+        """Splice archived blocks after the cache's, in the order given, each re-rotated to sit there."""
+        archive = self.archive
         parts, base = [], self.cache.next_position
         for block in chosen:
             keys, values, rel_start, rel_end = archive.block_tensors(block)

@@ -14,8 +14,8 @@ relative to its first; a frame keeps its M-RoPE layout), so that a block can be 
 one uniform rotation, and every block is scored alike, wherever it came from.
 
 Scoring (`rank`, engine/archive_scoring.py). The queries of the question's own words are compared with the
-archived keys of the middle half of the layers, less half the score of a reference question about nothing
-in particular; one selection serves every layer, so that the placed blocks are whole turns at one set of
+archived keys on the model's retrieval heads (engine/retrieval_heads.py), less half the score of a
+reference question about nothing in particular; one selection serves every layer, so that the placed blocks are whole turns at one set of
 positions.
 
 Host bytes per archived token: layers x KV heads x (key dim + value dim) x the cache's element size,
@@ -333,10 +333,10 @@ class KVArchive:
 
     # --- retrieval -----------------------------------------------------------------------------------
     def rank(self, question: tuple[Tensor, Tensor], reference: tuple[Tensor, Tensor] | None,
-             candidates: list[ArchivedBlock]) -> list[ArchivedBlock]:
+             candidates: list[ArchivedBlock], heads: Tensor | None = None) -> list[ArchivedBlock]:
         """`candidates` ordered best first for a question (its per-layer queries and their positions), less
-        a `reference` question's scores (engine/archive_scoring.py)."""
-        return archive_scoring.rank(self, question, reference, candidates)
+        a `reference` question's scores, on the model's retrieval `heads` (engine/archive_scoring.py)."""
+        return archive_scoring.rank(self, question, reference, candidates, heads)
 
     def block_tensors(self, block: ArchivedBlock) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """A block's keys and values ([layers, heads, n, dim], rotated as if it began at position 0) and its

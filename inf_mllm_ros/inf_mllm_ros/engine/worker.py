@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from .checkpoints import MemoryCheckpoints
 from .loading import use_torch_threads
+from .retrieval_heads import retrieval_heads
 from .stream import KVStream
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ class EngineWorker(MemoryCheckpoints):
             with self._lock:  # with the settings changed while it loaded
                 self._applied = self._settings
                 self._stream = KVStream(adapter, self._applied.stream_config(self.config))
+            if self._stream.archive.enabled:
+                retrieval_heads(adapter)  # found (or read) while loading, so that no question waits for it
             if self.memory_file is not None:
                 self._restore(self._stream)
             self._snapshot_stats()

@@ -1,0 +1,135 @@
+"""Which scoring and placement of the archive tell apart facts of the same form told close together? A diagnostic.
+
+    python benchmarks/experiments/retrieval_probe.py [--set tuning] [--trials 1] [--threads 2]
+
+Twelve facts told in a row (1 to 3 narration paragraphs before each), then narration with each subject
+named again in turn in every third message, as `archive_recall.py recall --facts-at-once 12`; Qwen2.5-0.5B,
+float32, cache 512. At 2K, 4K and 8K tokens after the last fact, every fact is asked once per scorer: the
+rank of the fact's own block among the candidates, how many other facts' blocks were placed with it, and
+whether the answer holds the value. The scoring is the engine's (engine/archive_scoring.py); the
+placements of what it chose:
+- `shipped`: as the engine places them;
+- `best_last`: the chosen blocks placed best last (nearest the question) instead of in stream order;
+- `cap64`, `cap128`: the budget cut to 64 or 128 tokens (fewer facts of the same form beside the right one);
+- `cap128_best_last`: both.
+Results: benchmarks/results/retrieval_probe.json (rows written after every distance; resumable by trial).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from inf_mllm_ros.engine import archive_scoring
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+
+from archive_recall import FACTS, fact_set, paragraphs  # noqa: E402
+from common import RESULTS  # noqa: E402
+
+OUT = RESULTS / "retrieval_probe.json"
+
+
+LAST: dict = {}
+# Rows of earlier scorings stay in the file under their name: "middle_layers" (every head of the middle half
+# of the layers) before the retrieval heads.
+SCORING = "retrieval_heads"
+PLACEMENTS = {"best_last": (None, True), "cap64": (64, False), "cap128": (128, False),
+              "cap128_best_last": (128, True)}
+
+
+def patch_placement(answering_class, name: str) -> None:
+    """The stream's retrieval with the budget cut and/or the chosen blocks placed best last."""
+    cap, best_last = PLACEMENTS.get(name, (None, False))
+
+    def retrieve(self, ids, content, budget):
+        chosen = self._choose_blocks(ids, content, min(budget, cap) if cap else budget)
+        if chosen:
+            self._place_blocks(list(reversed(chosen)) if best_last else sorted(chosen, key=lambda b: b.first_seq))
+
+    answering_class._retrieve = retrieve
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--set", choices=("tuning", "report"), default="tuning")
+    ap.add_argument("--trials", type=int, default=1)
+    ap.add_argument("--first-trial", type=int, default=0)
+    ap.add_argument("--variants", nargs="+", default=["shipped", *PLACEMENTS])
+    ap.add_argument("--distances", nargs="+", type=int, default=[2000, 4000, 8000])
+    ap.add_argument("--cache", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from inf_mllm_ros.engine.loading import load_model
+    from inf_mllm_ros.engine.answering import Answering
+    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+
+    def ranked(archive, question, reference, candidates, heads=None):
+        LAST["order"] = shipped_rank(archive, question, reference, candidates, heads)
+        return LAST["order"]
+
+    shipped_rank = archive_scoring.rank
+    archive_scoring.rank = ranked
+    rows = json.loads(OUT.read_text()) if OUT.exists() else []
+    adapter = load_model("qwen2.5-0.5b", device="cpu", dtype="float32")
+    paras = paragraphs(args.set)
+    for trial in range(args.first_trial, args.first_trial + args.trials):
+        if all(any(r["trial"] == trial and r["set"] == args.set and r["scorer"] == v and r.get("scoring") == SCORING
+                   for r in rows)
+               for v in args.variants):
+            continue
+        rng = random.Random(f"{args.set}-{trial}-12")  # the streams of archive_recall.py
+        facts = fact_set(FACTS[args.set], rng, 12)
+        stream = KVStream(adapter, StreamConfig(capacity=args.cache, policy="inf_mllm", chunk_size=128))
+        source = iter(paras[rng.randint(0, len(paras) - 400):])
+        for fact in facts:
+            for _ in range(rng.randint(1, 3)):
+                stream.push_text(next(source))
+            before = stream.tokens_seen
+            stream.push_text(fact["message"])
+            fact["seq"] = (before, stream.tokens_seen)
+        told, k = stream.tokens_seen, 0
+        for distance in args.distances:
+            start = time.monotonic()
+            while stream.tokens_seen - told < distance:
+                k += 1
+                if k % 3 == 0:
+                    stream.push_text(facts[(k // 3) % len(facts)]["mention"])
+                else:
+                    stream.push_text(next(source))
+            fact_blocks = {f["subject"]: {b.index for b in stream.archive.blocks
+                                          if b.first_seq < f["seq"][1] and b.seq_end > f["seq"][0]} for f in facts}
+            for name in args.variants:
+                patch_placement(Answering, name)
+                for fact in facts:
+                    LAST.clear()
+                    answer = stream.ask(fact["question"], max_new_tokens=24)
+                    own = fact_blocks[fact["subject"]]
+                    order = [b.index for b in LAST.get("order", [])]
+                    rank = min((order.index(i) + 1 for i in own if i in order), default=None)
+                    chosen = {b.index for b in stream._retrieved}
+                    others = sum(bool(chosen & fact_blocks[f["subject"]]) for f in facts if f is not fact)
+                    rows.append({"set": args.set, "scoring": SCORING, "trial": trial, "distance": distance, "scorer": name,
+                                 "subject": fact["subject"], "rank_of_fact_block": rank,
+                                 "candidates": len(order), "own_placed": bool(chosen & own),
+                                 "other_facts_placed": others, "recalled": fact["value"] in answer.text,
+                                 "answer": answer.text})
+                got = [r for r in rows if r["trial"] == trial and r["distance"] == distance and r["scorer"] == name
+                       and r.get("scoring") == SCORING]
+                print(f"trial {trial} {distance} {name}: recalled {sum(r['recalled'] for r in got)}/12, own placed "
+                      f"{sum(r['own_placed'] for r in got)}/12, ranks {[r['rank_of_fact_block'] for r in got]}, "
+                      f"others placed {[r['other_facts_placed'] for r in got]}", flush=True)
+            print(f"  ({time.monotonic() - start:.0f} s)", flush=True)
+            OUT.write_text(json.dumps(rows, indent=0) + "\n")
+
+
+if __name__ == "__main__":
+    main()
