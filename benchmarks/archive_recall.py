@@ -11,11 +11,15 @@ messages, the fact's subject named again in every third message (`--mention`) or
 stream: an answer not kept leaves the memory as it was), on the shipped settings unless told. The full
 cache is the ceiling. Rows are written after every stream; a run that is stopped resumes where it was.
 
+`perplexity`: one text through two streams, the archive on and off: perplexity per 4K tokens, and the
+largest difference of their logits (the archive copies what goes in and changes nothing of it).
+
 `latency`: answer latency on the shipped settings with no archive, 16K and 64K archived tokens; host bytes
 per archived token; resident memory over a long run once a small archive is full.
 
     python benchmarks/archive_recall.py recall --set report --policy inf_mllm --cache 512 --trials 4
     python benchmarks/archive_recall.py latency
+    python benchmarks/archive_recall.py perplexity --tokens 65536 --model smollm2
 """
 
 from __future__ import annotations
@@ -211,6 +215,46 @@ def latency(args) -> None:
     (RESULTS / "archive_latency.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
+def perplexity(args) -> None:
+    """Perplexity of one text through two streams, the archive on (shipped) and off, chunk by chunk: the
+    archive only copies what goes in, so the two must agree to the last bit (logits compared)."""
+    import torch
+    import torch.nn.functional as F
+
+    from inf_mllm_ros.engine.loading import load_model
+    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+
+    torch.set_num_threads(args.threads)
+    adapter = load_model(args.model, device="cpu", dtype="float32")
+    ids = adapter.tokenize("\n\n".join(paragraphs("report", chars=2000)))[: args.tokens]
+    streams = {archive: KVStream(adapter, StreamConfig(capacity=args.cache, chunk_size=64, headroom=64 + 256,
+                                                       system_prompt="", **({} if archive else {"archive_size": 0})))
+               for archive in (True, False)}
+    nll = {archive: [] for archive in streams}
+    last = dict.fromkeys(streams)
+    record = {"machine": machine(), "model": args.model, "dtype": "float32", "cache": args.cache, "chunk": 64,
+              "text": "report set (pydoc topics)", "bins": [], "largest_logit_difference": 0.0}
+    start = time.monotonic()
+    for pos in range(0, len(ids), 64):
+        chunk = ids[pos : pos + 64]
+        logits = {}
+        for archive, stream in streams.items():
+            logits[archive] = stream.push_tokens(chunk, return_logits=True)
+            preds = logits[archive][:-1] if last[archive] is None else torch.cat([last[archive], logits[archive][:-1]])
+            nll[archive].append(F.cross_entropy(preds, chunk[1:] if last[archive] is None else chunk, reduction="none"))
+            last[archive] = logits[archive][-1:]
+        record["largest_logit_difference"] = max(record["largest_logit_difference"],
+                                                 float((logits[True] - logits[False]).abs().max()))
+        done = pos + len(chunk)
+        if done % 4096 == 0 or done == len(ids):
+            record["bins"].append({"tokens": done, **{("with" if a else "without"): round(float(
+                torch.cat(nll[a]).mean().exp()), 4) for a in streams}, "archive_tokens": streams[True].archive.tokens,
+                "seconds": round(time.monotonic() - start)})
+            nll = {archive: [] for archive in streams}
+            print(record["bins"][-1], record["largest_logit_difference"], flush=True)
+            (RESULTS / "archive_perplexity.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
 def summary(args) -> None:
     """Recall per setting, policy, cache and distance, with and without the archive, as a Markdown table."""
     rows = json.loads((RESULTS / args.out).read_text())
@@ -259,9 +303,14 @@ def main() -> None:
     for p in (r, lat):
         p.add_argument("--model", default="qwen2.5-0.5b")
         p.add_argument("--threads", type=int, default=2)
+    ppl = sub.add_parser("perplexity")
+    ppl.add_argument("--tokens", type=int, default=65536)
+    ppl.add_argument("--cache", type=int, default=512)
+    ppl.add_argument("--model", default="qwen2.5-0.5b")
+    ppl.add_argument("--threads", type=int, default=2)
     sub.add_parser("summary").add_argument("--out", default="archive_recall_report.json")
     args = ap.parse_args()
-    {"recall": recall, "latency": latency, "summary": summary}[args.command](args)
+    {"recall": recall, "latency": latency, "perplexity": perplexity, "summary": summary}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ Qwen2.5-0.5B language weights and an untrained vision part whose frames carry no
 frames cost what frames cost and the answers can only come from the texts. A stream starts with
 `--facts` codes ("The code of the red locker is 4817."), each in its own message, then takes
 synthetic 640x480 camera frames at 1 frame/s of stream time. Every `--ask-every` frames every fact
-is asked about (the question is not kept in memory). In the `mentioned` setting, one text message
+is asked about (the question is not kept in memory), with the archive's retrieval and without it (the
+same stream: an answer not kept leaves the memory as it was; the full cache is asked once). In the `mentioned` setting, one text message
 every `--mention-every` frames names a subject without its value ("Someone walked past the red
 locker."), as a robot's narration would; in `forgotten` nothing refers to the facts again.
 One stream per policy, cache and setting; the full cache is the ceiling. Results:
@@ -70,6 +71,7 @@ def run_one(args) -> list[dict]:
     settings = {"text_share": args.text_share} if args.policy == "inf_mllm" and args.text_share is not None else {}
     stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=128,
                                             policy_settings=settings))
+    budget = stream.config.retrieve_tokens
     spans = {"fact": [], "mention": []}  # stream index ranges of the facts' and the mentions' messages
 
     def tell(kind: str, text: str, stamp: float) -> None:
@@ -93,17 +95,21 @@ def run_one(args) -> list[dict]:
             mentioned += 1
         if n % args.ask_every == 0:
             held = {f"{kind}_slots_held": slots_held(stream, ranges) for kind, ranges in spans.items()}
-            for fact in facts:
-                answer = stream.ask(fact["question"], max_new_tokens=12)
-                records.append({
-                    "policy": args.policy, "cache_size": "all" if args.policy == "full" else capacity,
-                    "setting": args.setting, "fact_id": fact["fact_id"], "frames_after": n,
-                    "tokens_after": stream.tokens_seen - after_facts, "value": fact["value"],
-                    "answer": answer.text, "recalled": fact["value"] in answer.text,
-                    "text_share": stream.policy.describe().get("text_share"), **held,
-                })
-            print(f"  {args.policy} {capacity} {args.setting}: {n} frames, "
-                  f"{sum(r['recalled'] for r in records[-len(facts):])}/{len(facts)}", file=sys.stderr, flush=True)
+            for archive in (True, False) if args.policy != "full" else (False,):
+                stream.config.retrieve_tokens = budget if archive else 0
+                for fact in facts:
+                    answer = stream.ask(fact["question"], max_new_tokens=12)
+                    records.append({
+                        "policy": args.policy, "cache_size": "all" if args.policy == "full" else capacity,
+                        "setting": args.setting, "archive": archive, "fact_id": fact["fact_id"], "frames_after": n,
+                        "tokens_after": stream.tokens_seen - after_facts, "value": fact["value"],
+                        "answer": answer.text, "recalled": fact["value"] in answer.text,
+                        "retrieved_tokens": answer.retrieved_tokens,
+                        "text_share": stream.policy.describe().get("text_share"), **held,
+                    })
+                print(f"  {args.policy} {capacity} {args.setting} archive {archive}: {n} frames, "
+                      f"{sum(r['recalled'] for r in records[-len(facts):])}/{len(facts)}", file=sys.stderr, flush=True)
+            stream.config.retrieve_tokens = budget
     seconds = time.perf_counter() - t0
     for r in records:
         r.update({"tokens_streamed": stream.tokens_seen, "seconds": round(seconds, 1), "device": machine(),
@@ -123,14 +129,15 @@ def plot(name: str = "camera_flood.json") -> None:
     fig, axes = plt.subplots(1, len(settings), figsize=(6 * len(settings), 4), squeeze=False)
     for ax, setting in zip(axes[0], settings):
         def key(r):
-            return r["policy"], str(r["cache_size"]), r.get("text_share")
+            return r["policy"], str(r["cache_size"]), r.get("text_share"), r.get("archive", False)
 
         for k in sorted({key(r) for r in records if r["setting"] == setting}, key=str):
             rows = [r for r in records if r["setting"] == setting and key(r) == k]
             xs = sorted({r["frames_after"] for r in rows})
             ys = [100 * np.mean([r["recalled"] for r in rows if r["frames_after"] == x]) for x in xs]
             share = "" if k[2] is None else f", text_share {k[2]:g}"
-            ax.plot(xs, ys, marker="o", label=f"{k[0]}, cache {k[1]}{share}")
+            ax.plot(xs, ys, "-" if k[3] or k[0] == "full" else "--", marker="o",
+                    label=f"{k[0]}, cache {k[1]}{share}" + (", archive" if k[3] else ""))
         ax.set(title=f"facts, then frames ({setting})", xlabel="frames since the facts (1 frame/s)",
                ylabel="facts recalled (%)", ylim=(-5, 105))
         ax.grid(alpha=0.3)
@@ -159,12 +166,17 @@ def main() -> None:
         records = load_records(args.out) if args.resume else []
         from inf_mllm_ros.engine.policies import policy_defaults
 
-        done = {(r["policy"], str(r["cache_size"]), r["setting"], r.get("text_share")) for r in records}
+        # Streams measured before the archive (records without "archive") are measured again with it.
+        done = {(r["policy"], str(r["cache_size"]), r["setting"], r.get("text_share")) for r in records
+                if "archive" in r or r["policy"] == "full"}
         shipped_share = policy_defaults("inf_mllm")["text_share"]
         for setting, cache, policy in matrix(args.settings, args.caches, args.policies):
             share = (shipped_share if args.text_share is None else args.text_share) if policy == "inf_mllm" else None
-            if (policy, "all" if policy == "full" else str(cache), setting, share) in done:
+            key = (policy, "all" if policy == "full" else str(cache), setting, share)
+            if key in done:
                 continue
+            records[:] = [r for r in records  # the same stream measured before the archive, replaced
+                          if (r["policy"], str(r["cache_size"]), r["setting"], r.get("text_share")) != key]
             cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache),
                    "--setting", setting, "--model", args.model, "--threads", str(args.threads),
                    "--seed", str(args.seed), "--facts", str(args.facts), "--frames", str(args.frames),

@@ -1,6 +1,7 @@
 """A long dialogue kept in memory: facts told in some rounds, asked about many rounds later.
 
     python benchmarks/dialogue.py                 # cache 1024, inf_mllm, streaming_llm, h2o, full
+    python benchmarks/dialogue.py --archive --policies inf_mllm   # the same with the archive
     python benchmarks/dialogue.py --plot-only
 
 Every round is one exchange kept in memory (`ask(..., keep_in_memory=True)`), the user's message and
@@ -72,7 +73,9 @@ def run_one(args) -> list[dict]:
     torch.set_num_threads(args.threads)
     adapter = load_model(args.model, device="cpu", dtype="float32")
     capacity = adapter.max_context - 512 if args.policy == "full" else args.cache
-    stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=64, system_prompt=SYSTEM))
+    archive = {} if args.archive else {"archive_size": 0}
+    stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=args.policy, chunk_size=64, system_prompt=SYSTEM,
+                                            **archive))
     plan = schedule(args.rounds, args.tell_every, args.gaps, args.seed)
     small_talk = iter(paragraphs(read_text(args.text), chars=200))
     told_at: dict[int, int] = {}  # fact -> tokens seen once it was told
@@ -88,7 +91,7 @@ def run_one(args) -> list[dict]:
         elif kind == "ask":
             records.append({
                 "policy": args.policy, "cache_size": "all" if args.policy == "full" else capacity,
-                "round": n, "gap": fact["gap"], "rounds_back": n - fact["told"],
+                "archive": stream.archive.enabled, "round": n, "gap": fact["gap"], "rounds_back": n - fact["told"],
                 "tokens_back": stream.tokens_seen - told_at[fact["fact_id"]], "fact_id": fact["fact_id"],
                 "value": fact["value"], "answer": answer.text, "recalled": fact["value"] in answer.text,
             })
@@ -123,10 +126,11 @@ def plot(name: str = "dialogue.json", bucket: int = 60) -> None:
     spans = buckets(rounds, bucket)
     gaps = sorted({r["gap"] for r in records})
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for policy in [p for p in POLICIES if any(r["policy"] == p for r in records)]:
-        rows = [r for r in records if r["policy"] == policy]
+    runs = sorted({(r["policy"], r.get("archive", False)) for r in records}, key=lambda k: (POLICIES.index(k[0]), k[1]))
+    for policy, archive in runs:
+        rows = [r for r in records if r["policy"] == policy and r.get("archive", False) == archive]
         cache = rows[0]["cache_size"]
-        label = "full cache (ceiling)" if policy == "full" else f"{policy}, cache {cache}"
+        label = "full cache (ceiling)" if policy == "full" else f"{policy}, cache {cache}" + (", archive" if archive else "")
         # Early rounds can only ask about recent facts: short and long gaps are drawn apart.
         line = None
         for style, near in (("-", True), ("--", False)):
@@ -162,6 +166,8 @@ def main() -> None:
     p.add_argument("--tell-every", type=int, default=6, help="a fact is told every N rounds")
     p.add_argument("--gaps", type=int, nargs="+", default=GAPS, help="rounds between telling and asking")
     p.add_argument("--reply-tokens", type=int, default=8, help="longest reply (the replies asked for take 2 to 5)")
+    p.add_argument("--archive", action=argparse.BooleanOptionalAction, default=False,
+                   help="with the archive (the shipped archive_size) or without it (archive_size 0)")
     add_matrix_options(p, out="dialogue.json", setting="dialogue")
     args = p.parse_args()
     if args.one:
@@ -169,11 +175,12 @@ def main() -> None:
         return
     if not args.plot_only:
         records = load_records(args.out) if args.resume else []
-        done = {(r["policy"], str(r["cache_size"])) for r in records}
+        done = {(r["policy"], str(r["cache_size"]), r.get("archive", False)) for r in records}
         for _, cache, policy in matrix(["dialogue"], args.caches, args.policies):
-            if (policy, "all" if policy == "full" else str(cache)) in done:
+            if (policy, "all" if policy == "full" else str(cache), args.archive) in done:
                 continue
             cmd = [sys.executable, __file__, "--one", "--policy", policy, "--cache", str(cache),
+                   "--archive" if args.archive else "--no-archive",
                    "--model", args.model, "--threads", str(args.threads), "--seed", str(args.seed),
                    "--rounds", str(args.rounds), "--tell-every", str(args.tell_every),
                    "--reply-tokens", str(args.reply_tokens), "--gaps", *map(str, args.gaps)]

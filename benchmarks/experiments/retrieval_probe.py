@@ -4,15 +4,19 @@
 
 Twelve facts told in a row (1 to 3 narration paragraphs before each), then narration with each subject
 named again in turn in every third message, as `archive_recall.py recall --facts-at-once 12`; Qwen2.5-0.5B,
-float32, cache 512. At 2K, 4K and 8K tokens after the last fact, every fact is asked once per scorer: the
-rank of the fact's own block among the candidates, how many other facts' blocks were placed with it, and
-whether the answer holds the value. The scoring is the engine's (engine/archive_scoring.py); the
+float32, cache 512. At 2K, 4K and 8K tokens after the last fact, every fact is asked once per placement:
+the rank of the fact's own block among the candidates, how many other facts' blocks were placed with it,
+and whether the answer holds the value. The scoring is the engine's (engine/archive_scoring.py); the
 placements of what it chose:
-- `shipped`: as the engine places them;
-- `best_last`: the chosen blocks placed best last (nearest the question) instead of in stream order;
-- `cap64`, `cap128`: the budget cut to 64 or 128 tokens (fewer facts of the same form beside the right one);
-- `cap128_best_last`: both.
+- `best_last`: as the engine places them, the best block nearest the question;
+- `stream_order`: in stream order (the placement before);
+- `cap64`, `cap128`: the budget cut to 64 or 128 tokens (fewer facts of the same form beside the right one),
+  in stream order; `cap128_best_last`: cut, best last.
 Results: benchmarks/results/retrieval_probe.json (rows written after every distance; resumable by trial).
+Rows whose `scoring` is `middle_layers` were measured with the scoring before the retrieval heads (every
+head of the middle half of the layers), `maxsim_middle_layers` and `maxsim_noref_middle_layers` with each
+question token's best logit summed over the question instead of the best over it (worse: recall 2 and 1
+of 12 at 2K where the largest over the question gave 5).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 import torch
 
 from inf_mllm_ros.engine import archive_scoring
+from inf_mllm_ros.engine.answering import best_last as placed_best_last
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 
@@ -40,18 +45,18 @@ LAST: dict = {}
 # Rows of earlier scorings stay in the file under their name: "middle_layers" (every head of the middle half
 # of the layers) before the retrieval heads.
 SCORING = "retrieval_heads"
-PLACEMENTS = {"best_last": (None, True), "cap64": (64, False), "cap128": (128, False),
-              "cap128_best_last": (128, True)}
+PLACEMENTS = {"best_last": (None, True), "stream_order": (None, False), "cap64": (64, False),
+              "cap128": (128, False), "cap128_best_last": (128, True)}
 
 
 def patch_placement(answering_class, name: str) -> None:
     """The stream's retrieval with the budget cut and/or the chosen blocks placed best last."""
-    cap, best_last = PLACEMENTS.get(name, (None, False))
+    cap, best_last = PLACEMENTS[name]
 
     def retrieve(self, ids, content, budget):
         chosen = self._choose_blocks(ids, content, min(budget, cap) if cap else budget)
         if chosen:
-            self._place_blocks(list(reversed(chosen)) if best_last else sorted(chosen, key=lambda b: b.first_seq))
+            self._place_blocks(placed_best_last(chosen) if best_last else sorted(chosen, key=lambda b: b.first_seq))
 
     answering_class._retrieve = retrieve
 
@@ -61,7 +66,7 @@ def main() -> None:
     ap.add_argument("--set", choices=("tuning", "report"), default="tuning")
     ap.add_argument("--trials", type=int, default=1)
     ap.add_argument("--first-trial", type=int, default=0)
-    ap.add_argument("--variants", nargs="+", default=["shipped", *PLACEMENTS])
+    ap.add_argument("--placements", nargs="+", default=list(PLACEMENTS))
     ap.add_argument("--distances", nargs="+", type=int, default=[2000, 4000, 8000])
     ap.add_argument("--cache", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
@@ -82,9 +87,9 @@ def main() -> None:
     adapter = load_model("qwen2.5-0.5b", device="cpu", dtype="float32")
     paras = paragraphs(args.set)
     for trial in range(args.first_trial, args.first_trial + args.trials):
-        if all(any(r["trial"] == trial and r["set"] == args.set and r["scorer"] == v and r.get("scoring") == SCORING
+        if all(any(r["trial"] == trial and r["set"] == args.set and r["placement"] == v and r["scoring"] == SCORING
                    for r in rows)
-               for v in args.variants):
+               for v in args.placements):
             continue
         rng = random.Random(f"{args.set}-{trial}-12")  # the streams of archive_recall.py
         facts = fact_set(FACTS[args.set], rng, 12)
@@ -107,7 +112,7 @@ def main() -> None:
                     stream.push_text(next(source))
             fact_blocks = {f["subject"]: {b.index for b in stream.archive.blocks
                                           if b.first_seq < f["seq"][1] and b.seq_end > f["seq"][0]} for f in facts}
-            for name in args.variants:
+            for name in args.placements:
                 patch_placement(Answering, name)
                 for fact in facts:
                     LAST.clear()
@@ -117,13 +122,13 @@ def main() -> None:
                     rank = min((order.index(i) + 1 for i in own if i in order), default=None)
                     chosen = {b.index for b in stream._retrieved}
                     others = sum(bool(chosen & fact_blocks[f["subject"]]) for f in facts if f is not fact)
-                    rows.append({"set": args.set, "scoring": SCORING, "trial": trial, "distance": distance, "scorer": name,
+                    rows.append({"set": args.set, "scoring": SCORING, "trial": trial, "distance": distance, "placement": name,
                                  "subject": fact["subject"], "rank_of_fact_block": rank,
                                  "candidates": len(order), "own_placed": bool(chosen & own),
                                  "other_facts_placed": others, "recalled": fact["value"] in answer.text,
                                  "answer": answer.text})
-                got = [r for r in rows if r["trial"] == trial and r["distance"] == distance and r["scorer"] == name
-                       and r.get("scoring") == SCORING]
+                got = [r for r in rows if r["trial"] == trial and r["distance"] == distance and r["placement"] == name
+                       and r["scoring"] == SCORING]
                 print(f"trial {trial} {distance} {name}: recalled {sum(r['recalled'] for r in got)}/12, own placed "
                       f"{sum(r['own_placed'] for r in got)}/12, ranks {[r['rank_of_fact_block'] for r in got]}, "
                       f"others placed {[r['other_facts_placed'] for r in got]}", flush=True)

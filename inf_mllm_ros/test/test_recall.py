@@ -66,13 +66,17 @@ def recall(adapter, paragraphs: list[str], policy: str, trial: int) -> tuple[boo
     return value in answer, float(kept), answer
 
 
+FACTS_AT_ONCE = 6
+
+
 def told_long_ago(adapter, paragraphs: list[str], seed: int) -> list[tuple[bool, bool, str]]:
-    """One stream on the shipped settings: three facts at different offsets (after a random number of
-    paragraphs, at a random point of a paragraph), then paragraphs with a subject named in every third message,
-    until the newest fact is more than four caches back. Every fact is asked with the archive's retrieval
-    and without it. Returns (recalled with, recalled without, answer with) per fact."""
+    """One stream on the shipped settings: six facts of one form ("The code of the red locker is 4821.") at
+    different offsets (after a random number of paragraphs, at a random point of a paragraph), then
+    paragraphs with a subject named in every third message, until the newest fact is more than four caches
+    back. Every fact is asked with the archive's retrieval and without it. Returns (recalled with, recalled
+    without, answer with) per fact."""
     rng = random.Random(300 + seed)
-    subjects = rng.sample([f"the {c} {o}" for c in COLOURS for o in ("locker", "cabinet")], 3)
+    subjects = rng.sample([f"the {c} {o}" for c in COLOURS for o in ("locker", "cabinet")], FACTS_AT_ONCE)
     values = [str(rng.randint(1000, 9999)) for _ in subjects]
     stream = KVStream(adapter, StreamConfig())
     source = iter(paragraphs[rng.randint(0, len(paragraphs) - 400):])
@@ -84,7 +88,8 @@ def told_long_ago(adapter, paragraphs: list[str], seed: int) -> list[tuple[bool,
     told, message = stream.tokens_seen, 0
     while stream.tokens_seen - told < 4 * stream.config.capacity + 100:
         message += 1
-        stream.push_text(f"Someone walked past {subjects[message % 3]}." if message % 3 == 0 else next(source))
+        stream.push_text(f"Someone walked past {subjects[message // 3 % FACTS_AT_ONCE]}." if message % 3 == 0
+                         else next(source))
     results = []
     budget = stream.config.retrieve_tokens
     for subject, value in zip(subjects, values):

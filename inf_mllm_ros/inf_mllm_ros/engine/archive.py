@@ -15,8 +15,8 @@ one uniform rotation, and every block is scored alike, wherever it came from.
 
 Scoring (`rank`, engine/archive_scoring.py). The queries of the question's own words are compared with the
 archived keys on the model's retrieval heads (engine/retrieval_heads.py), less half the score of a
-reference question about nothing in particular; one selection serves every layer, so that the placed blocks are whole turns at one set of
-positions.
+reference question about nothing in particular; one selection serves every layer, so that the placed
+blocks are whole turns at one set of positions.
 
 Host bytes per archived token: layers x KV heads x (key dim + value dim) x the cache's element size,
 plus 16 bytes of bookkeeping (two positions and the block index).
