@@ -266,3 +266,14 @@ def test_retrieval_heads_are_a_tenth_of_the_layer_heads_found_alike_and_kept_in_
     next(tmp_path.glob("retrieval_heads-*.json")).write_bytes(b"not a tensor")
     monkeypatch.setattr(retrieval_heads_module, "find_retrieval_heads", lambda a: heads)
     assert torch.equal(retrieval_heads_module._kept_or_found(adapter), heads)
+
+
+def test_a_model_whose_retrieval_heads_cannot_be_found_scores_on_the_middle_layers(monkeypatch):
+    class Model:  # stands for an adapter the synthetic stream does not suit
+        pass
+
+    def fails(_adapter):
+        raise RuntimeError("no chat template")
+
+    monkeypatch.setattr(retrieval_heads_module, "_kept_or_found", fails)
+    assert retrieval_heads_module.retrieval_heads(Model()) is None  # archive_scoring then uses the middle half

@@ -16,6 +16,7 @@ are kept in a small file named by the model's fingerprint (`$INF_MLLM_CACHE_DIR`
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import tempfile
@@ -51,13 +52,18 @@ _found: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
-def retrieval_heads(adapter: ModelAdapter) -> Tensor:
-    """[layers, query heads] bool: the heads the archive scores with for this model (found on first use)."""
+def retrieval_heads(adapter: ModelAdapter) -> Tensor | None:
+    """[layers, query heads] bool: the heads the archive scores with for this model (found on first use).
+    None where they could not be found: every head of the middle half of the layers then scores."""
     with _lock:
-        heads = _found.get(adapter)
-        if heads is None:
-            heads = _found[adapter] = _kept_or_found(adapter)
-        return heads
+        if adapter not in _found:
+            try:
+                _found[adapter] = _kept_or_found(adapter)
+            except (RuntimeError, ValueError) as exc:  # a model the synthetic stream does not suit
+                logging.getLogger(__name__).warning("retrieval heads not found (%s); scoring on every head of the "
+                                                    "middle half of the layers", exc)
+                _found[adapter] = None
+        return _found[adapter]
 
 
 def cache_dir() -> Path:
