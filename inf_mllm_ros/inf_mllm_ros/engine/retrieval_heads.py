@@ -82,6 +82,7 @@ def _kept_or_found(adapter: ModelAdapter) -> Tensor:
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         pass
     heads = find_retrieval_heads(adapter)
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
@@ -89,7 +90,8 @@ def _kept_or_found(adapter: ModelAdapter) -> Tensor:
                        "heads": heads.nonzero().tolist()}, tmp)
         os.replace(tmp.name, path)
     except OSError:
-        pass
+        if tmp is not None:  # no half-written file left behind
+            Path(tmp.name).unlink(missing_ok=True)
     return heads
 
 
