@@ -14,8 +14,9 @@ cache is the ceiling. Rows are written after every stream; a run that is stopped
 `perplexity`: one text through two streams, the archive on and off: perplexity per 4K tokens, and the
 largest difference of their logits (the archive copies what goes in and changes nothing of it).
 
-`latency`: answer latency on the shipped settings with no archive, 16K and 64K archived tokens; host bytes
-per archived token; resident memory over a long run once a small archive is full.
+`latency`: time per 64-token chunk with the archive on and off; answer latency on the shipped settings with
+no archive, 16K and 64K archived tokens; host bytes per archived token; resident memory over a long run once
+a small archive is full. On a GPU: `--device cuda --dtype bfloat16 --out archive_latency_gpu.json`.
 
     python benchmarks/archive_recall.py recall --set report --policy inf_mllm --cache 512 --trials 4
     python benchmarks/archive_recall.py latency
@@ -30,7 +31,7 @@ import random
 import statistics
 import time
 
-from common import RESULTS, machine, peak_rss_bytes, read_text
+from common import RESULTS, machine, peak_rss_bytes, read_text, synchronize
 
 DISTANCES = (1000, 2000, 4000, 8000, 16000)
 COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple"]
@@ -160,10 +161,12 @@ def latency(args) -> None:
     from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 
     torch.set_num_threads(args.threads)
-    adapter = load_model(args.model, device="cpu", dtype="float32")
+    adapter = load_model(args.model, device=args.device, dtype=args.dtype)
     paras = paragraphs("report")
     facts = fact_set("B", random.Random(0), 3)
-    record = {"machine": machine(), "model": args.model, "dtype": "float32"}
+    record = {"machine": machine(), "model": args.model, "dtype": args.dtype}
+    record["ingest"] = ingest_times(adapter, paras)
+    print("ingest", record["ingest"], flush=True)
     stream = KVStream(adapter, StreamConfig(archive_size=65536))
     record["settings"] = {k: getattr(stream.config, k) for k in ("capacity", "chunk_size", "retrieve_tokens",
                                                                  "archive_block")}
@@ -212,7 +215,33 @@ def latency(args) -> None:
         rss.append((small.tokens_seen, small.archive.tokens, _rss()))
     record["rss_small_archive"] = rss[:: max(1, len(rss) // 40)]
     record["peak_rss_bytes"] = peak_rss_bytes()
-    (RESULTS / "archive_latency.json").write_text(json.dumps(record, indent=1) + "\n")
+    (RESULTS / args.out).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def ingest_times(adapter, paras: list[str], chunks: int = 48) -> dict:
+    """Milliseconds per 64-token chunk once the cache is full, the archive on (shipped) and off, in turns on
+    the same text: what recording every block costs (on a GPU, a copy to host memory per chunk)."""
+    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+
+    ids = adapter.tokenize("\n\n".join(paras))
+    streams = {archive: KVStream(adapter, StreamConfig(chunk_size=64, system_prompt="",
+                                                       **({} if archive else {"archive_size": 0})))
+               for archive in (True, False)}
+    fill = 2 * streams[True].config.capacity
+    for stream in streams.values():
+        stream.push_tokens(ids[:fill])
+    taken = {archive: [] for archive in streams}
+    for i in range(chunks):
+        chunk = ids[fill + 64 * i : fill + 64 * (i + 1)]
+        for archive, stream in streams.items():
+            synchronize()
+            start = time.perf_counter()
+            stream.push_tokens(chunk)
+            synchronize()
+            taken[archive].append(time.perf_counter() - start)
+    with_, without = statistics.median(taken[True]), statistics.median(taken[False])
+    return {"ms_per_chunk_with": round(1000 * with_, 2), "ms_per_chunk_without": round(1000 * without, 2),
+            "ratio": round(with_ / without, 3), "chunks": chunks, "clock": "wall"}
 
 
 def perplexity(args) -> None:
@@ -300,6 +329,9 @@ def main() -> None:
     r.add_argument("--out", default="archive_recall.json")
     lat = sub.add_parser("latency")
     lat.add_argument("--stream-tokens", type=int, default=8192, help="real stream before the archive is tiled")
+    lat.add_argument("--device", default="cpu")
+    lat.add_argument("--dtype", default="float32")
+    lat.add_argument("--out", default="archive_latency.json")
     for p in (r, lat):
         p.add_argument("--model", default="qwen2.5-0.5b")
         p.add_argument("--threads", type=int, default=2)

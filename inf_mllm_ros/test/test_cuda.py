@@ -9,9 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inf_mllm_ros.engine import retrieval_heads as retrieval_heads_module
 from inf_mllm_ros.engine import scoring, triton_scoring
+from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+from inf_mllm_ros.testing.random_models import build_model_folder
 
+import test_archive
 from conftest import LIGHTHOUSE, load_prepared
 from test_scoring import make_inputs
 
@@ -129,3 +133,24 @@ def test_gpu_memory_stays_flat_as_the_stream_grows(smollm2_bf16):
             peaks.append(torch.cuda.max_memory_allocated())
     assert stream.tokens_seen > 4 * 2048
     assert max(peaks) - min(peaks) < 1 << 20, f"peak GPU memory grew by {(max(peaks) - min(peaks)) >> 10} KiB"
+
+
+@pytest.fixture(scope="module")
+def tiny_on_the_gpu(tmp_path_factory):
+    """Tiny random models of a text family and a frame family, float32 on the GPU."""
+    root = tmp_path_factory.mktemp("tiny_models_gpu")
+    return {family: load_model(build_model_folder(family, root / family), device="cuda", dtype="float32")
+            for family in ("llama", "qwen2_vl")}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2_vl"])
+def test_the_archive_keeps_blocks_on_the_host_and_puts_them_back_into_a_gpu_cache(family, tiny_on_the_gpu):
+    """The CPU suite's checks of retrieval's mechanics, with the cache on the GPU and the archive in host
+    memory: blocks put back where they were give the same logits, and an answer that retrieved (its
+    retrieval heads found on the GPU) leaves the cache as it was, slot for slot."""
+    test_archive.test_placing_archived_blocks_where_they_were_gives_the_same_logits(family, tiny_on_the_gpu)
+    test_archive.test_an_answer_that_retrieved_leaves_the_cache_as_it_was_slot_for_slot(family, tiny_on_the_gpu)
+    heads = retrieval_heads_module.retrieval_heads(tiny_on_the_gpu[family])
+    assert heads is not None and heads.device.type == "cpu"
+    assert int(heads.sum()) == max(retrieval_heads_module.MIN_HEADS,
+                                   round(retrieval_heads_module.SHARE * heads.numel()))

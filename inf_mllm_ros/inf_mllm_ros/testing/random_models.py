@@ -21,7 +21,7 @@ from ..engine.vlm_parts import IDEFICS3_TOKENS, idefics3_parts
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava", "llava_onevision", "idefics3")
 TEXT_FAMILIES = ("llama",)
-SIZES = ("tiny", "small", "qwen2-vl-2b")
+SIZES = ("tiny", "small", "qwen2.5-0.5b", "qwen2-vl-2b")
 
 _CORPUS = [
     "You are the memory of a mobile robot. Camera frames and messages arrive with their time in seconds.",
@@ -80,13 +80,17 @@ def synthetic_tokenizer(special_tokens: list[str], chat_template: str, vocab_siz
 
 
 def _text_sizes(size: str) -> dict:
-    """Decoder shapes: tiny for tests, small for CPU benchmarks, Qwen2-VL-2B's for GPU benchmarks."""
+    """Decoder shapes: tiny for tests, small for CPU benchmarks, the default's and Qwen2-VL-2B's for GPU
+    benchmarks."""
     if size == "tiny":
         return dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, max_position_embeddings=4096)
     if size == "small":  # SmolLM2-135M's layers (SmolVLM's decoder), 4 of its 30
         return dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=9,
                     num_key_value_heads=3, max_position_embeddings=8192)
+    if size == "qwen2.5-0.5b":  # the embedded default's decoder
+        return dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                    num_key_value_heads=2, max_position_embeddings=32768)
     if size == "qwen2-vl-2b":
         return dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                     num_key_value_heads=2, max_position_embeddings=32768)
