@@ -8,10 +8,19 @@ float32, cache 512. At 2K, 4K and 8K tokens after the last fact, every fact is a
 the rank of the fact's own block among the candidates, how many other facts' blocks were placed with it,
 and whether the answer holds the value. The scoring is the engine's (engine/archive_scoring.py); the
 placements of what it chose:
-- `best_last`: as the engine places them, the best block nearest the question;
+- `best_last`: the best block nearest the question, after the cache's positions (the placement before);
 - `stream_order`: in stream order (the placement before);
 - `cap64`, `cap128`: the budget cut to 64 or 128 tokens (fewer facts of the same form beside the right one),
-  in stream order; `cap128_best_last`: cut, best last.
+  in stream order; `cap128_best_last`: cut, best last;
+- `before_cache`: best last among themselves, at positions before the cache's own, so that what the cache
+  holds stays nearer the question;
+- `cache_answers`: as the engine places them: after the cache, unless a block the cache holds scores about as
+  high as the best archived one, then before it; `cache_answers_skip`: nothing placed then.
+From "probe" 3 on, `rank_of_fact_block` counts the blocks the cache holds too (they are scored beside the
+candidates).
+After the questions at each distance, three of the subjects are told a new value, and asked after one more
+paragraph (`kind` "updated"; the old value is in the archive, the new one in the cache); later questions
+about them (`kind` "updated_before") expect the new value.
 Results: benchmarks/results/retrieval_probe.json (rows written after every distance; resumable by trial).
 Rows whose `scoring` is `middle_layers` were measured with the scoring before the retrieval heads (every
 head of the middle half of the layers), `maxsim_middle_layers` and `maxsim_noref_middle_layers` with each
@@ -45,18 +54,27 @@ LAST: dict = {}
 # Rows of earlier scorings stay in the file under their name: "middle_layers" (every head of the middle half
 # of the layers) before the retrieval heads.
 SCORING = "retrieval_heads"
-PLACEMENTS = {"best_last": (None, True), "stream_order": (None, False), "cap64": (64, False),
-              "cap128": (128, False), "cap128_best_last": (128, True)}
+# Rows with "probe" 2 or 3 are of the probe with the updated facts (3: ranks among the blocks the cache holds
+# too); those without it were measured before it.
+PROBE = 3
+# name: (budget cap, best last, where: "after" the cache's positions, "before" them, "shipped": before them
+# where the cache holds an answer as good as the archive's (engine/answering.py), "skip": nothing placed then)
+PLACEMENTS = {"best_last": (None, True, "after"), "stream_order": (None, False, "after"),
+              "cap64": (64, False, "after"), "cap128": (128, False, "after"), "cap128_best_last": (128, True, "after"),
+              "before_cache": (None, True, "before"), "cache_answers": (None, True, "shipped"),
+              "cache_answers_skip": (None, True, "skip")}
 
 
 def patch_placement(answering_class, name: str) -> None:
-    """The stream's retrieval with the budget cut and/or the chosen blocks placed best last."""
-    cap, best_last = PLACEMENTS[name]
+    """The stream's retrieval with the budget cut and/or the chosen blocks placed best last, after the cache's
+    positions or before them."""
+    cap, best_last, where = PLACEMENTS[name]
 
     def retrieve(self, ids, content, budget):
-        chosen = self._choose_blocks(ids, content, min(budget, cap) if cap else budget)
-        if chosen:
-            self._place_blocks(placed_best_last(chosen) if best_last else sorted(chosen, key=lambda b: b.first_seq))
+        chosen, cache_answers = self._choose_blocks(ids, content, min(budget, cap) if cap else budget)
+        if chosen and not (where == "skip" and cache_answers):
+            self._place_blocks(placed_best_last(chosen) if best_last else sorted(chosen, key=lambda b: b.first_seq),
+                               before_cache=where == "before" or (where == "shipped" and cache_answers))
 
     answering_class._retrieve = retrieve
 
@@ -66,7 +84,7 @@ def main() -> None:
     ap.add_argument("--set", choices=("tuning", "report"), default="tuning")
     ap.add_argument("--trials", type=int, default=1)
     ap.add_argument("--first-trial", type=int, default=0)
-    ap.add_argument("--placements", nargs="+", default=list(PLACEMENTS))
+    ap.add_argument("--placements", nargs="+", default=["best_last", "cache_answers", "cache_answers_skip"])
     ap.add_argument("--distances", nargs="+", type=int, default=[2000, 4000, 8000])
     ap.add_argument("--cache", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
@@ -77,18 +95,20 @@ def main() -> None:
     from inf_mllm_ros.engine.answering import Answering
     from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 
-    def ranked(archive, question, reference, candidates, heads=None):
-        LAST["order"] = shipped_rank(archive, question, reference, candidates, heads)
-        return LAST["order"]
+    def scored(archive, question, reference, blocks, heads=None):
+        scores = shipped_scores(archive, question, reference, blocks, heads)
+        if reference is not None:  # a question's, not the retrieval heads' calibration
+            LAST["order"] = [blocks[i] for i in torch.argsort(scores, descending=True, stable=True).tolist()]
+        return scores
 
-    shipped_rank = archive_scoring.rank
-    archive_scoring.rank = ranked
+    shipped_scores = archive_scoring.block_scores
+    archive_scoring.block_scores = scored
     rows = json.loads(OUT.read_text()) if OUT.exists() else []
     adapter = load_model("qwen2.5-0.5b", device="cpu", dtype="float32")
     paras = paragraphs(args.set)
     for trial in range(args.first_trial, args.first_trial + args.trials):
         if all(any(r["trial"] == trial and r["set"] == args.set and r["placement"] == v and r["scoring"] == SCORING
-                   for r in rows)
+                   and r.get("probe") == PROBE for r in rows)
                for v in args.placements):
             continue
         rng = random.Random(f"{args.set}-{trial}-12")  # the streams of archive_recall.py
@@ -122,16 +142,37 @@ def main() -> None:
                     rank = min((order.index(i) + 1 for i in own if i in order), default=None)
                     chosen = {b.index for b in stream._retrieved}
                     others = sum(bool(chosen & fact_blocks[f["subject"]]) for f in facts if f is not fact)
-                    rows.append({"set": args.set, "scoring": SCORING, "trial": trial, "distance": distance, "placement": name,
-                                 "subject": fact["subject"], "rank_of_fact_block": rank,
+                    rows.append({"set": args.set, "scoring": SCORING, "probe": PROBE, "trial": trial, "distance": distance, "placement": name,
+                                 "subject": fact["subject"], "kind": "updated_before" if fact.get("updated") else "old",
+                                 "rank_of_fact_block": rank,
                                  "candidates": len(order), "own_placed": bool(chosen & own),
                                  "other_facts_placed": others, "recalled": fact["value"] in answer.text,
                                  "answer": answer.text})
                 got = [r for r in rows if r["trial"] == trial and r["distance"] == distance and r["placement"] == name
-                       and r["scoring"] == SCORING]
+                       and r.get("probe") == PROBE and r["kind"] != "updated"]
                 print(f"trial {trial} {distance} {name}: recalled {sum(r['recalled'] for r in got)}/12, own placed "
                       f"{sum(r['own_placed'] for r in got)}/12, ranks {[r['rank_of_fact_block'] for r in got]}, "
                       f"others placed {[r['other_facts_placed'] for r in got]}", flush=True)
+            # Recent facts, which the cache still holds while older ones of the same form are retrieved: three
+            # subjects told a new value (the old one is in the archive), then one paragraph, then asked.
+            updated = facts[3 * (args.distances.index(distance)) : 3 * (args.distances.index(distance) + 1)]
+            for fact in updated:
+                new_value = str(rng.randint(1000, 9999)) if FACTS[args.set] == "A" else f"new{rng.randint(10, 99)}"
+                stream.push_text(fact["message"].replace(fact["value"], new_value))
+                fact["value"], fact["updated"] = new_value, True
+            stream.push_text(next(source))
+            for name in args.placements:
+                patch_placement(Answering, name)
+                for fact in updated:
+                    answer = stream.ask(fact["question"], max_new_tokens=24)
+                    rows.append({"set": args.set, "scoring": SCORING, "probe": PROBE, "trial": trial, "distance": distance,
+                                 "placement": name, "subject": fact["subject"], "kind": "updated",
+                                 "recalled": fact["value"] in answer.text, "answer": answer.text,
+                                 "retrieved_tokens": answer.retrieved_tokens})
+                got = [r for r in rows if r["trial"] == trial and r["distance"] == distance and r["placement"] == name
+                       and r.get("probe") == PROBE and r["kind"] == "updated"]
+                print(f"trial {trial} {distance} {name}: updated just now, recalled "
+                      f"{sum(r['recalled'] for r in got)}/{len(got)}", flush=True)
             print(f"  ({time.monotonic() - start:.0f} s)", flush=True)
             OUT.write_text(json.dumps(rows, indent=0) + "\n")
 

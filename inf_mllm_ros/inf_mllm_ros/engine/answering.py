@@ -31,6 +31,11 @@ DEFAULT_DESCRIPTION_PROMPT = "Describe briefly what the robot sees and what happ
 # Scores the archive's blocks alongside each question, so that the blocks any question is drawn to give way
 # to those the question points to (engine/archive.py).
 REFERENCE_QUESTION = "What happened?"
+# Where a block the cache holds scores within this many standard deviations (of every block's score) of the
+# best archived one, the cache is taken to hold the answer, newer than the archive's: the retrieved blocks
+# are placed before the cache's tokens, farther from the question, so that an older fact of the same form
+# (a value told again since) does not displace it (docs/archive.md).
+CACHE_ANSWERS_MARGIN = 0.35
 
 
 @dataclass
@@ -251,35 +256,43 @@ class Answering:
         return queries, torch.arange(frontier, frontier + ids.numel())[content]  # text: as _forward placed them
 
     def _retrieve(self, ids: Tensor, content: slice, budget: int) -> None:
-        """Place the archived blocks that the question's queries score best, up to `budget` tokens, after the
-        held ones, the best nearest the question (a long message's pieces together, in their order), each
-        re-rotated to sit there. The caller truncates the cache back afterwards."""
-        chosen = self._choose_blocks(ids, content, budget)
+        """Place the archived blocks that the question's queries score best, up to `budget` tokens, the best
+        nearest the question (a long message's pieces together, in their order), each re-rotated to sit there:
+        after the cache's own tokens, or before them where the cache holds a block the question points to
+        about as much (its answer is newer than theirs). The caller truncates the cache back afterwards."""
+        chosen, cache_answers = self._choose_blocks(ids, content, budget)
         if chosen:
-            self._place_blocks(best_last(chosen))
+            self._place_blocks(best_last(chosen), before_cache=cache_answers)
 
-    def _choose_blocks(self, ids: Tensor, content: slice, budget: int) -> list:
-        """The archived blocks to place for a question, best first, up to `budget` tokens. Blocks that every
-        layer-head still holds are not candidates."""
+    def _choose_blocks(self, ids: Tensor, content: slice, budget: int) -> tuple[list, bool]:
+        """The archived blocks to place for a question, best first, up to `budget` tokens, and whether the
+        cache holds an answer as good as theirs. Blocks that every layer-head still holds are not candidates;
+        they are scored beside them."""
         archive = self.archive
         if budget <= 0 or not archive.enabled or not archive.blocks:
-            return []
+            return [], False
         blocks = list(archive.blocks)
         first = torch.tensor([b.first_seq for b in blocks], dtype=torch.long)
         end = torch.tensor([b.seq_end for b in blocks], dtype=torch.long)
-        held = self.cache.holds(first, end)
-        candidates = [b for b, h in zip(blocks, held.tolist()) if not h and b.length <= budget]
+        held = self.cache.holds(first, end).tolist()
+        candidates = [b for b, h in zip(blocks, held) if not h and b.length <= budget]
         if not candidates:
-            return []
+            return [], False
+        in_cache = [b for b, h in zip(blocks, held) if h]
         question = self._content_queries(ids, content)
         reference = self._content_queries(*self._reference_question)
+        scores = archive.scores(question, reference, candidates + in_cache, retrieval_heads(self.adapter))
+        archived, held_scores = scores[: len(candidates)], scores[len(candidates) :]
+        cache_answers = bool(held_scores.numel()) and bool(
+            held_scores.max() >= archived.max() - CACHE_ANSWERS_MARGIN * scores.std())
         # Best first; a piece of a long message brings the rest of it, nearest pieces first, as far as the
         # budget goes (a fact cut between two blocks comes back whole).
         pieces: dict[int, list] = {}
         for block in candidates:
             pieces.setdefault(block.message, []).append(block)
         chosen, taken, used = [], set(), 0
-        for block in archive.rank(question, reference, candidates, retrieval_heads(self.adapter)):
+        for i in torch.argsort(archived, descending=True, stable=True).tolist():
+            block = candidates[i]
             if block.index in taken or used + block.length > budget:
                 continue
             for piece in sorted(pieces[block.message], key=lambda b: abs(b.first_seq - block.first_seq)):
@@ -289,12 +302,19 @@ class Answering:
                     used += piece.length
             if budget - used < 1:
                 break
-        return chosen
+        return chosen, cache_answers
 
-    def _place_blocks(self, chosen: list) -> None:
-        """Splice archived blocks after the cache's, in the order given, each re-rotated to sit there."""
+    def _place_blocks(self, chosen: list, *, before_cache: bool) -> None:
+        """Splice archived blocks into the cache's headroom, in the order given, each re-rotated to sit there:
+        at positions before the cache's own (`before_cache`), so that what the cache holds stays nearer the
+        question than anything retrieved, or after them. Order is only a matter of positions: the retrieved
+        keys never attend to the cache, and the question attends to every slot."""
         archive = self.archive
-        parts, base = [], self.cache.next_position
+        if before_cache:
+            base = self.cache.lowest_position() - sum(block.extent for block in chosen)
+        else:
+            base = self.cache.next_position
+        parts = []
         for block in chosen:
             keys, values, rel_start, rel_end = archive.block_tensors(block)
             parts.append((keys, values, rel_start + base, rel_end + base, torch.full((block.length,), base),

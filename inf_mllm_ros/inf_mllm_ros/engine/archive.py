@@ -13,7 +13,7 @@ Positions. Each block's keys are kept rotated as if the block began at position 
 relative to its first; a frame keeps its M-RoPE layout), so that a block can be placed at any position by
 one uniform rotation, and every block is scored alike, wherever it came from.
 
-Scoring (`rank`, engine/archive_scoring.py). The queries of the question's own words are compared with the
+Scoring (`scores`, engine/archive_scoring.py). The queries of the question's own words are compared with the
 archived keys on the model's retrieval heads (engine/retrieval_heads.py), less half the score of a
 reference question about nothing in particular; one selection serves every layer, so that the placed
 blocks are whole turns at one set of positions.
@@ -332,11 +332,11 @@ class KVArchive:
                         state["archive.pos_end"][sl])
 
     # --- retrieval -----------------------------------------------------------------------------------
-    def rank(self, question: tuple[Tensor, Tensor], reference: tuple[Tensor, Tensor] | None,
-             candidates: list[ArchivedBlock], heads: Tensor | None = None) -> list[ArchivedBlock]:
-        """`candidates` ordered best first for a question (its per-layer queries and their positions), less
+    def scores(self, question: tuple[Tensor, Tensor], reference: tuple[Tensor, Tensor] | None,
+               blocks: list[ArchivedBlock], heads: Tensor | None = None) -> Tensor:
+        """[blocks] how much a question (its per-layer queries and their positions) points to each block, less
         a `reference` question's scores, on the model's retrieval `heads` (engine/archive_scoring.py)."""
-        return archive_scoring.rank(self, question, reference, candidates, heads)
+        return archive_scoring.block_scores(self, question, reference, blocks, heads)
 
     def block_tensors(self, block: ArchivedBlock) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """A block's keys and values ([layers, heads, n, dim], rotated as if it began at position 0) and its

@@ -28,18 +28,25 @@ if TYPE_CHECKING:
 REFERENCE_WEIGHT = 0.5
 
 
+def block_scores(archive: KVArchive, question: tuple[Tensor, Tensor], reference: tuple[Tensor, Tensor] | None,
+                 blocks: list[ArchivedBlock], heads: Tensor | None = None) -> Tensor:
+    """[blocks] how much a question points to each block (higher: more): its per-layer queries ([layers,
+    query heads, q, dk]) and the positions they were rotated with ([q]), scored on `heads` ([layers, query
+    heads] bool; None: every head of the middle half of the layers). A `reference` question's scores (a
+    question about nothing in particular) are taken off at REFERENCE_WEIGHT."""
+    score = layer_head_scores(archive, *question, blocks, heads).sum(0)
+    if reference is not None:
+        score = score - REFERENCE_WEIGHT * layer_head_scores(archive, *reference, blocks, heads).sum(0)
+    return score
+
+
 def rank(archive: KVArchive, question: tuple[Tensor, Tensor], reference: tuple[Tensor, Tensor] | None,
          candidates: list[ArchivedBlock], heads: Tensor | None = None) -> list[ArchivedBlock]:
-    """`candidates` ordered best first for a question: its per-layer queries ([layers, query heads, q, dk])
-    and the positions they were rotated with ([q]), scored on `heads` ([layers, query heads] bool; None:
-    every head of the middle half of the layers). A `reference` question's scores (a question about nothing
-    in particular) are taken off at REFERENCE_WEIGHT."""
+    """`candidates` ordered best first for a question (see `block_scores`)."""
     if not candidates:
         return []
-    score = layer_head_scores(archive, *question, candidates, heads).sum(0)
-    if reference is not None:
-        score = score - REFERENCE_WEIGHT * layer_head_scores(archive, *reference, candidates, heads).sum(0)
-    order = torch.argsort(score, descending=True, stable=True).tolist()
+    order = torch.argsort(block_scores(archive, question, reference, candidates, heads), descending=True,
+                          stable=True).tolist()
     return [candidates[i] for i in order]
 
 
