@@ -12,12 +12,11 @@ placements of what it chose:
 - `stream_order`: in stream order (the placement before);
 - `cap64`, `cap128`: the budget cut to 64 or 128 tokens (fewer facts of the same form beside the right one),
   in stream order; `cap128_best_last`: cut, best last;
-- `before_cache`: best last among themselves, at positions before the cache's own, so that what the cache
-  holds stays nearer the question;
-- `cache_answers`: as the engine places them: after the cache, unless a block the cache holds scores about as
-  high as the best archived one, then before it; `cache_answers_skip`: nothing placed then.
-From "probe" 3 on, `rank_of_fact_block` counts the blocks the cache holds too (they are scored beside the
-candidates).
+- `cache_answers_skip`: as the engine does now: best last, and nothing placed where a block the cache holds
+  scores about as high as the best archived one (rows with `probe` 3). Rows with the placements
+  `before_cache` (probe 2) and `cache_answers` (probe 3) were measured with a placement no longer in
+  the engine: the blocks at positions before the cache's own, always or where the cache held an answer as
+  good.
 After the questions at each distance, three of the subjects are told a new value, and asked after one more
 paragraph (`kind` "updated"; the old value is in the archive, the new one in the cache); later questions
 about them (`kind` "updated_before") expect the new value.
@@ -57,24 +56,22 @@ SCORING = "retrieval_heads"
 # Rows with "probe" 2 or 3 are of the probe with the updated facts (3: ranks among the blocks the cache holds
 # too); those without it were measured before it.
 PROBE = 3
-# name: (budget cap, best last, where: "after" the cache's positions, "before" them, "shipped": before them
-# where the cache holds an answer as good as the archive's (engine/answering.py), "skip": nothing placed then)
-PLACEMENTS = {"best_last": (None, True, "after"), "stream_order": (None, False, "after"),
-              "cap64": (64, False, "after"), "cap128": (128, False, "after"), "cap128_best_last": (128, True, "after"),
-              "before_cache": (None, True, "before"), "cache_answers": (None, True, "shipped"),
-              "cache_answers_skip": (None, True, "skip")}
+# name: (budget cap, best last, whether nothing is placed where the cache holds an answer as good as the
+# archive's, as the engine does: engine/answering.py)
+PLACEMENTS = {"best_last": (None, True, False), "stream_order": (None, False, False), "cap64": (64, False, False),
+              "cap128": (128, False, False), "cap128_best_last": (128, True, False),
+              "cache_answers_skip": (None, True, True)}
 
 
 def patch_placement(answering_class, name: str) -> None:
-    """The stream's retrieval with the budget cut and/or the chosen blocks placed best last, after the cache's
-    positions or before them."""
-    cap, best_last, where = PLACEMENTS[name]
+    """The stream's retrieval with the budget cut and/or the chosen blocks placed best last, and/or nothing
+    placed where the cache holds an answer as good."""
+    cap, best_last, skip = PLACEMENTS[name]
 
     def retrieve(self, ids, content, budget):
         chosen, cache_answers = self._choose_blocks(ids, content, min(budget, cap) if cap else budget)
-        if chosen and not (where == "skip" and cache_answers):
-            self._place_blocks(placed_best_last(chosen) if best_last else sorted(chosen, key=lambda b: b.first_seq),
-                               before_cache=where == "before" or (where == "shipped" and cache_answers))
+        if chosen and not (skip and cache_answers):
+            self._place_blocks(placed_best_last(chosen) if best_last else sorted(chosen, key=lambda b: b.first_seq))
 
     answering_class._retrieve = retrieve
 
@@ -84,7 +81,7 @@ def main() -> None:
     ap.add_argument("--set", choices=("tuning", "report"), default="tuning")
     ap.add_argument("--trials", type=int, default=1)
     ap.add_argument("--first-trial", type=int, default=0)
-    ap.add_argument("--placements", nargs="+", default=["best_last", "cache_answers", "cache_answers_skip"])
+    ap.add_argument("--placements", nargs="+", default=["best_last", "cache_answers_skip"])
     ap.add_argument("--distances", nargs="+", type=int, default=[2000, 4000, 8000])
     ap.add_argument("--cache", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)

@@ -32,9 +32,9 @@ DEFAULT_DESCRIPTION_PROMPT = "Describe briefly what the robot sees and what happ
 # to those the question points to (engine/archive.py).
 REFERENCE_QUESTION = "What happened?"
 # Where a block the cache holds scores within this many standard deviations (of every block's score) of the
-# best archived one, the cache is taken to hold the answer, newer than the archive's: the retrieved blocks
-# are placed before the cache's tokens, farther from the question, so that an older fact of the same form
-# (a value told again since) does not displace it (docs/archive.md).
+# best archived one, the cache is taken to hold the answer, newer than the archive's, and nothing is
+# retrieved: placed nearer the question, an older fact of the same form (a value told again since) would
+# displace it (docs/archive.md).
 CACHE_ANSWERS_MARGIN = 0.35
 
 
@@ -256,13 +256,13 @@ class Answering:
         return queries, torch.arange(frontier, frontier + ids.numel())[content]  # text: as _forward placed them
 
     def _retrieve(self, ids: Tensor, content: slice, budget: int) -> None:
-        """Place the archived blocks that the question's queries score best, up to `budget` tokens, the best
-        nearest the question (a long message's pieces together, in their order), each re-rotated to sit there:
-        after the cache's own tokens, or before them where the cache holds a block the question points to
-        about as much (its answer is newer than theirs). The caller truncates the cache back afterwards."""
+        """Place the archived blocks that the question's queries score best, up to `budget` tokens, after the
+        cache's own, the best nearest the question (a long message's pieces together, in their order), each
+        re-rotated to sit there; none where the cache holds a block the question points to about as much (its
+        answer is the newer). The caller truncates the cache back afterwards."""
         chosen, cache_answers = self._choose_blocks(ids, content, budget)
-        if chosen:
-            self._place_blocks(best_last(chosen), before_cache=cache_answers)
+        if chosen and not cache_answers:
+            self._place_blocks(best_last(chosen))
 
     def _choose_blocks(self, ids: Tensor, content: slice, budget: int) -> tuple[list, bool]:
         """The archived blocks to place for a question, best first, up to `budget` tokens, and whether the
@@ -304,17 +304,10 @@ class Answering:
                 break
         return chosen, cache_answers
 
-    def _place_blocks(self, chosen: list, *, before_cache: bool) -> None:
-        """Splice archived blocks into the cache's headroom, in the order given, each re-rotated to sit there:
-        at positions before the cache's own (`before_cache`), so that what the cache holds stays nearer the
-        question than anything retrieved, or after them. Order is only a matter of positions: the retrieved
-        keys never attend to the cache, and the question attends to every slot."""
+    def _place_blocks(self, chosen: list) -> None:
+        """Splice archived blocks after the cache's, in the order given, each re-rotated to sit there."""
         archive = self.archive
-        if before_cache:
-            base = self.cache.lowest_position() - sum(block.extent for block in chosen)
-        else:
-            base = self.cache.next_position
-        parts = []
+        parts, base = [], self.cache.next_position
         for block in chosen:
             keys, values, rel_start, rel_end = archive.block_tensors(block)
             parts.append((keys, values, rel_start + base, rel_end + base, torch.full((block.length,), base),

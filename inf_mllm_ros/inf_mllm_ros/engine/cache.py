@@ -299,11 +299,6 @@ class BoundedKVCache(Cache):
         """The position the next token gets: one past every position in use."""
         return max(layer.frontier for layer in self.layers)
 
-    def lowest_position(self) -> int:
-        """The smallest position any held token has (0 while nothing is held)."""
-        held = [layer for layer in self.layers if layer.is_initialized and layer.fill]
-        return min((int(layer.pos_start[:, : layer.fill].min()) for layer in held), default=0)
-
     def read_frontiers(self) -> None:
         """Bring every layer's frontier left on the device by a re-pack to the host in one read."""
         waiting = [layer for layer in self.layers if layer.frontier_on_device is not None]
