@@ -146,10 +146,14 @@ def tiny_on_the_gpu(tmp_path_factory):
 @pytest.mark.parametrize("family", ["llama", "qwen2_vl"])
 def test_the_archive_keeps_blocks_on_the_host_and_puts_them_back_into_a_gpu_cache(family, tiny_on_the_gpu):
     """The CPU suite's checks of retrieval's mechanics, with the cache on the GPU and the archive in host
-    memory: blocks put back where they were give the same logits, and an answer that retrieved (its
-    retrieval heads found on the GPU) leaves the cache as it was, slot for slot."""
+    memory: blocks put back where they were give the same logits, an answer that retrieved (its retrieval
+    heads found on the GPU) leaves the cache as it was, slot for slot, and nothing is placed where the cache
+    holds an answer as good."""
     test_archive.test_placing_archived_blocks_where_they_were_gives_the_same_logits(family, tiny_on_the_gpu)
     test_archive.test_an_answer_that_retrieved_leaves_the_cache_as_it_was_slot_for_slot(family, tiny_on_the_gpu)
+    for cache_answers in (True, False):
+        test_archive.test_nothing_is_retrieved_where_the_cache_holds_an_answer_as_good_as_the_archives(
+            family, cache_answers, tiny_on_the_gpu)
     heads = retrieval_heads_module.retrieval_heads(tiny_on_the_gpu[family])
     assert heads is not None and heads.device.type == "cpu"
     assert int(heads.sum()) == max(retrieval_heads_module.MIN_HEADS,
