@@ -165,15 +165,21 @@ def test_placing_archived_blocks_where_they_were_gives_the_same_logits(family, a
     torch.testing.assert_close(again, expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2_vl"])
-def test_an_answer_that_retrieved_leaves_the_cache_as_it_was_slot_for_slot(family, adapters):
-    adapter = adapters[family]
+def small_cache_long_past(adapter) -> KVStream:
+    """A 48-token cache after twelve sentences (and frames, for a VLM): most of the stream is archived only."""
     stream = KVStream(adapter, StreamConfig(capacity=48, chunk_size=16, archive_size=4096, retrieve_tokens=64,
                                             archive_block=16))
     for i in range(12):
         stream.push_text(sentence(i), stamp=float(i))
         if adapter.supports_frames and i % 4 == 1:
             stream.push_frame(frame(i), stamp=i + 0.5)
+    return stream
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2_vl"])
+def test_an_answer_that_retrieved_leaves_the_cache_as_it_was_slot_for_slot(family, adapters):
+    adapter = adapters[family]
+    stream = small_cache_long_past(adapter)
     before = cache_state(stream)
     answer = stream.ask("Where is the pallet?", max_new_tokens=8)
     assert answer.retrieved_tokens > 0 and not answer.kept_in_memory
@@ -197,12 +203,7 @@ def test_nothing_is_retrieved_where_the_cache_holds_an_answer_as_good_as_the_arc
     nothing is placed; elsewhere the retrieved blocks go between the cache and the question. (The scores
     are set here: a tiny model's mean nothing.)"""
     adapter = adapters[family]
-    stream = KVStream(adapter, StreamConfig(capacity=48, chunk_size=16, archive_size=4096, retrieve_tokens=64,
-                                            archive_block=16))
-    for i in range(12):
-        stream.push_text(sentence(i), stamp=float(i))
-        if adapter.supports_frames and i % 4 == 1:
-            stream.push_frame(frame(i), stamp=i + 0.5)
+    stream = small_cache_long_past(adapter)
 
     def scores(question, reference, blocks, heads=None):
         held = stream.cache.holds(torch.tensor([b.first_seq for b in blocks]), torch.tensor([b.seq_end for b in blocks]))
