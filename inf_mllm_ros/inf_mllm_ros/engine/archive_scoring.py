@@ -24,7 +24,7 @@ from .rotary import shift_rotary
 if TYPE_CHECKING:
     from .archive import ArchivedBlock, KVArchive
 
-# How much of a reference question's scores is taken off a question's (see `rank`).
+# How much of a reference question's scores is taken off a question's (see `block_scores`).
 REFERENCE_WEIGHT = 0.5
 
 
@@ -38,16 +38,6 @@ def block_scores(archive: KVArchive, question: tuple[Tensor, Tensor], reference:
     if reference is not None:
         score = score - REFERENCE_WEIGHT * layer_head_scores(archive, *reference, blocks, heads).sum(0)
     return score
-
-
-def rank(archive: KVArchive, question: tuple[Tensor, Tensor], reference: tuple[Tensor, Tensor] | None,
-         candidates: list[ArchivedBlock], heads: Tensor | None = None) -> list[ArchivedBlock]:
-    """`candidates` ordered best first for a question (see `block_scores`)."""
-    if not candidates:
-        return []
-    order = torch.argsort(block_scores(archive, question, reference, candidates, heads), descending=True,
-                          stable=True).tolist()
-    return [candidates[i] for i in order]
 
 
 def middle_layers(layers: int, query_heads: int) -> Tensor:
