@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from inf_mllm_ros.engine import archive_scoring
+from inf_mllm_ros.engine import answering, archive_scoring
 from inf_mllm_ros.engine.answering import best_last as placed_best_last
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
@@ -57,7 +57,8 @@ SCORING = "retrieval_heads"
 # too); those without it were measured before it.
 PROBE = 3
 # name: (budget cap, best last, whether nothing is placed where the cache holds an answer as good as the
-# archive's, as the engine does: engine/answering.py)
+# archive's, as the engine does: engine/answering.py; without it the margin is -inf, so it never does)
+SHIPPED_MARGIN = answering.CACHE_ANSWERS_MARGIN
 PLACEMENTS = {"best_last": (None, True, False), "stream_order": (None, False, False), "cap64": (64, False, False),
               "cap128": (128, False, False), "cap128_best_last": (128, True, False),
               "cache_answers_skip": (None, True, True)}
@@ -67,10 +68,11 @@ def patch_placement(answering_class, name: str) -> None:
     """The stream's retrieval with the budget cut and/or the chosen blocks placed best last, and/or nothing
     placed where the cache holds an answer as good."""
     cap, best_last, skip = PLACEMENTS[name]
+    answering.CACHE_ANSWERS_MARGIN = SHIPPED_MARGIN if skip else float("-inf")
 
     def retrieve(self, ids, content, budget):
-        chosen, cache_answers = self._choose_blocks(ids, content, min(budget, cap) if cap else budget)
-        if chosen and not (skip and cache_answers):
+        chosen = self._choose_blocks(ids, content, min(budget, cap) if cap else budget)
+        if chosen:
             self._place_blocks(placed_best_last(chosen) if best_last else sorted(chosen, key=lambda b: b.first_seq))
 
     answering_class._retrieve = retrieve

@@ -44,6 +44,15 @@ def cache_state(stream: KVStream) -> dict:
     return state
 
 
+def assert_same_state(before: dict, after: dict) -> None:
+    assert before.keys() == after.keys()
+    for name in before:
+        if isinstance(before[name], torch.Tensor):
+            assert torch.equal(before[name], after[name]), name
+        else:
+            assert before[name] == after[name], name
+
+
 @pytest.mark.parametrize("turns, block, expected", [
     ([5, 6, 7], 32, [(18, -1)]),  # short messages share a block
     ([20, 20], 32, [(20, -1), (20, -1)]),  # two that do not fit together stay apart
@@ -183,13 +192,7 @@ def test_an_answer_that_retrieved_leaves_the_cache_as_it_was_slot_for_slot(famil
     before = cache_state(stream)
     answer = stream.ask("Where is the pallet?", max_new_tokens=8)
     assert answer.retrieved_tokens > 0 and not answer.kept_in_memory
-    after = cache_state(stream)
-    assert before.keys() == after.keys()
-    for name in before:
-        if isinstance(before[name], torch.Tensor):
-            assert torch.equal(before[name], after[name]), name
-        else:
-            assert before[name] == after[name], name
+    assert_same_state(before, cache_state(stream))
     # With the archive's budget at 0 the answer retrieves nothing.
     stream.config.retrieve_tokens = 0
     assert stream.ask("Where is the pallet?", max_new_tokens=8).retrieved_tokens == 0
@@ -227,9 +230,7 @@ def test_nothing_is_retrieved_where_the_cache_holds_an_answer_as_good_as_the_arc
     else:
         assert answer.retrieved_tokens == len(placed["start"]) > 0
         assert int(placed["start"].min()) >= placed["next_position"], "after every held token"
-    after = cache_state(stream)
-    assert all(torch.equal(before[k], after[k]) if isinstance(before[k], torch.Tensor) else before[k] == after[k]
-               for k in before)
+    assert_same_state(before, cache_state(stream))
 
 
 def test_blocks_the_cache_still_holds_are_not_retrieved(adapters):

@@ -112,10 +112,8 @@ def told_long_ago(adapter, paragraphs: list[str], seed: int) -> tuple[list, list
         stream.push_text(" ".join(words[: rng.randint(0, len(words))] + [f"The code of {subject} is {new}."]))
         updated.append((subject, old, new))
     stream.push_text(next(source))
-    for subject, old, new in updated:
-        answer = stream.ask(f"What is the code of {subject}?", max_new_tokens=16).text
-        updated[updated.index((subject, old, new))] = (new in answer, old in answer, answer)
-    return results, updated
+    answers = [stream.ask(f"What is the code of {subject}?", max_new_tokens=16).text for subject, _, _ in updated]
+    return results, [(new in answer, old in answer, answer) for (_, old, new), answer in zip(updated, answers)]
 
 
 @pytest.mark.slow

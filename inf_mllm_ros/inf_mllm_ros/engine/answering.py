@@ -260,31 +260,31 @@ class Answering:
         cache's own, the best nearest the question (a long message's pieces together, in their order), each
         re-rotated to sit there; none where the cache holds a block the question points to about as much (its
         answer is the newer). The caller truncates the cache back afterwards."""
-        chosen, cache_answers = self._choose_blocks(ids, content, budget)
-        if chosen and not cache_answers:
+        chosen = self._choose_blocks(ids, content, budget)
+        if chosen:
             self._place_blocks(best_last(chosen))
 
-    def _choose_blocks(self, ids: Tensor, content: slice, budget: int) -> tuple[list, bool]:
-        """The archived blocks to place for a question, best first, up to `budget` tokens, and whether the
+    def _choose_blocks(self, ids: Tensor, content: slice, budget: int) -> list:
+        """The archived blocks to place for a question, best first, up to `budget` tokens; none where the
         cache holds an answer as good as theirs. Blocks that every layer-head still holds are not candidates;
         they are scored beside them."""
         archive = self.archive
         if budget <= 0 or not archive.enabled or not archive.blocks:
-            return [], False
+            return []
         blocks = list(archive.blocks)
         first = torch.tensor([b.first_seq for b in blocks], dtype=torch.long)
         end = torch.tensor([b.seq_end for b in blocks], dtype=torch.long)
         held = self.cache.holds(first, end).tolist()
         candidates = [b for b, h in zip(blocks, held) if not h and b.length <= budget]
         if not candidates:
-            return [], False
+            return []
         in_cache = [b for b, h in zip(blocks, held) if h]
         question = self._content_queries(ids, content)
         reference = self._content_queries(*self._reference_question)
         scores = archive.scores(question, reference, candidates + in_cache, retrieval_heads(self.adapter))
         archived, held_scores = scores[: len(candidates)], scores[len(candidates) :]
-        cache_answers = bool(held_scores.numel()) and bool(
-            held_scores.max() >= archived.max() - CACHE_ANSWERS_MARGIN * scores.std())
+        if held_scores.numel() and held_scores.max() >= archived.max() - CACHE_ANSWERS_MARGIN * scores.std():
+            return []  # the cache holds an answer as good, and newer
         # Best first; a piece of a long message brings the rest of it, nearest pieces first, as far as the
         # budget goes (a fact cut between two blocks comes back whole).
         pieces: dict[int, list] = {}
@@ -302,7 +302,7 @@ class Answering:
                     used += piece.length
             if budget - used < 1:
                 break
-        return chosen, cache_answers
+        return chosen
 
     def _place_blocks(self, chosen: list) -> None:
         """Splice archived blocks after the cache's, in the order given, each re-rotated to sit there."""
