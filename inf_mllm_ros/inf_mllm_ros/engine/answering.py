@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .adapters import ModelAdapter
     from .archive import KVArchive
     from .cache import BoundedKVCache
+    from .decode_step import StaticDecoder
     from .stream import StreamConfig
 
 DEFAULT_DESCRIPTION_PROMPT = "Describe briefly what the robot sees and what happened most recently."
@@ -97,6 +98,7 @@ class Answering:
     tokens_seen: int
     newest_frame_stamp: float | None
     stop_requested: bool
+    static_decoder: StaticDecoder | None
     _stop_ids: set[int]
 
     _on_token: TokenCallback | None = None
@@ -209,17 +211,26 @@ class Answering:
         return tokens
 
     def _generate(self, logits: Tensor, max_new: int, *, keep: bool) -> list[int]:
-        """Greedy decoding; the last token is returned but not pushed."""
+        """Greedy decoding; the last token is returned but not pushed. An answer not kept in memory takes the
+        stream's static step where it has one (engine/decode_step.py): the same tokens, read back in groups."""
+        if not keep and self.static_decoder is not None:
+            reported = 0
+
+            def on_read(tokens: list[int]) -> None:
+                nonlocal reported
+                for n in range(reported + 1, len(tokens) + 1):
+                    self._check_going_on()
+                    self._report(tokens[:n])
+                reported = len(tokens)
+
+            self._check_going_on()
+            return self.static_decoder.generate(logits, max_new, self._stop_ids, on_read)
         tokens: list[int] = []
         for step in range(max_new):
-            if self.stop_requested:
-                raise StreamStoppedError("stopped while answering")
-            if self._cancel is not None and self._cancel.is_set():
-                raise AnswerCancelledError("cancelled")
+            self._check_going_on()
             token = int(logits[-1].argmax())
             tokens.append(token)
-            if self._on_token is not None:
-                self._on_token(self.adapter.decode([t for t in tokens if t not in self._stop_ids]).strip(), len(tokens))
+            self._report(tokens)
             if token in self._stop_ids or step == max_new - 1:
                 break
             prompt = self.adapter.text_prompt(torch.tensor([token], dtype=torch.long))
@@ -228,6 +239,18 @@ class Answering:
             logits = self._forward(prompt, self.cache.next_position, evict=evict, pack=evict, observe=keep,
                                    record=keep)
         return tokens
+
+    def _check_going_on(self) -> None:
+        """Raise where the stream was asked to stop or the caller cancelled the answer."""
+        if self.stop_requested:
+            raise StreamStoppedError("stopped while answering")
+        if self._cancel is not None and self._cancel.is_set():
+            raise AnswerCancelledError("cancelled")
+
+    def _report(self, tokens: list[int]) -> None:
+        """Give the caller the answer so far."""
+        if self._on_token is not None:
+            self._on_token(self.adapter.decode([t for t in tokens if t not in self._stop_ids]).strip(), len(tokens))
 
     @functools.cached_property
     def _reference_question(self) -> tuple[Tensor, slice]:

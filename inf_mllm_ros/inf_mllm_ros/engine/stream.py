@@ -28,9 +28,10 @@ from .answering import (  # re-exported: callers import these from engine.stream
     TokenCallback,
 )
 from .archive import KVArchive
-from .attention import cache_observing
+from .attention import CACHE_ARGUMENT
 from .cache import BoundedKVCache, CacheOverflowError, PromptPositions
 from .chat import check_stamp, stamped
+from .decode_step import DECODE_STEPS, StaticDecoder, resolve_decode_step
 from .policies import make_policy
 from .text_rules import text_problem
 
@@ -65,6 +66,10 @@ class StreamConfig:
     archive_size: int = 32768
     archive_block: int = 32
     retrieve_tokens: int = 256
+    # How an answer not kept in memory is decoded (engine/decode_step.py): "eager" (a forward per token through
+    # the cache), "static" (one fixed-shape step per token over the cache's storage), "compiled" (that step
+    # under torch.compile; CUDA graphs on a GPU), "auto" (compiled on CUDA, else eager). Same tokens either way.
+    decode_step: str = "auto"
 
     def __post_init__(self):
         if self.capacity < MIN_CAPACITY:
@@ -82,6 +87,8 @@ class StreamConfig:
             raise ValueError(f"archive_block must be >= 1, got {self.archive_block}")
         if self.retrieve_tokens < 0:
             raise ValueError(f"retrieve_tokens must be >= 0, got {self.retrieve_tokens}")
+        if self.decode_step not in DECODE_STEPS:
+            raise ValueError(f"decode_step must be one of {DECODE_STEPS}, got {self.decode_step!r}")
 
     @property
     def slots_headroom(self) -> int:
@@ -158,6 +165,9 @@ class KVStream(Answering):
         self.archive = KVArchive(cfg.archive_size, cfg.archive_block, inv_freq)
         self.cache.archive = self.archive if self.archive.enabled else None
         self._stop_ids = adapter.stop_token_ids
+        step = resolve_decode_step(cfg.decode_step, adapter.device)
+        # The fixed-shape step for answers not kept in memory; None: every token through `_forward`.
+        self.static_decoder = None if step == "eager" else StaticDecoder(adapter, self.cache, step)
         # The caller's time of stream time 0 (the node: its clock's seconds at the first input). Saved with
         # the memory, so that after a restart new inputs are timed on the clock of the memory's; a reset
         # keeps it, as the caller's clock goes on.
@@ -350,8 +360,9 @@ class KVStream(Answering):
         self.cache.stage(positions, evict=evict, pack=pack, observe=observe, record=record)
         position_ids = self.adapter.model_position_ids(prompt.position_ids, offset)
         try:
-            with torch.inference_mode(), cache_observing(self.cache, self.adapter.attention_modules):
-                logits = self.adapter.forward(prompt.embeds, position_ids, self.cache, all_logits=all_logits)
+            with torch.inference_mode():
+                logits = self.adapter.forward(prompt.embeds, position_ids, self.cache, all_logits=all_logits,
+                                              **{CACHE_ARGUMENT: self.cache})
         finally:
             if self.cache.recording:
                 self.cache.recording = False

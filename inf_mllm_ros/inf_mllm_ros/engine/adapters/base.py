@@ -70,9 +70,6 @@ class ModelAdapter(ABC):
         self.notice = ""  # a caveat to show users with this model (set for the embedded default)
         self.chat = ChatFormat.from_tokenizer(tokenizer)
         self.model.set_attn_implementation(ATTENTION_NAME)
-        self.attention_modules = frozenset(
-            m for m in self.decoder.modules() if hasattr(m, "layer_idx") and hasattr(m, "o_proj")
-        )
         # transformers 5.24 renamed the decoder's past_key_values to cache, and drops the old name in 5.40.
         self._cache_argument = (
             "cache" if "cache" in inspect.signature(self.decoder.forward).parameters else "past_key_values"
@@ -200,11 +197,15 @@ class ModelAdapter(ABC):
         """Batch the prompt's position ids and shift them to the running offset."""
         return (prompt_position_ids + offset).unsqueeze(-2)
 
-    def forward(self, embeds: Tensor, position_ids: Tensor, cache, *, all_logits: bool = False) -> Tensor:
-        """Run the decoder over [q, hidden] embeddings; returns float32 logits [q or 1, vocab]."""
+    def forward(self, embeds: Tensor, position_ids: Tensor, cache, *, all_logits: bool = False,
+                attention_mask: Tensor | None = None, **attention_kwargs) -> Tensor:
+        """Run the decoder over [q, hidden] embeddings; returns float32 logits [q or 1, vocab].
+
+        attention_mask: a 4-D mask, taken as given (None: causal over the cache's slots and the new tokens).
+        attention_kwargs reach the attention function (the engine's `bounded_cache`, engine/attention.py)."""
         out = self.decoder(
-            inputs_embeds=embeds.unsqueeze(0), position_ids=position_ids, use_cache=True,
-            **{self._cache_argument: cache},
+            inputs_embeds=embeds.unsqueeze(0), position_ids=position_ids, attention_mask=attention_mask,
+            use_cache=True, **{self._cache_argument: cache}, **attention_kwargs,
         )
         hidden = out.last_hidden_state[0]
         if not all_logits:
