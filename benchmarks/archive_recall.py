@@ -31,7 +31,7 @@ import random
 import statistics
 import time
 
-from common import RESULTS, machine, peak_rss_bytes, read_text, synchronize
+from common import RESULTS, machine, peak_rss_bytes, read_text, synchronize, tile_archive
 
 DISTANCES = (1000, 2000, 4000, 8000, 16000)
 COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple"]
@@ -156,7 +156,6 @@ def latency(args) -> None:
     small archive fills and then stays full."""
     import torch
 
-    from inf_mllm_ros.engine.archive import ArchivedBlock
     from inf_mllm_ros.engine.loading import load_model
     from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 
@@ -176,21 +175,6 @@ def latency(args) -> None:
     while stream.tokens_seen < args.stream_tokens:
         stream.push_text(next(source))
 
-    def tile(tokens: int) -> None:
-        """Write the stream's blocks again until the archive holds `tokens` (scoring costs the same whatever
-        the blocks hold)."""
-        archive, seq = stream.archive, stream.tokens_seen
-        copies = list(archive.blocks)
-        while True:
-            for block in copies:
-                if archive.tokens + block.length > tokens:
-                    return
-                k, v, s, e = archive.block_tensors(block)
-                archive._place(ArchivedBlock(archive._next_index, 0, block.length, seq, block.extent, block.frame,
-                                             block.stamp, -1 - archive._next_index), k.clone(), v.clone(), s.int(),
-                               e.int())
-                seq += block.length
-
     def timed(archived: str) -> None:
         runs = {}
         for archive in (False, True):
@@ -201,9 +185,9 @@ def latency(args) -> None:
                             "archive_tokens": stream.archive.tokens}
         print(archived, record[archived], flush=True)
 
-    tile(16384)
+    tile_archive(stream, 16384)
     timed("16K")
-    tile(65536 - 64)
+    tile_archive(stream, 65536 - 64)
     timed("64K")
     record["bytes_per_token"] = stream.archive.bytes_per_token()
     record["archive_bytes"] = stream.archive.nbytes()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .engine.decode_step import DECODE_STEPS
 from .engine.engine import DEFAULT_MAX_PENDING_QUERIES, DEFAULT_MAX_PENDING_TEXTS
 from .engine.loading import DEFAULT_MODEL
 from .engine.policies import POLICIES
@@ -101,6 +102,11 @@ PARAMETERS = (
     Param("retrieve_tokens", StreamConfig.retrieve_tokens, "Most archived tokens placed before a question for its "
           "answer (the cache's headroom has room for them whether or not the archive is on); 0: none.",
           low=0, high=65536, engine_field="retrieve_tokens"),
+    Param("decode_step", StreamConfig.decode_step, "How an answer not kept in memory is decoded: 'eager' (one "
+          "forward through the cache per token), 'static' (one fixed-shape step per token over the cache's storage), "
+          "'compiled' (that step under torch.compile, CUDA graphs on a GPU; the first answer compiles it), 'auto' "
+          "(compiled on CUDA, else eager). The same tokens either way.", choices=DECODE_STEPS,
+          engine_field="decode_step"),
     Param("max_frame_pixels", 0, "Bound on a frame's pixels before the vision encoder; 0: the model's own.",
           low=0, high=1 << 28, engine_field="max_frame_pixels", zero_is_default=True),
     Param("max_pending_texts", DEFAULT_MAX_PENDING_TEXTS,

@@ -16,6 +16,7 @@ from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 from inf_mllm_ros.testing.random_models import build_model_folder
 
 import test_archive
+import test_decode_step
 from conftest import LIGHTHOUSE, load_prepared
 from test_scoring import make_inputs
 
@@ -158,3 +159,24 @@ def test_the_archive_keeps_blocks_on_the_host_and_puts_them_back_into_a_gpu_cach
     assert heads is not None and heads.device.type == "cpu"
     assert int(heads.sum()) == max(retrieval_heads_module.MIN_HEADS,
                                    round(retrieval_heads_module.SHARE * heads.numel()))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2_vl"])
+def test_the_compiled_step_under_cuda_graphs_gives_the_eager_answers(family, tiny_on_the_gpu):
+    """On CUDA the decode step "auto" is the compiled one, under CUDA graphs (mode="reduce-overhead"): its answers
+    are the eager path's, over a stream that evicts and retrieves, and leave the memory as it was."""
+    test_decode_step.test_the_static_step_gives_the_eager_paths_tokens_and_logits(family, tiny_on_the_gpu)
+    adapter = tiny_on_the_gpu[family]
+    stream = test_archive.small_cache_long_past(adapter)
+    compiled = stream.static_decoder
+    assert compiled is not None and compiled.mode == "compiled"
+    for i, question in enumerate(test_decode_step.QUESTIONS * 2):
+        before = test_archive.cache_state(stream)
+        stream.static_decoder = None
+        eager = stream.ask(question, max_new_tokens=12)
+        stream.static_decoder = compiled
+        got = stream.ask(question, max_new_tokens=12)
+        assert (got.text, got.tokens_generated, got.retrieved_tokens) == \
+            (eager.text, eager.tokens_generated, eager.retrieved_tokens)
+        test_archive.assert_same_state(before, test_archive.cache_state(stream))
+        stream.push_text(test_archive.sentence(30 + i), stamp=50.0 + i)

@@ -57,7 +57,7 @@ _VLM_VISION = dict(image_size=256, patch_size=16, scale_factor=2, vision_width=3
 # Vision part of the default: LLaVA-OneVision's layout (SigLIP tower, every patch kept, a base view plus
 # any-resolution tiles with a newline after each row) at a CPU's scale: 96-pixel views of 16-pixel
 # patches and one tile, 78 tokens a frame (36 + 36 + 6) and about 85 with the turn, as the small model.
-_ONEVISION_VISION = dict(image_size=96, patch_size=16, vision_width=384, vision_layers=4, max_tiles_per_side=1)
+ONEVISION_VISION = dict(image_size=96, patch_size=16, vision_width=384, vision_layers=4, max_tiles_per_side=1)
 _VLM_SEED = 0
 
 log = logging.getLogger(__name__)
@@ -271,7 +271,7 @@ def prepare_default_vlm(dest: Path | None = None) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(text_folder)
     text_config = AutoConfig.from_pretrained(text_folder)
     # Qwen's own image and video placeholders: they are in its vocabulary, so no embedding row is added.
-    config, processor = onevision_parts(tokenizer, text_config.to_dict(), **_ONEVISION_VISION,
+    config, processor = onevision_parts(tokenizer, text_config.to_dict(), **ONEVISION_VISION,
                                         image_token="<|image_pad|>", video_token="<|video_pad|>")
     config.tie_word_embeddings = text_config.tie_word_embeddings
     torch.manual_seed(_VLM_SEED)

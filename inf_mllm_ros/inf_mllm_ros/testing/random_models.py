@@ -21,7 +21,13 @@ from ..engine.vlm_parts import IDEFICS3_TOKENS, idefics3_parts
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava", "llava_onevision", "idefics3")
 TEXT_FAMILIES = ("llama",)
-SIZES = ("tiny", "small", "qwen2.5-0.5b", "qwen2-vl-2b")
+SIZES = ("tiny", "small", "qwen2.5-0.5b", "qwen2-vl-2b", "qwen2.5-7b")
+# Shapes the speed benchmarks run (benchmarks/gpu_speed.py): (family, decoder size). "default" is the embedded
+# default's whole shape: LLaVA-OneVision's vision part around Qwen2.5-0.5B's decoder and vocabulary.
+SHAPES = {"tiny": ("llava_onevision", "tiny"), "default": ("default", "qwen2.5-0.5b"),
+          "vlm-2b": ("qwen2_vl", "qwen2-vl-2b"), "text-7b": ("llama", "qwen2.5-7b")}
+# Qwen2.5's vocabulary: the output layer of the real shapes costs what theirs does.
+QWEN_VOCAB = 151936
 
 _CORPUS = [
     "You are the memory of a mobile robot. Camera frames and messages arrive with their time in seconds.",
@@ -94,28 +100,36 @@ def _text_sizes(size: str) -> dict:
     if size == "qwen2-vl-2b":
         return dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                     num_key_value_heads=2, max_position_embeddings=32768)
+    if size == "qwen2.5-7b":
+        return dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                    num_key_value_heads=4, max_position_embeddings=32768, vocab_size=QWEN_VOCAB)
     raise ValueError(f"unknown size {size!r}; choose one of {SIZES}")
 
 
-def _save(model, processor, folder: Path) -> Path:
+def _finish(model, processor, folder: Path | None):
+    """The model and its processor saved in `folder` (returned), or, without a folder, the two themselves."""
+    if folder is None:
+        return model, processor
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     return folder
 
 
-def _init(model_cls, config, seed: int, dtype: torch.dtype):
+def _init(model_cls, config, seed: int, dtype: torch.dtype, device: str | torch.device = "cpu"):
     torch.manual_seed(seed)
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # allocate in the target dtype: a 2B model in float32 is 9 GB
     try:
-        return model_cls(config).eval()
+        with torch.device(device):  # made where it runs: a 7B model's random weights in seconds on a GPU
+            return model_cls(config).eval()
     finally:
         torch.set_default_dtype(default)
 
 
-def build_qwen2_vl(folder: Path, *, size: str = "tiny", seed: int = 0, v2_5: bool = False,
-                   dtype: torch.dtype = torch.float32) -> Path:
+def build_qwen2_vl(folder: Path | None, *, size: str = "tiny", seed: int = 0, v2_5: bool = False,
+                   dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """Qwen2-VL (or Qwen2.5-VL): M-RoPE decoder, 14-pixel patches merged 2x2 into one token."""
     from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig,
                               Qwen2VLForConditionalGeneration, Qwen2VLImageProcessorPil, Qwen2VLProcessor)
@@ -149,17 +163,17 @@ def build_qwen2_vl(folder: Path, *, size: str = "tiny", seed: int = 0, v2_5: boo
         config = Qwen2VLConfig(text_config=text, vision_config=vision, **token_ids)
         model_cls = Qwen2VLForConditionalGeneration
     config.tie_word_embeddings = big
-    model = _init(model_cls, config, seed, dtype)
+    model = _init(model_cls, config, seed, dtype, device)
     min_pixels, max_pixels = (56 * 56, 28 * 28 * 1280) if big else (28 * 28, 28 * 28 * 16)
     image_processor = Qwen2VLImageProcessorPil(size={"shortest_edge": min_pixels, "longest_edge": max_pixels},
                                                patch_size=14, merge_size=2, temporal_patch_size=2)
     processor = image_only_processor_class(Qwen2VLProcessor)(
         image_processor=image_processor, tokenizer=tokenizer, chat_template=tokenizer.chat_template)
-    return _save(model, processor, Path(folder))
+    return _finish(model, processor, folder)
 
 
-def build_llava(folder: Path, *, size: str = "tiny", seed: int = 0, onevision: bool = False,
-                dtype: torch.dtype = torch.float32) -> Path:
+def build_llava(folder: Path | None, *, size: str = "tiny", seed: int = 0, onevision: bool = False,
+                dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """LLaVA-1.5 (CLIP tower, fixed resolution) or LLaVA-OneVision (SigLIP tower, any-resolution tiles)."""
     from transformers import (LlavaConfig, LlavaForConditionalGeneration, LlavaOnevisionConfig,
                               LlavaOnevisionForConditionalGeneration, LlavaOnevisionProcessor, LlavaProcessor)
@@ -180,7 +194,7 @@ def build_llava(folder: Path, *, size: str = "tiny", seed: int = 0, onevision: b
             video_token_index=tokenizer.convert_tokens_to_ids("<video>"),
             image_grid_pinpoints=pinpoints, vision_feature_select_strategy="full", vision_feature_layer=-1,
         )
-        model = _init(LlavaOnevisionForConditionalGeneration, config, seed, dtype)
+        model = _init(LlavaOnevisionForConditionalGeneration, config, seed, dtype, device)
         image_processor = LlavaOnevisionImageProcessorPil(
             size={"height": image, "width": image}, image_grid_pinpoints=pinpoints)
         processor = image_only_processor_class(LlavaOnevisionProcessor)(
@@ -196,16 +210,17 @@ def build_llava(folder: Path, *, size: str = "tiny", seed: int = 0, onevision: b
             image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
             image_seq_length=(image // patch) ** 2, vision_feature_select_strategy="default", vision_feature_layer=-2,
         )
-        model = _init(LlavaForConditionalGeneration, config, seed, dtype)
+        model = _init(LlavaForConditionalGeneration, config, seed, dtype, device)
         image_processor = CLIPImageProcessorPil(size={"shortest_edge": image},
                                                 crop_size={"height": image, "width": image})
         processor = LlavaProcessor(
             image_processor=image_processor, tokenizer=tokenizer, patch_size=patch, num_additional_image_tokens=1,
             vision_feature_select_strategy="default", chat_template=tokenizer.chat_template)
-    return _save(model, processor, Path(folder))
+    return _finish(model, processor, folder)
 
 
-def build_idefics3(folder: Path, *, size: str = "tiny", seed: int = 0, dtype: torch.dtype = torch.float32) -> Path:
+def build_idefics3(folder: Path | None, *, size: str = "tiny", seed: int = 0, dtype: torch.dtype = torch.float32,
+                   device: str | torch.device = "cpu"):
     """SmolVLM / Idefics3: SigLIP-style tower, pixel shuffle, image split into tiles plus a global view."""
     from transformers import Idefics3ForConditionalGeneration
 
@@ -219,19 +234,60 @@ def build_idefics3(folder: Path, *, size: str = "tiny", seed: int = 0, dtype: to
         shape = dict(image_size=64, patch_size=8, scale_factor=2, vision_width=64, vision_layers=2)
     text["vocab_size"] = len(tokenizer)
     config, processor = idefics3_parts(tokenizer, text, **shape)
-    model = _init(Idefics3ForConditionalGeneration, config, seed, dtype)
-    return _save(model, processor, Path(folder))
+    model = _init(Idefics3ForConditionalGeneration, config, seed, dtype, device)
+    return _finish(model, processor, folder)
 
 
-def build_llama(folder: Path, *, size: str = "tiny", seed: int = 0, dtype: torch.dtype = torch.float32) -> Path:
+def build_llama(folder: Path | None, *, size: str = "tiny", seed: int = 0, dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu"):
     """A text-only Llama (the shape of SmolLM2), for what frames must not reach."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = synthetic_tokenizer([], _CHATML.replace("IMAGE", ""))
-    config = LlamaConfig(**_text_sizes(size), vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+    config = LlamaConfig(**{"vocab_size": len(tokenizer), **_text_sizes(size)}, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    model = _init(LlamaForCausalLM, config, seed, dtype)
-    return _save(model, tokenizer, Path(folder))
+    model = _init(LlamaForCausalLM, config, seed, dtype, device)
+    return _finish(model, tokenizer, folder)
+
+
+def build_default_shape(folder: Path | None, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu"):
+    """The embedded default's shape with random weights: LLaVA-OneVision's vision part (as the default has it)
+    around Qwen2.5-0.5B's decoder, vocabulary and tied output layer."""
+    from transformers import LlavaOnevisionForConditionalGeneration
+
+    from ..engine.embedded_models import ONEVISION_VISION
+    from ..engine.vlm_parts import onevision_parts
+
+    tokenizer = synthetic_tokenizer(["<image>", "<video>"], _CHATML.replace("IMAGE", "<image>"))
+    text = dict(_text_sizes("qwen2.5-0.5b"), vocab_size=QWEN_VOCAB, tie_word_embeddings=True,
+                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    config, processor = onevision_parts(tokenizer, text, **ONEVISION_VISION)
+    config.tie_word_embeddings = True
+    model = _init(LlavaOnevisionForConditionalGeneration, config, seed, dtype, device)
+    return _finish(model, processor, folder)
+
+
+def random_adapter(shape: str, *, device: str | torch.device, dtype: torch.dtype, seed: int = 0):
+    """A benchmark shape (SHAPES) with random weights, made in memory on `device` (no folder: a 7B model's
+    weights would take minutes to write and read), behind the adapter of its family."""
+    from ..engine.adapters import adapter_for
+
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; choose one of {tuple(SHAPES)}")
+    family, size = SHAPES[shape]
+    kwargs = dict(seed=seed, dtype=dtype, device=device)
+    if family == "default":
+        model, processor = build_default_shape(None, **kwargs)
+    elif family == "llama":
+        model, processor = build_llama(None, size=size, **kwargs)
+    else:
+        model, processor = build_llava(None, size=size, onevision=True, **kwargs) if family == "llava_onevision" \
+            else build_qwen2_vl(None, size=size, **kwargs)
+    cls = adapter_for(model.config)
+    if cls.supports_frames:
+        return cls(model, processor.tokenizer, folder=f"random:{shape}", processor=processor)
+    return cls(model, processor, folder=f"random:{shape}")
 
 
 def build_model_folder(family: str, folder: str | Path, *, size: str = "tiny", seed: int = 0,
