@@ -13,7 +13,7 @@ import torch._dynamo.testing
 from inf_mllm_ros.engine.answering import AnswerCancelledError
 from inf_mllm_ros.engine.decode_step import StaticDecoder, resolve_decode_step
 from inf_mllm_ros.engine.loading import load_model
-from inf_mllm_ros.engine.stream import StreamConfig
+from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
 
 from test_archive import assert_same_state, cache_state, frame, sentence, small_cache_long_past
@@ -148,3 +148,19 @@ def test_the_decode_step_setting():
         StreamConfig(decode_step="graph")
     with pytest.raises(ValueError, match="decode_step"):
         resolve_decode_step("fast", torch.device("cpu"))
+
+
+def test_a_stream_that_decodes_in_static_steps_binds_them_with_its_first_input_and_answers_as_eager(adapters):
+    """The step is made ready (compiled, on a GPU) while the first input goes in, not when the first question
+    waits; its step into the slot after the filled ones changes nothing of the memory."""
+    config = dict(capacity=48, chunk_size=16, archive_size=4096, retrieve_tokens=64, archive_block=16)
+    eager = KVStream(adapters["qwen2_vl"], StreamConfig(**config, decode_step="eager"))
+    static = KVStream(adapters["qwen2_vl"], StreamConfig(**config, decode_step="static"))
+    assert eager.static_decoder is None and not static.static_decoder.ready
+    for i in range(10):
+        for stream in (eager, static):
+            stream.push_text(sentence(i), stamp=float(i))
+        assert static.static_decoder.ready
+        assert_same_state(cache_state(eager), cache_state(static))
+    for question in QUESTIONS:
+        assert static.ask(question, max_new_tokens=10).text == eager.ask(question, max_new_tokens=10).text

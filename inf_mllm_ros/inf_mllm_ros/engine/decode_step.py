@@ -139,6 +139,22 @@ class StaticDecoder:
         position.add_(1)
         return logits
 
+    @property
+    def ready(self) -> bool:
+        """Bound to the cache's storage (and compiled, where compiled)."""
+        return self._bound_to is not None
+
+    def warm_up(self) -> None:
+        """Bind (and compile) now, with one step into the slot after the cache's filled ones, which nothing reads
+        before it is written again, so that the first answer does not wait for the compiler (a minute or so)."""
+        if self.cache.fill == 0:
+            return
+        self._bind()
+        self.token.zero_()
+        self.slot.fill_(self.cache.fill)
+        self.position.fill_(self.cache.next_position)
+        self.step()
+
     def start(self, logits: Tensor) -> None:
         """Begin an answer after the prompt whose last logits are given: the first token is chosen from them,
         and goes to the slot after the cache's filled ones, at the next position."""

@@ -314,9 +314,12 @@ class KVStream(Answering):
         if total == 0:
             raise ValueError("empty prompt")
         try:
-            return self._push_blocks(prompt, return_logits, last_logits, pinned, stoppable)
+            result = self._push_blocks(prompt, return_logits, last_logits, pinned, stoppable)
         finally:
             self.archive.end_prompt(frame=prompt.token_ids is None, turns=turns or [(total, None)])
+        if self.static_decoder is not None and not self.static_decoder.ready:
+            self.static_decoder.warm_up()  # with the memory's first input, not its first question
+        return result
 
     def _push_blocks(self, prompt: Prompt, return_logits: bool, last_logits: bool, pinned: bool | Tensor,
                      stoppable: bool):
