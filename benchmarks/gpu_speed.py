@@ -157,7 +157,7 @@ def measure(shape: str, args, record: dict) -> dict:
         print(shape, mode, round(out[f"decode_ms_{mode}"], 3), "ms/token", flush=True)
     out["decode_ms_transformers_generate"] = generate_ms(adapter, args.tokens, args.repeats)
     for key in [k for k in out if k.startswith("decode_ms_")]:
-        out[key.replace("decode_ms_", "tokens_per_s_")] = 1000 / out[key]
+        out[key.replace("decode_ms_", "tokens_per_s_")] = 1000 / out[key] if out[key] > 0 else None
     # Answers as shipped: the decode step "auto" gives this device, retrieval from the archive.
     stream.static_decoder = None if shipped is None else StaticDecoder(adapter, stream.cache, shipped.mode)
     out["decode_step_shipped"] = "eager" if shipped is None else shipped.mode
