@@ -87,7 +87,8 @@ class Answering:
     It is a mixin of `KVStream` alone, and uses the stream's own state: `adapter` (tokenizing, the chat
     template, decoding), `config` (max_new_tokens, retrieve_tokens), `cache` (its fill, slots and headroom,
     truncated back after an answer not kept), `archive` (the blocks to retrieve from), `tokens_seen`,
-    `newest_frame_stamp`, `stop_requested` and `_stop_ids`; and its pushing: `_ensure_started`, `_push` and
+    `newest_frame_stamp`, `stop_requested`, `static_decoder` (the fixed-shape step of an answer not kept, or
+    None) and `_stop_ids`; and its pushing: `_ensure_started`, `_push` and
     `_forward`. Its own state is an answer's: `_on_token`, `_cancel` and `_retrieved`.
     """
 

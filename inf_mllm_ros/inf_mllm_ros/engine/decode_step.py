@@ -147,8 +147,8 @@ class StaticDecoder:
     def warm_up(self) -> None:
         """Bind (and compile) now, with one step into the slot after the cache's filled ones, which nothing reads
         before it is written again, so that the first answer does not wait for the compiler (a minute or so)."""
-        if self.cache.fill == 0:
-            return
+        if not 0 < self.cache.fill < self.cache.slots:
+            return  # nothing to bind to yet, or no free slot to step into (a full cache that never evicts)
         self._bind()
         self.token.zero_()
         self.slot.fill_(self.cache.fill)
