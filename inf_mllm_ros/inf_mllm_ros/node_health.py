@@ -81,6 +81,9 @@ class NodeHealth:
         with self._lock:
             node_drops, rejected, failed = self._frames_dropped, self._inputs_rejected, self._queries_failed
             last_error = self._last_error
+        if not last_error and engine is not None and engine.load_error is not None:
+            # The model failed in the engine's thread: the configure that waits for it has not yet said so.
+            last_error = f"model failed to load: {engine.load_error}"
         model_drops = counters.frames_dropped if counters is not None else 0
         prev, self._health_prev = self._health_prev, (now, node_drops, model_drops)
         span = now - prev[0] if prev else 0.0

@@ -80,8 +80,8 @@ PARAMETERS = (
     Param("device", "auto", "Where the model runs.", constraints="auto, cpu, cuda or cuda:N"),
     Param("dtype", "auto", "Weights and cache precision; auto: bfloat16/float16 on GPU, float32 on CPU.",
           constraints="auto, float32, bfloat16 or float16"),
-    Param("torch_threads", 0, "CPU threads the model uses; 0: torch's default (one per core). On a small or busy "
-          "CPU fewer threads can be much faster.", low=0, high=1024),
+    Param("torch_threads", 0, "CPU threads the model uses; 0: every core but one (at least one), the one left to the "
+          "node's executor and DDS. On a small or busy CPU fewer threads can be much faster.", low=0, high=1024),
     Param("trust_remote_code", False, "Allow code shipped in the model folder to run."),
     Param("cache_size", StreamConfig.capacity, "Tokens the KV cache keeps (fixed memory).", low=MIN_CAPACITY,
           high=1 << 20,

@@ -49,7 +49,8 @@ class EngineWorker(MemoryCheckpoints):
                     self._lock.wait(min(self._next_checkpoint - time.monotonic(), 3600.0))
                 if self._closed:
                     break
-                jobs = self._work.next_jobs(self._settings.frame_period, self.config.capacity) if self._work else []
+                jobs = (self._work.next_jobs(self._settings.frame_period, self.config.capacity, self.config.chunk_size)
+                        if self._work else [])
                 settings = self._settings
             if settings is not self._applied:
                 self._apply(settings)
