@@ -45,7 +45,7 @@ from .node_health import STATS_QOS, NodeHealth
 from .node_inputs import LATCHED_QOS, NodeInputs
 from .node_parameters import NodeParameters
 from .node_services import NodeServices
-from .settings import PARAMETERS, frame_period, load_settings, stream_config
+from .settings import PARAMETERS, frame_period, load_settings, model_threads, stream_config
 
 NODE_NAME = "inf_mllm"
 # Seconds a shutdown or cleanup waits for the model: it stops within one block or token, then saves.
@@ -136,7 +136,7 @@ class InfMLLMNode(NodeParameters, NodeInputs, NodeServices, NodeHealth, Lifecycl
                 memory_file=self._param("memory_file") or None,
                 checkpoint_period=self._param("checkpoint_period"),
                 frame_period=frame_period(self._param("frame_rate")),
-                torch_threads=self._param("torch_threads"),
+                torch_threads=model_threads(values),
             )
         except Exception as exc:  # rclpy would swallow it: say why here
             self._last_error = f"configure failed: {type(exc).__name__}: {exc}"

@@ -970,11 +970,13 @@ def stand_in_factory():
 
 @pytest.fixture
 def local_node(request):
-    """An InfMLLMNode in this process, made with the given engine factory, and a probe to call it."""
+    """An InfMLLMNode in this process, made with the given engine factory, and a probe to call it. The node sets
+    torch's threads process-wide (`torch_threads`); they are set back for the tests after it."""
+    import torch
     from inf_mllm_ros.node import InfMLLMNode
     from rclpy.parameter import Parameter
 
-    made = []
+    made, threads = [], torch.get_num_threads()
 
     def make(engine_factory, **params):
         probe = RosProbe("local_probe")
@@ -998,6 +1000,7 @@ def local_node(request):
         probe.executor.remove_node(node)
         node.destroy_node()
         probe.close()
+    torch.set_num_threads(threads)
 
 
 def test_query_while_the_model_loads_then_fails_to_load(local_node, monkeypatch):

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from ..engine.value_rules import as_declared
 from ..input_rules import StreamClock
-from ..settings import BY_NAME, DEFAULTS, PARAMETERS, load_settings, value_problem
+from ..settings import BY_NAME, DEFAULTS, PARAMETERS, load_settings, model_threads, value_problem
 from ..settings import stream_config
 from .bag_io import BagError
 from .report import RunResult, mib, write_plot, write_report
@@ -151,7 +151,7 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
         if adapter is None:
             from ..engine.loading import load_model, use_torch_threads
 
-            use_torch_threads(settings["torch_threads"])  # as the node's engine does
+            use_torch_threads(model_threads(settings))  # as the node's engine does
             adapter = load_model(settings["model"], **load_settings(settings))
         stream = KVStream(adapter, config)
         result.model = {k: str(v) for k, v in adapter.describe().items()}

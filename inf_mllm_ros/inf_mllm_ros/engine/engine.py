@@ -121,7 +121,7 @@ class StreamingEngine(EngineWorker):
         loader = (lambda: adapter) if adapter is not None else (
             lambda: load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         )
-        self.torch_threads = torch_threads  # 0: every core but one (use_torch_threads)
+        self.torch_threads = torch_threads  # 0: torch's default
         self._worker = threading.Thread(target=self._run, args=(loader,), name="inf_mllm_engine", daemon=True)
         self._worker.start()
 

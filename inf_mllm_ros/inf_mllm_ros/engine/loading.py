@@ -33,15 +33,9 @@ _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin
 
 
 def use_torch_threads(threads: int) -> None:
-    """CPU threads torch uses, process-wide; 0: every core this process may use but one, at least one. The core
-    left is the caller's: the node's executor and DDS threads, which take every message while the model runs. With
-    one thread per core (torch's default) they preempt torch's threads, which wait on each other at every
-    operation: on a 2-core CPU under a flood of texts the node took its first text after 7 s and frames at half
-    their rate, against 4 s and at their rate with one thread."""
-    if threads <= 0:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        threads = max(1, cores - 1)
-    torch.set_num_threads(threads)
+    """CPU threads torch uses, process-wide (the model is the process's main work); 0: torch's default."""
+    if threads > 0:
+        torch.set_num_threads(threads)
 
 
 def resolve_model(model: str | os.PathLike | None) -> Path:

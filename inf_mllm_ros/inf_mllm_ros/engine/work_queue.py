@@ -7,9 +7,9 @@ Each time the worker is free it takes, in this order:
    quarters of `frame_period` have passed since the last frame was taken (`frame_period` 0: frames and
    other work alternate);
 3. otherwise the oldest message: a question alone, or the texts waiting in a row before the next
-   question (up to about a cache's worth of characters, one block of the model's until its speed is measured,
-   and while a camera is live what the model takes, by its measured speed, in a quarter of a frame period or
-   what a frame leaves of it), pushed together in one model call;
+   question (up to about a cache's worth of characters, and while a camera is live one block of the model's
+   until its speed is measured, then what the model takes, by its measured speed, in a quarter of a frame
+   period or what a frame leaves of it), pushed together in one model call;
 4. otherwise the frame.
 
 So a question sees every text submitted before it, and waits behind the text calls for those texts
@@ -105,15 +105,17 @@ class WorkQueue:
         self.seconds_per_frame = _moving_average(self.seconds_per_frame, seconds)
 
     def text_batch_chars(self, now: float, frame_period: float, capacity: int, block: int) -> int:
-        """The most characters of text one model call takes: a cache's worth (4 characters a token), one `block`'s
-        worth until the model's speed is measured (a first batch of a cache's worth held a frame and a question
-        for seconds under a flood), and while a camera is live (a frame offered within two frame periods) what
-        the model takes, by its measured speed, in a quarter of a frame period, or in what a frame leaves of a
-        period where that is less (a tenth at least). A frame that comes while texts go in waits at most that: its
+        """The most characters of text one model call takes: a cache's worth (4 characters a token), and while a
+        camera is live (a frame offered within two frame periods) one `block`'s worth until the model's speed is
+        measured (a first batch of a cache's worth held frames and a question for seconds under a flood), then
+        what the model takes, by its measured speed, in a quarter of a frame period, or in what a frame leaves of
+        a period where that is less (a tenth at least). A frame that comes while texts go in waits at most that: its
         turn comes every period however many texts wait, even when the frames reach the queue out of step with the
         worker's period."""
-        limit = 4 * capacity if self.seconds_per_char else 4 * min(block, capacity)
-        if frame_period > 0 and self.seconds_per_char and now - self.last_frame_offered <= 2 * frame_period:
+        limit = 4 * capacity
+        if frame_period > 0 and now - self.last_frame_offered <= 2 * frame_period:
+            if self.seconds_per_char is None:
+                return max(4 * min(block, capacity), 1)
             left = frame_period - (self.seconds_per_frame or 0.0)
             seconds = max(min(left, 0.25 * frame_period), 0.1 * frame_period)
             limit = min(limit, int(seconds / self.seconds_per_char))
