@@ -12,6 +12,7 @@ import torch
 from inf_mllm_ros.engine.engine import EngineBusyError, EngineNotReadyError, StreamingEngine
 from inf_mllm_ros.engine.loading import ModelLoadError, load_model
 from inf_mllm_ros.engine.stream import AnswerCancelledError, KVStream, StreamConfig, StreamStoppedError
+from inf_mllm_ros.engine.work_queue import Job, WorkQueue
 
 from conftest import LIGHTHOUSE
 
@@ -361,6 +362,33 @@ def test_a_question_sees_the_texts_before_it_and_not_those_after(smollm2):
         f.result(120)
     assert engine.stats().texts_ingested == 15
     engine.close()
+
+
+@pytest.mark.parametrize("measured", [False, True])
+@pytest.mark.parametrize("texts", [3, 40])
+def test_a_waiting_question_takes_the_texts_ahead_of_it_in_one_call_then_goes_before_the_frame(texts, measured):
+    """Under a flood a question waits for the job in progress and one call of the texts ahead of it, not for a
+    backlog taken a quarter period at a time between frames; without a question the frame goes first."""
+    def queue(question: bool) -> WorkQueue:
+        work = WorkQueue()
+        if measured:
+            work.took_texts(100, 1.0)  # 10 ms a character: a quarter period holds 25 characters
+        work.offer_frame(Job("frame"))
+        for i in range(texts):
+            work.add(Job("text", text=(f"Conveyor {i} moved crate {i} past the scanner.", None, False)))
+        if question:
+            work.add(Job("query"))
+            work.add(Job("text", text=("A late note.", None, False)))
+        return work
+
+    work = queue(question=True)
+    order = [[job.kind for job in work.next_jobs(1.0, 256, 128)] for _ in range(4)]
+    assert order == [["text"] * texts, ["query"], ["frame"], ["text"]]
+    assert work.queries == 0 and work.texts == 0 and not work
+    work = queue(question=False)
+    assert [job.kind for job in work.next_jobs(1.0, 256, 128)] == ["frame"]
+    batch = work.next_jobs(1.0, 256, 128)
+    assert 1 <= len(batch) < texts or texts * 48 <= 4 * 128  # a quarter period's worth, or one block at first
 
 
 def test_under_a_flood_of_texts_a_frame_goes_in_every_frame_period(smollm2):

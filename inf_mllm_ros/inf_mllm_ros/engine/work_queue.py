@@ -3,18 +3,19 @@
 Each time the worker is free it takes, in this order:
 
 1. control (a reset or a save), at once;
-2. the waiting camera frame, if it is due: the previous job was not a frame and at least three
-   quarters of `frame_period` have passed since the last frame was taken (`frame_period` 0: frames and
-   other work alternate);
+2. the waiting camera frame, if it is due and no question waits: the previous job was not a frame and at
+   least three quarters of `frame_period` have passed since the last frame was taken (`frame_period` 0:
+   frames and other work alternate);
 3. otherwise the oldest message: a question alone, or the texts waiting in a row before the next
-   question (up to about a cache's worth of characters, and while a camera is live one block of the model's
-   until its speed is measured, then what the model takes, by its measured speed, in a quarter of a frame
-   period or what a frame leaves of it), pushed together in one model call;
+   question, pushed together in one model call: all of them while a question waits; else up to about a
+   cache's worth of characters, and while a camera is live one block of the model's until its speed is
+   measured, then what the model takes, by its measured speed, in a quarter of a frame period or what a
+   frame leaves of it;
 4. otherwise the frame.
 
-So a question sees every text submitted before it, and waits behind the text calls for those texts
-and a frame; under a flood of texts a frame still goes in every `frame_period` seconds (a text call then
-lasts a quarter of a period at most) or every other job, and under a camera faster than the model texts and
+So a question sees every text submitted before it, and waits for the job in progress and one batch of those
+texts; under a flood of texts a frame still goes in every `frame_period` seconds (a text call then lasts a
+quarter of a period at most) or every other job, and under a camera faster than the model texts and
 questions still get every other job. Frames are kept one deep: a frame that arrives while another waits
 replaces it, so a camera faster than the model never builds a backlog.
 """
@@ -130,7 +131,9 @@ class WorkQueue:
         # through once a period reach the queue out of step with the worker, and a whole period here would
         # hold some of them for another text call, slowing frames below the rate.
         frame_due = self.last_kind != "frame" and now - self.last_frame_taken >= 0.75 * frame_period
-        if self.frame is not None and (not self.messages or frame_due):
+        # A waiting question goes before the frame, and the texts ahead of it go in as one batch: it waits for
+        # the job in progress and one batch, not for a backlog taken a quarter period at a time between frames.
+        if self.frame is not None and (not self.messages or (frame_due and not self.queries)):
             job, self.frame = self.frame, None
             self.last_frame_taken, self.last_kind = now, "frame"
             return [job]
@@ -141,7 +144,7 @@ class WorkQueue:
         # Waiting texts go in together, so that a long backlog does not hold a question or a frame for many
         # blocks of the model.
         batch, chars = [], 0
-        limit = self.text_batch_chars(now, frame_period, capacity, block)
+        limit = self.text_batch_chars(now, frame_period, capacity, block) if not self.queries else float("inf")
         while self.messages and self.messages[0].kind == "text" and (not batch or chars < limit):
             chars += len(self.messages[0].text[0])
             batch.append(self.messages.popleft())
