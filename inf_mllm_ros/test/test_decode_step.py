@@ -164,3 +164,16 @@ def test_a_stream_that_decodes_in_static_steps_binds_them_with_its_first_input_a
         assert_same_state(cache_state(eager), cache_state(static))
     for question in QUESTIONS:
         assert static.ask(question, max_new_tokens=10).text == eager.ask(question, max_new_tokens=10).text
+
+
+def test_a_step_that_cannot_be_made_leaves_the_stream_decoding_eagerly_and_its_input_in(adapters, monkeypatch, caplog):
+    stream = KVStream(adapters["llama"], StreamConfig(capacity=48, chunk_size=16, decode_step="static"))
+
+    def fails(*args):
+        raise RuntimeError("the compiler gave up")
+
+    monkeypatch.setattr(stream.static_decoder, "_eager_step", fails)
+    taken = stream.push_text(sentence(1), stamp=1.0)
+    assert taken > 0 and stream.texts_ingested == 1 and stream.static_decoder is None
+    assert "answers decode eagerly" in caplog.text and "the compiler gave up" in caplog.text
+    assert stream.ask(QUESTIONS[0], max_new_tokens=4).tokens_generated >= 1

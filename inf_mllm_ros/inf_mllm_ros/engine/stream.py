@@ -11,6 +11,7 @@ which `KVStream` inherits. The names defined there that callers import from here
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -318,8 +319,19 @@ class KVStream(Answering):
         finally:
             self.archive.end_prompt(frame=prompt.token_ids is None, turns=turns or [(total, None)])
         if self.static_decoder is not None and not self.static_decoder.ready:
-            self.static_decoder.warm_up()  # with the memory's first input, not its first question
+            self._warm_up_decoder()
         return result
+
+    def _warm_up_decoder(self) -> None:
+        """Make the static step ready with the memory's first input, not at its first question. A model whose step
+        cannot be made (a compiler that fails on it) decodes eagerly, with the reason logged: the input that went
+        in stays, and answers are the same tokens either way."""
+        try:
+            self.static_decoder.warm_up()
+        except Exception as exc:
+            logging.getLogger(__name__).warning("decode_step %r not available (%s: %s); answers decode eagerly",
+                                                self.static_decoder.mode, type(exc).__name__, exc)
+            self.static_decoder = None
 
     def _push_blocks(self, prompt: Prompt, return_logits: bool, last_logits: bool, pinned: bool | Tensor,
                      stoppable: bool):
