@@ -105,7 +105,7 @@ PARAMETERS = (
           low=0, high=65536, engine_field="retrieve_tokens"),
     Param("decode_step", StreamConfig.decode_step, "How an answer not kept in memory is decoded: 'eager' (one "
           "forward through the cache per token), 'static' (one fixed-shape step per token over the cache's storage), "
-          "'compiled' (that step under torch.compile, CUDA graphs on a GPU; the first answer compiles it), 'auto' "
+          "'compiled' (that step under torch.compile, CUDA graphs on a GPU; compiled with the first input), 'auto' "
           "(compiled on CUDA, else eager). The same tokens either way.", choices=DECODE_STEPS,
           engine_field="decode_step"),
     Param("max_frame_pixels", 0, "Bound on a frame's pixels before the vision encoder; 0: the model's own.",
@@ -211,10 +211,8 @@ def load_settings(values: dict) -> dict:
 
 def model_threads(values: dict) -> int:
     """CPU threads the model uses, from the `torch_threads` parameter: 0 means every core this process may use but
-    one (at least one). The core left is the node's executor's and DDS's, which take every message while the model
-    runs: with one torch thread per core (torch's default) they preempt torch's threads, which wait on each other at
-    every operation (on a 2-core CPU under a flood of texts the node took its first text after 7 s and frames at
-    half their rate, against 4 s and at their rate with one thread)."""
+    one (at least one), left to the node's executor and DDS threads, which take every message while the model runs
+    and would otherwise preempt torch's threads (docs/node.md, `torch_threads`)."""
     threads = values.get("torch_threads", BY_NAME["torch_threads"].default)
     if threads > 0:
         return threads
