@@ -6,7 +6,7 @@ Twelve facts told in a row (1 to 3 narration paragraphs before each), then narra
 named again in turn in every third message, as `archive_recall.py recall --facts-at-once 12`; Qwen2.5-0.5B,
 float32, cache 512. At 2K, 4K and 8K tokens after the last fact, every fact is asked once per placement:
 the rank of the fact's own block among the candidates, how many other facts' blocks were placed with it,
-and whether the answer holds the value. The scoring is the engine's (engine/archive_scoring.py); the
+and whether the answer holds the value. The scoring is the engine's (engine/retrieval_index.py); the
 placements of what it chose:
 - `best_last`: the best block nearest the question, after the cache's positions (the placement before);
 - `stream_order`: in stream order (the placement before);
@@ -38,7 +38,8 @@ from pathlib import Path
 
 import torch
 
-from inf_mllm_ros.engine import answering, archive_scoring
+from inf_mllm_ros.engine import answering
+from inf_mllm_ros.engine.retrieval_index import RetrievalIndex
 from inf_mllm_ros.engine.answering import best_last as placed_best_last
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
@@ -94,14 +95,13 @@ def main() -> None:
     from inf_mllm_ros.engine.answering import Answering
     from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 
-    def scored(archive, question, reference, blocks, heads=None):
-        scores = shipped_scores(archive, question, reference, blocks, heads)
-        if reference is not None:  # a question's, not the retrieval heads' calibration
-            LAST["order"] = [blocks[i] for i in torch.argsort(scores, descending=True, stable=True).tolist()]
+    def scored(index, question, blocks):
+        scores = shipped_scores(index, question, blocks)
+        LAST["order"] = [blocks[i] for i in torch.argsort(scores, descending=True, stable=True).tolist()]
         return scores
 
-    shipped_scores = archive_scoring.block_scores
-    archive_scoring.block_scores = scored
+    shipped_scores = RetrievalIndex.scores
+    RetrievalIndex.scores = scored
     rows = json.loads(OUT.read_text()) if OUT.exists() else []
     adapter = load_model("qwen2.5-0.5b", device="cpu", dtype="float32")
     paras = paragraphs(args.set)

@@ -13,6 +13,7 @@ from inf_mllm_ros.engine.answering import best_last
 from inf_mllm_ros.engine.archive import BOOKKEEPING_BYTES, ArchivedBlock, KVArchive, _cut
 from inf_mllm_ros.engine.cache import shift_rotary
 from inf_mllm_ros.engine.loading import load_model
+from inf_mllm_ros.engine.retrieval_index import RetrievalIndex
 from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
 from inf_mllm_ros.engine.stream import KVStream, StreamConfig
 
@@ -201,21 +202,21 @@ def test_an_answer_that_retrieved_leaves_the_cache_as_it_was_slot_for_slot(famil
 @pytest.mark.parametrize("cache_answers", [True, False])
 @pytest.mark.parametrize("family", ["llama", "qwen2_vl"])
 def test_nothing_is_retrieved_where_the_cache_holds_an_answer_as_good_as_the_archives(family, cache_answers,
-                                                                                      adapters):
+                                                                                      adapters, monkeypatch):
     """Where a block the cache holds scores as high as the best archived one, its answer is the newer, and
     nothing is placed; elsewhere the retrieved blocks go between the cache and the question. (The scores
     are set here: a tiny model's mean nothing.)"""
     adapter = adapters[family]
     stream = small_cache_long_past(adapter)
 
-    def scores(question, reference, blocks, heads=None):
+    def scores(index, question, blocks):
         held = stream.cache.holds(torch.tensor([b.first_seq for b in blocks]), torch.tensor([b.seq_end for b in blocks]))
         assert held.any() and not held.all(), "the cache's blocks are scored beside the candidates"
         score = torch.arange(len(blocks), dtype=torch.float32)
         score[held] = len(blocks) if cache_answers else -len(blocks)
         return score
 
-    stream.archive.scores = scores
+    monkeypatch.setattr(RetrievalIndex, "scores", scores)
     placed, splice = {}, stream.cache.splice
 
     def recording(keys, values, start, end, seq, frame):
@@ -320,4 +321,4 @@ def test_a_model_whose_retrieval_heads_cannot_be_found_scores_on_the_middle_laye
         raise RuntimeError("no chat template")
 
     monkeypatch.setattr(retrieval_heads_module, "_kept_or_found", fails)
-    assert retrieval_heads_module.retrieval_heads(Model()) is None  # archive_scoring then uses the middle half
+    assert retrieval_heads_module.retrieval_heads(Model()) is None  # retrieval then scores on the middle half

@@ -17,6 +17,7 @@ from inf_mllm_ros.testing.random_models import build_model_folder
 
 import test_archive
 import test_decode_step
+import test_retrieval_index
 from conftest import LIGHTHOUSE, load_prepared
 from test_scoring import make_inputs
 
@@ -145,7 +146,8 @@ def tiny_on_the_gpu(tmp_path_factory):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2_vl"])
-def test_the_archive_keeps_blocks_on_the_host_and_puts_them_back_into_a_gpu_cache(family, tiny_on_the_gpu):
+def test_the_archive_keeps_blocks_on_the_host_and_puts_them_back_into_a_gpu_cache(family, tiny_on_the_gpu,
+                                                                                 monkeypatch):
     """The CPU suite's checks of retrieval's mechanics, with the cache on the GPU and the archive in host
     memory: blocks put back where they were give the same logits, an answer that retrieved (its retrieval
     heads found on the GPU) leaves the cache as it was, slot for slot, and nothing is placed where the cache
@@ -154,11 +156,20 @@ def test_the_archive_keeps_blocks_on_the_host_and_puts_them_back_into_a_gpu_cach
     test_archive.test_an_answer_that_retrieved_leaves_the_cache_as_it_was_slot_for_slot(family, tiny_on_the_gpu)
     for cache_answers in (True, False):
         test_archive.test_nothing_is_retrieved_where_the_cache_holds_an_answer_as_good_as_the_archives(
-            family, cache_answers, tiny_on_the_gpu)
+            family, cache_answers, tiny_on_the_gpu, monkeypatch)
+        monkeypatch.undo()
     heads = retrieval_heads_module.retrieval_heads(tiny_on_the_gpu[family])
     assert heads is not None and heads.device.type == "cpu"
     assert int(heads.sum()) == max(retrieval_heads_module.MIN_HEADS,
                                    round(retrieval_heads_module.SHARE * heads.numel()))
+
+
+@pytest.mark.parametrize("seed, sentences", [(0, 40), (1, 57)])
+def test_the_retrieval_index_lives_on_the_gpu_and_scores_as_the_plain_computation(seed, sentences, tiny_on_the_gpu):
+    """Blocks recorded from the GPU (copied to pinned host memory without a wait per forward), indexed on the
+    GPU, scored as the plain computation over the host archive."""
+    test_retrieval_index.test_the_index_scores_blocks_as_the_plain_computation_over_the_archive(
+        tiny_on_the_gpu["qwen2_vl"], seed, sentences)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2_vl"])

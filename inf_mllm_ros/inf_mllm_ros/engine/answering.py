@@ -19,6 +19,7 @@ from torch import Tensor
 
 from .cache import shift_rotary
 from .retrieval_heads import retrieval_heads
+from .retrieval_index import RetrievalIndex, middle_layers
 from .text_rules import text_problem
 
 if TYPE_CHECKING:
@@ -304,8 +305,7 @@ class Answering:
             return []
         in_cache = [b for b, h in zip(blocks, held) if h]
         question = self._content_queries(ids, content)
-        reference = self._content_queries(*self._reference_question)
-        scores = archive.scores(question, reference, candidates + in_cache, retrieval_heads(self.adapter))
+        scores = self._retrieval_index(question[0]).scores(question, candidates + in_cache)
         archived, held_scores = scores[: len(candidates)], scores[len(candidates) :]
         if held_scores.numel() and held_scores.max() >= archived.max() - CACHE_ANSWERS_MARGIN * scores.std():
             return []  # the cache holds an answer as good, and newer
@@ -327,6 +327,17 @@ class Answering:
             if budget - used < 1:
                 break
         return chosen
+
+    def _retrieval_index(self, queries: Tensor) -> RetrievalIndex:
+        """The archive's index, made at the memory's first retrieval: on the model's retrieval heads (every head of
+        the middle half of the layers where they cannot be found), with the reference question asked of the
+        memory as it is then."""
+        if self.archive.index is None:
+            heads = retrieval_heads(self.adapter)
+            if heads is None:
+                heads = middle_layers(*queries.shape[:2])
+            self.archive.build_index(heads, self._content_queries(*self._reference_question), queries.device)
+        return self.archive.index
 
     def _place_blocks(self, chosen: list) -> None:
         """Splice archived blocks after the cache's, in the order given, each re-rotated to sit there."""

@@ -13,10 +13,14 @@ Positions. Each block's keys are kept rotated as if the block began at position 
 relative to its first; a frame keeps its M-RoPE layout), so that a block can be placed at any position by
 one uniform rotation, and every block is scored alike, wherever it came from.
 
-Scoring (`scores`, engine/archive_scoring.py). The queries of the question's own words are compared with the
+Scoring (`index`, engine/retrieval_index.py). The queries of the question's own words are compared with the
 archived keys on the model's retrieval heads (engine/retrieval_heads.py), less half the score of a
 reference question about nothing in particular; one selection serves every layer, so that the placed
-blocks are whole turns at one set of positions.
+blocks are whole turns at one set of positions. The scoring heads' keys are copied, as they are archived, to
+an index on the model's device.
+
+Recording from a GPU copies each forward's keys and values to pinned host memory without waiting for them; the
+prompt's end waits once, before it cuts them into blocks.
 
 Host bytes per archived token: layers x KV heads x (key dim + value dim) x the cache's element size,
 plus 16 bytes of bookkeeping (two positions and the block index).
@@ -31,8 +35,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import archive_scoring
 from .archive_blocks import clip_turns, cut_turns
+from .retrieval_index import RetrievalIndex
 from .rotary import shift_rotary
 
 # Bookkeeping per archived token: relative position start and end (int32 each) and its block's index (int64).
@@ -96,7 +100,10 @@ class KVArchive:
         self.block_of: Tensor | None = None  # [size] int64: the index of the block a slot belongs to
         self._layers: list[tuple[Tensor, Tensor] | None] = []
         self._pending: _Pending | None = None
+        self._copied: torch.cuda.Event | None = None  # the recording's last copy from a GPU
         self.blocks_dropped = 0
+        # The scoring heads' keys on the model's device, made at the memory's first retrieval (`build_index`).
+        self.index: RetrievalIndex | None = None
 
     @property
     def enabled(self) -> bool:
@@ -117,15 +124,28 @@ class KVArchive:
         shapes = {(k.shape, v.shape) for k, v in layers}
         if len(shapes) != 1:
             return  # layers of differing shapes are not archived (no model here has them)
-        keys = torch.stack([k for k, _ in layers]).to("cpu")
-        values = torch.stack([v for _, v in layers]).to("cpu")
         if self._pending is None:
             self._pending = _Pending([], [], [], [], first_seq)
         p = self._pending
-        p.keys.append(keys)
-        p.values.append(values)
-        p.start.append(start.to("cpu"))
-        p.end.append(end.to("cpu"))
+        p.keys.append(self._to_host(torch.stack([k for k, _ in layers])))
+        p.values.append(self._to_host(torch.stack([v for _, v in layers])))
+        p.start.append(self._to_host(start))
+        p.end.append(self._to_host(end))
+
+    def _to_host(self, tensor: Tensor) -> Tensor:
+        """A host copy of a forward's tensor; from a GPU into pinned memory, not waited for (`_host_copies_done`)."""
+        if not tensor.is_cuda:
+            return tensor.to("cpu")
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        return host
+
+    def _host_copies_done(self) -> None:
+        if self._copied is not None:
+            self._copied.synchronize()
+            self._copied = None
 
     def discard_pending(self) -> None:
         self._layers, self._pending = [], None
@@ -136,6 +156,7 @@ class KVArchive:
         (a kept answer's, generated one by one) are a turn of their own."""
         pending, self._pending = self._pending, None
         self._layers = []
+        self._host_copies_done()
         if pending is None or not self.enabled:
             return
         keys, values = torch.cat(pending.keys, dim=2), torch.cat(pending.values, dim=2)
@@ -188,6 +209,8 @@ class KVArchive:
         self._next_index += 1
         self._head = slot + n
         self.blocks.append(block)
+        if self.index is not None:
+            self.index.write(slot, self.keys[:, :, slot : slot + n])
 
     def _allocate(self, keys: Tensor, values: Tensor) -> None:
         """Storage for `size` tokens (pages are touched as they fill, so host memory grows up to the bound)."""
@@ -199,6 +222,7 @@ class KVArchive:
         self.block_of = torch.full((self.size,), -1, dtype=torch.long)
         self.blocks.clear()
         self._head = 0
+        self.index = None
 
     def _make_room(self, n: int) -> int:
         """The slot where `n` tokens go next, after dropping the blocks there: the oldest ones, as writing goes
@@ -238,6 +262,7 @@ class KVArchive:
     def reset(self) -> None:
         self.blocks.clear()
         self._head = 0
+        self.index = None  # its reference question was asked of the memory now gone
         self.discard_pending()
         if self.block_of is not None:
             self.block_of.fill_(-1)
@@ -258,6 +283,7 @@ class KVArchive:
         old = (self.keys, self.values, self.pos_start, self.pos_end)
         self.size = size
         self.keys = None
+        self.index = None
         self.blocks.clear()
         self._head = 0
         if size == 0 or old[0] is None:
@@ -282,6 +308,8 @@ class KVArchive:
         self._next_index = max(self._next_index, block.index + 1)
         self._head = slot + n
         self.blocks.append(block)
+        if self.index is not None:
+            self.index.write(slot, keys)
 
     # --- saved state ---------------------------------------------------------------------------------------
     def export_state(self) -> dict[str, Tensor]:
@@ -332,11 +360,18 @@ class KVArchive:
                         state["archive.pos_end"][sl])
 
     # --- retrieval -----------------------------------------------------------------------------------
-    def scores(self, question: tuple[Tensor, Tensor], reference: tuple[Tensor, Tensor] | None,
-               blocks: list[ArchivedBlock], heads: Tensor | None = None) -> Tensor:
-        """[blocks] how much a question (its per-layer queries and their positions) points to each block, less
-        a `reference` question's scores, on the model's retrieval `heads` (engine/archive_scoring.py)."""
-        return archive_scoring.block_scores(self, question, reference, blocks, heads)
+    def build_index(self, heads: Tensor, reference: tuple[Tensor, Tensor] | None, device: torch.device | str) -> None:
+        """An index of the scoring `heads` ([layers, query heads] bool) on `device`, with the `reference`
+        question's queries and positions (None: none is taken off), over every block held."""
+        if self.keys is None:
+            raise ValueError("nothing archived to index")
+        index = RetrievalIndex(heads, kv_heads=self.keys.shape[1], head_dim=self.keys.shape[-1], size=self.size,
+                               block_tokens=self.block_tokens, inv_freq=self.inv_freq, device=device)
+        if reference is not None:
+            index.set_reference(*reference)
+        for block in self.blocks:
+            index.write(block.slot, self.keys[:, :, block.slot : block.slot + block.length])
+        self.index = index
 
     def block_tensors(self, block: ArchivedBlock) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """A block's keys and values ([layers, heads, n, dim], rotated as if it began at position 0) and its

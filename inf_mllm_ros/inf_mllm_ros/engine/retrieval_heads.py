@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .archive_scoring import REFERENCE_WEIGHT, layer_head_scores
+from .retrieval_index import REFERENCE_WEIGHT
 from .memory_file import model_fingerprint
 
 if TYPE_CHECKING:
@@ -120,13 +120,12 @@ def find_retrieval_heads(adapter: ModelAdapter, seed: int = 0) -> Tensor:
     archive, blocks = stream.archive, list(stream.archive.blocks)
     reference_queries = stream._content_queries(*stream._reference_question)
     layers, q_heads = reference_queries[0].shape[:2]
-    every = torch.ones(layers, q_heads, dtype=torch.bool)
-    reference = layer_head_scores(archive, *reference_queries, blocks, every)
+    archive.build_index(torch.ones(layers, q_heads, dtype=torch.bool), reference_queries, "cpu")
     above = torch.zeros(layers * q_heads)
     for subject, first, end in told:
         ids, content = stream._question_ids(adapter.chat.question_parts(f"What is the serial number of {subject}?"))
-        scores = layer_head_scores(archive, *stream._content_queries(ids, content), blocks, every)
-        scores = scores - REFERENCE_WEIGHT * reference
+        question, reference = archive.index.head_scores(*stream._content_queries(ids, content), blocks)
+        scores = (question - REFERENCE_WEIGHT * reference).cpu()
         own = [i for i, b in enumerate(blocks) if b.first_seq < end and b.seq_end > first]
         above += (scores > scores[:, own].amax(1, keepdim=True)).sum(1)
     keep = max(MIN_HEADS, round(SHARE * layers * q_heads))
