@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from .archive_blocks import clip_turns, cut_turns
+from .archive_log import new_memory_id
 from .retrieval_index import RetrievalIndex
 from .rotary import shift_rotary
 
@@ -104,6 +105,8 @@ class KVArchive:
         self.blocks_dropped = 0
         # The scoring heads' keys on the model's device, made at the memory's first retrieval (`build_index`).
         self.index: RetrievalIndex | None = None
+        # Names this memory's blocks on disk (engine/archive_log.py): new with each new memory (a reset).
+        self.memory_id = new_memory_id()
 
     @property
     def enabled(self) -> bool:
@@ -263,6 +266,7 @@ class KVArchive:
         self.blocks.clear()
         self._head = 0
         self.index = None  # its reference question was asked of the memory now gone
+        self.memory_id = new_memory_id()
         self.discard_pending()
         if self.block_of is not None:
             self.block_of.fill_(-1)
@@ -312,11 +316,12 @@ class KVArchive:
             self.index.write(slot, keys)
 
     # --- saved state ---------------------------------------------------------------------------------------
-    def export_state(self) -> dict[str, Tensor]:
-        """The held blocks, oldest first, as named tensors (empty when nothing is held)."""
-        if not self.blocks:
+    def export_state(self, newer_than: int = -1) -> dict[str, Tensor]:
+        """The held blocks (those of index above `newer_than`), oldest first, as named tensors (empty: none)."""
+        blocks = [b for b in self.blocks if b.index > newer_than]
+        if not blocks:
             return {}
-        slots = torch.cat([torch.arange(b.slot, b.slot + b.length) for b in self.blocks])
+        slots = torch.cat([torch.arange(b.slot, b.slot + b.length) for b in blocks])
         return {
             "archive.keys": self.keys.index_select(2, slots),
             "archive.values": self.values.index_select(2, slots),
@@ -324,8 +329,8 @@ class KVArchive:
             "archive.pos_end": self.pos_end[slots],
             # index, length, first stream index, extent, frame, message; and the stream time (NaN: none)
             "archive.blocks": torch.tensor([[b.index, b.length, b.first_seq, b.extent, int(b.frame), b.message]
-                                            for b in self.blocks], dtype=torch.long),
-            "archive.stamps": torch.tensor([math.nan if b.stamp is None else b.stamp for b in self.blocks],
+                                            for b in blocks], dtype=torch.long),
+            "archive.stamps": torch.tensor([math.nan if b.stamp is None else b.stamp for b in blocks],
                                            dtype=torch.float64),
         }
 

@@ -1,16 +1,20 @@
-"""The memory on disk: a stream's whole state in one file, written atomically and checked before use.
+"""The memory on disk: a stream's whole state in a file, written atomically and checked before use, and the
+archive's blocks in a log beside it that only grows by what is new (engine/archive_log.py).
 
-The file is a safetensors file: named tensors (the cache's slots, and the archive's blocks where there is
-an archive) and a text header, data only (nothing in it is ever
-executed or unpickled). The header says what the file is (`format`, `version`), which model made it
-(a fingerprint of its configuration and weights), the cache settings it needs, the stream's clock and
-counters, and a sha256 over every tensor's bytes and that clock.
+The file is a safetensors file: named tensors (the cache's slots, and the indices of the archive's blocks held)
+and a text header, data only (nothing in it is ever executed or unpickled). The header says what the file is
+(`format`, `version`), which model made it (a fingerprint of its configuration and weights), the cache settings
+it needs, the stream's clock and counters, the archive log it continues (its segments and how far each is
+committed), and a sha256 over every tensor's bytes, that clock and that log. A checkpoint writes the blocks
+archived since the last one and this file: its bytes are the new tokens' and the cache's, not the archive's.
 
 Writing goes to a temporary file beside the target, which is flushed to disk and then renamed over
 the target, and the folder is flushed too: a crash at any moment leaves either the previous file or
-the new one, never a mixture. Reading refuses, with a `MemoryFileError` whose `kind` says why, a file
-that is missing, cut short, corrupt, of another format version, from another model or for other cache
-settings; a refused file is never half-loaded.
+the new one, never a mixture; the log's segments are appended and flushed before the file that commits them.
+Reading refuses, with a `MemoryFileError` whose `kind` says why, a file that is missing, cut short, corrupt, of
+another format version, from another model or for other cache settings; a refused file is never half-loaded.
+Archive blocks whose record in the log is missing or damaged are left out (`MemoryFileInfo.blocks_lost`), with
+every block after them.
 """
 
 from __future__ import annotations
@@ -27,8 +31,12 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from .archive_log import ArchiveLog, _fsync_dir, folder_for
+
 FORMAT = "inf_mllm_ros.memory"
-VERSION = 2  # 2: every slot's kind, pin and the window's query count; the stream's time origin; the clock checksummed
+# 2: every slot's kind, pin and the window's query count; the stream's time origin; the clock checksummed.
+# 3: the archive's blocks in a log beside the file.
+VERSION = 3
 
 # Why a file was refused (MemoryFileError.kind).
 MISSING, TORN, CORRUPT, VERSION_MISMATCH, MODEL_MISMATCH, SETTINGS_MISMATCH = (
@@ -48,10 +56,11 @@ class MemoryFileInfo:
     """A memory file written or read: where, how big, how long it took, and the memory it holds."""
 
     path: str
-    bytes: int
+    bytes: int  # written (the file and the blocks appended to the log) or read
     seconds: float
     tokens_seen: int
     fill: int
+    blocks_lost: int = 0  # archive blocks held when saved whose record could not be read
 
 
 # Configuration entries that do not describe the model: where it was loaded from, the transformers release
@@ -91,10 +100,10 @@ def required_settings(stream) -> dict:
     }
 
 
-def _checksum(tensors: dict[str, torch.Tensor], clock: str) -> str:
-    """Over every tensor and the stream's clock and counters (the header's other fields are checked
-    against this stream: a damaged one is refused anyway)."""
-    digest = hashlib.sha256(clock.encode())
+def _checksum(tensors: dict[str, torch.Tensor], clock: str, log: str) -> str:
+    """Over every tensor, the stream's clock and counters and the archive log's description (the header's other
+    fields are checked against this stream: a damaged one is refused anyway)."""
+    digest = hashlib.sha256(clock.encode() + b"\0" + log.encode())
     for name in sorted(tensors):
         digest.update(name.encode())
         digest.update(tensors[name].contiguous().view(torch.uint8).numpy().tobytes())
@@ -105,16 +114,26 @@ def save_memory(stream, path: str | os.PathLike, fingerprint: str | None = None)
     """Write the stream's memory to `path` atomically. Run it where nothing else uses the stream."""
     start = time.monotonic()
     path = Path(path).resolve()  # through a link: replace the file it names, not the link
-    tensors = {**stream.cache.export_state(), **stream.archive.export_state()}
+    archive, folder = stream.archive, folder_for(path)
+    log = _continued_log(path, archive.memory_id) or ArchiveLog(archive.memory_id)
+    new_blocks = archive.export_state(newer_than=log.last_block)
+    appended = log.append(folder, new_blocks) if new_blocks else 0
+    held = [b.index for b in archive.blocks]
+    log.retire(min(held) if held else None)
+    tensors = stream.cache.export_state()
+    if held:
+        tensors["archive.held"] = torch.tensor(held, dtype=torch.long)
     clock = json.dumps(stream.clock_state(), sort_keys=True)
+    described = json.dumps(log.describe(), sort_keys=True)
     header = {
         "format": FORMAT,
         "version": str(VERSION),
         "model": fingerprint or model_fingerprint(stream.adapter),
         "settings": json.dumps(required_settings(stream), sort_keys=True),
         "stream": clock,
+        "archive_log": described,
         "saved_at": f"{time.time():.3f}",
-        "sha256": _checksum(tensors, clock),
+        "sha256": _checksum(tensors, clock, described),
     }
     data = st_save(tensors, metadata=header)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -131,7 +150,22 @@ def save_memory(stream, path: str | os.PathLike, fingerprint: str | None = None)
         if tmp.exists():
             tmp.unlink()
     _fsync_dir(path.parent)
-    return MemoryFileInfo(str(path), len(data), time.monotonic() - start, stream.tokens_seen, stream.cache.fill)
+    log.remove_unnamed(folder)  # only once the file that no longer names them is in place
+    return MemoryFileInfo(str(path), len(data) + appended, time.monotonic() - start, stream.tokens_seen,
+                          stream.cache.fill)
+
+
+def _continued_log(path: Path, memory_id: str) -> ArchiveLog | None:
+    """The archive log of the memory file at `path` where it is this memory's (None: another memory's, or no
+    readable file): only its header is read."""
+    try:
+        with open(path, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            metadata = json.loads(f.read(size))["__metadata__"]
+        log = ArchiveLog.from_description(json.loads(metadata["archive_log"]))
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
+    return log if log.memory_id == memory_id and metadata.get("version") == str(VERSION) else None
 
 
 def load_memory(stream, path: str | os.PathLike, fingerprint: str | None = None) -> MemoryFileInfo:
@@ -156,7 +190,8 @@ def load_memory(stream, path: str | os.PathLike, fingerprint: str | None = None)
     try:
         saved = json.loads(header["settings"])
         clock = json.loads(header["stream"])
-    except (KeyError, ValueError) as exc:
+        log = ArchiveLog.from_description(json.loads(header["archive_log"]))
+    except (KeyError, ValueError, TypeError) as exc:
         raise MemoryFileError(CORRUPT, f"{path}: unreadable header ({exc})") from exc
     wanted = required_settings(stream)
     differ = {k: (saved.get(k), v) for k, v in wanted.items() if saved.get(k) != v}
@@ -167,17 +202,45 @@ def load_memory(stream, path: str | os.PathLike, fingerprint: str | None = None)
         tensors = st_load(data)
     except Exception as exc:
         raise MemoryFileError(CORRUPT, f"{path}: unreadable tensors ({exc})") from exc
-    if _checksum(tensors, header["stream"]) != header.get("sha256"):
+    if _checksum(tensors, header["stream"], header["archive_log"]) != header.get("sha256"):
         raise MemoryFileError(CORRUPT, f"{path}: checksum mismatch (the file was changed or damaged)")
+    held = tensors.pop("archive.held", torch.zeros(0, dtype=torch.long)).tolist()
+    records, _ = log.read(folder_for(path.resolve())) if held and stream.archive.enabled else ([], False)
+    blocks = held_blocks(records, set(held))
     try:
-        stream.cache.import_state({k: t for k, t in tensors.items() if not k.startswith("archive.")},
-                                  dtype=stream.adapter.dtype, device=stream.adapter.device)
-        stream.archive.import_state(tensors, dtype=stream.adapter.dtype)
+        stream.cache.import_state(tensors, dtype=stream.adapter.dtype, device=stream.adapter.device)
+        stream.archive.import_state(blocks, dtype=stream.adapter.dtype)
+        stream.archive.memory_id = log.memory_id
         stream.restore_clock(clock)
     except (KeyError, ValueError, RuntimeError) as exc:
         stream.reset()
         raise MemoryFileError(CORRUPT, f"{path}: inconsistent memory ({exc})") from exc
-    return MemoryFileInfo(str(path), len(data), time.monotonic() - start, stream.tokens_seen, stream.cache.fill)
+    found = len(blocks["archive.blocks"]) if blocks else 0
+    lost = len(held) - found if stream.archive.enabled else 0
+    return MemoryFileInfo(str(path), len(data), time.monotonic() - start, stream.tokens_seen, stream.cache.fill,
+                          blocks_lost=lost)
+
+
+def held_blocks(records: list[dict[str, torch.Tensor]], held: set[int]) -> dict[str, torch.Tensor]:
+    """The blocks named in `held`, gathered from the log's records in stream order, in KVArchive.export_state's
+    layout (empty where none is found)."""
+    parts: dict[str, list[torch.Tensor]] = {}
+    for record in records:
+        rows, lengths = record["archive.blocks"], record["archive.blocks"][:, 1]
+        starts = (lengths.cumsum(0) - lengths).tolist()
+        for i, (row, start) in enumerate(zip(rows.tolist(), starts)):
+            if row[0] not in held:
+                continue
+            tokens = slice(start, start + row[1])
+            pieces = {"archive.keys": record["archive.keys"][:, :, tokens],
+                      "archive.values": record["archive.values"][:, :, tokens],
+                      "archive.pos_start": record["archive.pos_start"][tokens],
+                      "archive.pos_end": record["archive.pos_end"][tokens],
+                      "archive.blocks": rows[i : i + 1], "archive.stamps": record["archive.stamps"][i : i + 1]}
+            for name, piece in pieces.items():
+                parts.setdefault(name, []).append(piece)
+    return {name: torch.cat(pieces, dim=2 if name in ("archive.keys", "archive.values") else 0)
+            for name, pieces in parts.items()}
 
 
 def set_aside(path: str | os.PathLike) -> Path | None:
@@ -187,10 +250,12 @@ def set_aside(path: str | os.PathLike) -> Path | None:
         return None
     aside = path.with_name(f"{path.name}.refused-{time.strftime('%Y%m%d-%H%M%S')}")
     n = 1
-    while aside.exists():
+    while aside.exists() or folder_for(aside).exists():
         aside = aside.with_name(f"{path.name}.refused-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
         n += 1
     os.replace(path, aside)
+    if folder_for(path).is_dir():  # its archive blocks go with it
+        os.replace(folder_for(path), folder_for(aside))
     return aside
 
 
@@ -211,19 +276,6 @@ def _read_header(data: bytes, path: Path) -> dict:
     if not isinstance(metadata, dict):
         raise MemoryFileError(CORRUPT, f"{path} has no memory header")
     return metadata
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems cannot flush a folder; the rename is still atomic
-    finally:
-        os.close(fd)
 
 
 __all__ = ["MemoryFileError", "MemoryFileInfo", "load_memory", "model_fingerprint", "save_memory", "set_aside"]
