@@ -1,6 +1,12 @@
-"""Save and load time and file size of the memory file, per cache size.
+"""Save and load time and file size of the memory file, per cache size; and what a checkpoint writes.
 
     python benchmarks/memory_file.py [--caches 256 1024 4096] [--model smollm2] [--dtype float32]
+    python benchmarks/memory_file.py --checkpoint [--model qwen2.5-0.5b] [--new-tokens 1024]
+
+`--checkpoint`: the shipped settings (cache 1024, archive 32K tokens), the archive filled to its bound (its
+blocks written again, `common.tile_archive`), saved once; then `--new-tokens` tokens of text pushed and saved
+again: the bytes that second save wrote and how long it took (the time it holds the model), and the same for
+a save to a new place (the whole memory). Results: benchmarks/results/memory_file_checkpoint.json.
 
 Each cache is filled from the shared novel (pushed in 128-token chunks, evicting as it goes), then
 saved and loaded into a fresh stream of the same settings `--repeats` times (median reported). The
@@ -14,7 +20,43 @@ import argparse
 import statistics
 import tempfile
 
-from common import RESULTS, machine, read_text, write_records
+from common import RESULTS, machine, read_text, tile_archive, write_records
+
+
+def checkpoint(args) -> None:
+    import json
+    import time
+
+    import torch
+
+    from inf_mllm_ros.engine.loading import load_model
+    from inf_mllm_ros.engine.memory_file import model_fingerprint, save_memory
+    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+
+    torch.set_num_threads(2)
+    adapter = load_model(args.model, device="cpu", dtype=args.dtype)
+    fingerprint = model_fingerprint(adapter)
+    ids = adapter.tokenize(read_text(args.text))
+    stream = KVStream(adapter, StreamConfig())
+    stream.push_tokens(ids[:2048])
+    tile_archive(stream, stream.archive.size)
+    record = {"model": args.model, "dtype": args.dtype, "device": machine(), "capacity": stream.config.capacity,
+              "archive_tokens": stream.archive.tokens, "archive_size": stream.archive.size,
+              "bytes_per_archived_token": stream.archive.bytes_per_token(), "new_tokens": args.new_tokens}
+    with tempfile.TemporaryDirectory(dir=RESULTS) as folder:
+        first = save_memory(stream, f"{folder}/m", fingerprint)
+        record["first_save_bytes"], record["first_save_s"] = first.bytes, round(first.seconds, 3)
+        start = stream.tokens_seen
+        while stream.tokens_seen - start < args.new_tokens:
+            stream.push_tokens(ids[stream.tokens_seen % (len(ids) - 512):][:min(256, args.new_tokens)])
+        record["new_tokens"] = stream.tokens_seen - start
+        began = time.monotonic()
+        again = save_memory(stream, f"{folder}/m", fingerprint)
+        record["checkpoint_bytes"], record["checkpoint_s"] = again.bytes, round(time.monotonic() - began, 3)
+        whole = save_memory(stream, f"{folder}/whole", fingerprint)
+        record["whole_memory_bytes"], record["whole_memory_s"] = whole.bytes, round(whole.seconds, 3)
+    print(record, flush=True)
+    (RESULTS / "memory_file_checkpoint.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 def main() -> None:
@@ -30,7 +72,11 @@ def main() -> None:
     p.add_argument("--caches", type=int, nargs="+", default=[256, 1024, 4096])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--text", default=None)
+    p.add_argument("--checkpoint", action="store_true")
+    p.add_argument("--new-tokens", type=int, default=1024)
     args = p.parse_args()
+    if args.checkpoint:
+        return checkpoint(args)
     torch.set_num_threads(1)
     adapter = load_model(args.model, device="cpu", dtype=args.dtype)
     fingerprint = model_fingerprint(adapter)

@@ -109,6 +109,7 @@ class NodeHealth:
             level, message = DiagnosticStatus.WARN, f"model behind the text topic: {pending['texts']} texts waiting"
         elif pending["queries"] >= self._param("max_pending_queries"):
             level, message = DiagnosticStatus.WARN, f"query queue full ({pending['queries']} waiting)"
+        saved = engine.last_saved if engine is not None else None
         values = {
             "state": self._lifecycle_state,
             "model": str(self._param("model")),
@@ -125,6 +126,9 @@ class NodeHealth:
             "inputs_rejected": str(rejected),
             "queries_failed": str(failed + (counters.queries_failed if counters else 0)),
             "checkpoints_failed": str(counters.checkpoints_failed if counters else 0),
+            # What the last save wrote (the memory file and the archive blocks new since the save before) and took.
+            "last_checkpoint_bytes": str(saved.bytes if saved else 0),
+            "last_checkpoint_s": f"{saved.seconds if saved else 0.0:.3f}",
             "longest_text_wait_s": f"{counters.longest_text_wait_s if counters else 0.0:.2f}",
             "last_error": last_error,
         }

@@ -1,5 +1,6 @@
 """The memory file: a restored memory continues exactly where the saved one was; a file that cannot be
-used is refused with its reason and changes nothing; a writer killed mid-write leaves a loadable file."""
+used is refused with its reason and changes nothing; a writer killed mid-write leaves a loadable file; the
+archive's log takes only what is new at each checkpoint, and damage to it costs only the blocks from there on."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from inf_mllm_ros.engine import archive_log
 from inf_mllm_ros.engine.engine import StreamingEngine
 from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.engine.memory_file import MemoryFileError, load_memory, save_memory
@@ -352,29 +354,121 @@ def test_the_stream_s_time_origin_is_saved_with_the_memory_and_kept_by_a_reset(f
     assert restored.time_origin == 1_700_000_123.25, "the caller's clock goes on after a reset"
 
 
+def log_files(path: Path) -> list[Path]:
+    return sorted(archive_log.folder_for(path).glob("*"))
+
+
+def small_archive_stream(adapter) -> KVStream:
+    return KVStream(adapter, StreamConfig(capacity=48, chunk_size=16, archive_size=600, archive_block=16,
+                                          system_prompt="You remember."))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_each_checkpoint_appends_only_what_is_new_and_the_log_round_trips(folders, tmp_path, monkeypatch, seed):
+    monkeypatch.setattr(archive_log, "SEGMENT_BYTES", 30_000)  # several segments, the oldest retired
+    adapter = load_model(folders["llama"], device="cpu", dtype="float32")
+    stream, rng, path = small_archive_stream(adapter), random.Random(seed), tmp_path / "m"
+    largest = 0
+    for checkpoint in range(14):
+        seen = stream.tokens_seen
+        for _ in range(rng.randint(1, 5)):
+            stream.push_text(rng.choice(TEXTS) + " " * rng.randint(0, 3), stamp=float(checkpoint))
+        info = save_memory(stream, path)
+        appended = info.bytes - path.stat().st_size
+        largest = max(largest, appended)
+        new = stream.tokens_seen - seen
+        per_token = stream.archive.bytes_per_token()
+        assert new * (per_token - 16) <= appended <= new * per_token + 4096, (checkpoint, new, appended)
+        restored = small_archive_stream(adapter)
+        assert load_memory(restored, path).blocks_lost == 0
+        before, after = stream.archive.export_state(), restored.archive.export_state()
+        assert before.keys() == after.keys()
+        for name in before:
+            torch.testing.assert_close(before[name], after[name], rtol=0, atol=0, equal_nan=True)
+        assert restored.stats() == stream.stats()
+    assert stream.archive.blocks_dropped > 0
+    # Retired segments are gone: the files hold at most the archive's bound, the oldest segment's blocks that left
+    # it, and the newest segment (each segment at most one append past its size).
+    named = json.loads(_header(path)["archive_log"])["segments"]
+    assert [p.name for p in log_files(path)] == sorted(name for name, _, _ in named)
+    held_bytes = stream.archive.size * stream.archive.bytes_per_token()
+    assert sum(p.stat().st_size for p in log_files(path)) <= held_bytes + 2 * (archive_log.SEGMENT_BYTES + largest)
+    # A save to an empty place (or of another memory) writes every block held.
+    elsewhere = save_memory(stream, tmp_path / "copy")
+    assert elsewhere.bytes > stream.archive.tokens * (stream.archive.bytes_per_token() - 16)
+
+
+def _header(path: Path) -> dict:
+    data = path.read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    return json.loads(data[8 : 8 + size])["__metadata__"]
+
+
+@pytest.mark.parametrize("where", ["first record", "last record"])
+def test_a_damaged_log_costs_only_the_blocks_from_the_damage_on(folders, tmp_path, where):
+    adapter = load_model(folders["llama"], device="cpu", dtype="float32")
+    stream, path = small_archive_stream(adapter), tmp_path / "m"
+    held = []
+    for checkpoint in range(3):
+        for text in TEXTS[checkpoint * 3 : checkpoint * 3 + 3]:
+            stream.push_text(text, stamp=float(checkpoint))
+        save_memory(stream, path)
+        held.append(len(stream.archive.blocks))
+    (segment,) = log_files(path)
+    committed = segment.stat().st_size
+    # Bytes past the committed length (an append a crash cut short) are never read, and the next append cuts them.
+    with open(segment, "ab") as f:
+        f.write(b"\x07" * 100)
+    restored = small_archive_stream(adapter)
+    assert load_memory(restored, path).blocks_lost == 0 and len(restored.archive.blocks) == held[-1]
+    restored.push_text(TEXTS[9])
+    info = save_memory(restored, path)
+    assert segment.stat().st_size == committed + info.bytes - path.stat().st_size
+    # A flipped byte: the records before it load, the rest are counted lost; the cache is whole.
+    data = bytearray(segment.read_bytes())
+    record = archive_log.RECORD
+    offsets = [0]
+    while offsets[-1] < len(data):
+        offsets.append(offsets[-1] + record.size + record.unpack_from(data, offsets[-1])[1])
+    damaged = 0 if where == "first record" else len(offsets) - 2
+    data[(offsets[damaged] + offsets[damaged + 1]) // 2] ^= 0x20
+    segment.write_bytes(bytes(data))
+    again = small_archive_stream(adapter)
+    info = load_memory(again, path)
+    kept = 0 if damaged == 0 else held[damaged - 1]
+    assert len(again.archive.blocks) == kept and info.blocks_lost == len(restored.archive.blocks) - kept
+    assert again.stats().fill == restored.stats().fill and again.tokens_seen == restored.tokens_seen
+    assert torch.equal(again.cache.cached_seq(0), restored.cache.cached_seq(0))
+
+
 WRITER = """
 import sys, torch
+from inf_mllm_ros.engine import archive_log
 from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.engine.memory_file import save_memory
 from inf_mllm_ros.engine.stream import KVStream, StreamConfig, StreamStoppedError
 torch.set_num_threads(1)
-stream = KVStream(load_model(sys.argv[1], device="cpu", dtype="float32"),
-                  StreamConfig(capacity=2048, policy="inf_mllm", chunk_size=256, system_prompt="x"))
-while stream.cache.fill < 2048:
+log = sys.argv[3] == "log"
+if log:  # mostly appending to the archive's log, its segments rolling over and retired
+    archive_log.SEGMENT_BYTES = 1 << 20
+config = StreamConfig(capacity=256 if log else 2048, policy="inf_mllm", chunk_size=256, system_prompt="x",
+                      archive_size=4096 if log else 32768)
+stream = KVStream(load_model(sys.argv[1], device="cpu", dtype="float32"), config)
+while stream.cache.fill < config.capacity:
     stream.push_text("word " * 300)
 round = 0
-while True:  # mostly writing: a file of about 13 MB per short message
+while True:  # file: mostly writing the file of about 13 MB per short message; log: appending 300 words' blocks
     round += 1
-    stream.push_text(str(round))
+    stream.push_text(("word " * 300 + str(round)) if log else str(round))
     save_memory(stream, sys.argv[2])
     print(stream.tokens_seen, flush=True)
 """
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_a_writer_killed_mid_write_leaves_a_loadable_file(folders, tmp_path, seed):
+@pytest.mark.parametrize("mode, seed", [(mode, seed) for mode in ("file", "log") for seed in range(3)])
+def test_a_writer_killed_mid_write_leaves_a_loadable_file(folders, tmp_path, mode, seed):
     path = tmp_path / "memory"
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(folders["llama_small"]), str(path)],
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(folders["llama_small"]), str(path), mode],
                               stdout=subprocess.PIPE, text=True)
     try:
         saved = [int(writer.stdout.readline())]  # one complete save, then a kill at a random moment
@@ -385,10 +479,14 @@ def test_a_writer_killed_mid_write_leaves_a_loadable_file(folders, tmp_path, see
     finally:
         writer.kill()
     adapter = load_model(folders["llama_small"], device="cpu", dtype="float32")
-    stream = KVStream(adapter, StreamConfig(capacity=2048, policy="inf_mllm", chunk_size=256, system_prompt="x"))
+    stream = KVStream(adapter, StreamConfig(capacity=256 if mode == "log" else 2048, policy="inf_mllm", chunk_size=256,
+                                            system_prompt="x", archive_size=4096 if mode == "log" else 32768))
     info = load_memory(stream, path)
+    assert info.blocks_lost == 0 and stream.archive.tokens > 0
     save_memory(stream, path)
     assert not list(tmp_path.glob(".*.tmp")), "the next save clears what a killed writer left"
+    named = json.loads(_header(path)["archive_log"])["segments"]
+    assert [p.name for p in log_files(path)] == sorted(name for name, _, _ in named), "and segments no file names"
     # The last save reported, or the next one if its rename had happened when the kill came.
     assert info.tokens_seen >= saved[-1], (info, saved)
     assert not stream.cache.fill == 0

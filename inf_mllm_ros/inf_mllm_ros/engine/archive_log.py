@@ -80,7 +80,8 @@ class ArchiveLog:
         payload = st_save({k: v.contiguous() for k, v in state.items()})
         record = RECORD.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload
         if not self.segments or self.segments[-1].length >= SEGMENT_BYTES:
-            self.segments.append(Segment(f"{self.memory_id}-{len(self.segments):06d}{SUFFIX}", 0, -1))
+            number = int(self.segments[-1].name[len(self.memory_id) + 1 : -len(SUFFIX)]) + 1 if self.segments else 0
+            self.segments.append(Segment(f"{self.memory_id}-{number:06d}{SUFFIX}", 0, -1))
         segment = self.segments[-1]
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / segment.name

@@ -38,9 +38,10 @@ class MemoryCheckpoints:
                     aside = f"could not move it aside ({move_exc}); the next save replaces it"
                 self.memory_status = f"memory file refused ({exc.kind}): {exc}; {aside}; starting fresh"
         else:
+            lost = f", {info.blocks_lost} archive blocks lost to a damaged log" if info.blocks_lost else ""
             self.memory_status = (f"memory restored from {info.path}: {info.fill} tokens held, "
                                   f"{info.tokens_seen} seen, "
-                                  f"{info.bytes / 1e6:.1f} MB in {info.seconds:.2f} s")
+                                  f"{info.bytes / 1e6:.1f} MB in {info.seconds:.2f} s{lost}")
             self._saved_state = self._memory_state(stream)
         self._schedule_checkpoint()
 
