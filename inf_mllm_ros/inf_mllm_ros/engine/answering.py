@@ -9,6 +9,7 @@ dialogue turn.
 from __future__ import annotations
 
 import functools
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .cache import shift_rotary
+from .evidence import Evidence, ranked
 from .retrieval_heads import retrieval_heads
 from .retrieval_index import RetrievalIndex, middle_layers
 from .text_rules import text_problem
@@ -38,6 +40,8 @@ REFERENCE_QUESTION = "What happened?"
 # retrieved: placed nearer the question, an older fact of the same form (a value told again since) would
 # displace it (docs/archive.md).
 CACHE_ANSWERS_MARGIN = 0.35
+# A chat template's role name on a line of its own, as a decoded turn shows it.
+ROLE_LINE = re.compile(r"\n(?:user|assistant|system)\n")
 
 
 @dataclass
@@ -57,6 +61,8 @@ class Answer:
     # Archived tokens placed before the question for this answer, and the stream times of their blocks.
     retrieved_tokens: int = 0
     retrieved_stamps: list = field(default_factory=list)
+    # The inputs the question pointed to most, heaviest first (engine/evidence.py).
+    evidence: list[Evidence] = field(default_factory=list)
 
 
 def best_last(chosen: list) -> list:
@@ -142,6 +148,7 @@ class Answering:
         ids, content = self._question_ids(question_parts)
         self._on_token, self._cancel = on_token, cancel
         self._retrieved: list = []
+        self._evidence: list[Evidence] = []
         try:
             tokens = self._answer_tokens(ids, max_new, keep, content if retrieve else None)
         finally:
@@ -160,6 +167,7 @@ class Answering:
             cut_by_headroom=cut,
             retrieved_tokens=sum(b.length for b in self._retrieved),
             retrieved_stamps=[b.stamp for b in self._retrieved],
+            evidence=self._evidence,
         )
 
     def _answer_tokens(self, ids: Tensor, max_new: int, keep: bool, retrieve: slice | None = None) -> list[int]:
@@ -292,20 +300,26 @@ class Answering:
     def _choose_blocks(self, ids: Tensor, content: slice, budget: int) -> list:
         """The archived blocks to place for a question, best first, up to `budget` tokens; none where the
         cache holds an answer as good as theirs. Blocks that every layer-head still holds are not candidates;
-        they are scored beside them."""
-        archive = self.archive
-        if budget <= 0 or not archive.enabled or not archive.blocks:
+        they are scored beside them. The scores give the answer's evidence too (`config.evidence` entries)."""
+        archive, wanted = self.archive, self.config.evidence
+        if not archive.enabled or not archive.blocks or (budget <= 0 and wanted <= 0):
             return []
         blocks = list(archive.blocks)
         first = torch.tensor([b.first_seq for b in blocks], dtype=torch.long)
         end = torch.tensor([b.seq_end for b in blocks], dtype=torch.long)
         held = self.cache.holds(first, end).tolist()
         candidates = [b for b, h in zip(blocks, held) if not h and b.length <= budget]
+        in_cache = [b for b, h in zip(blocks, held) if h]
+        if not candidates and (wanted <= 0 or not in_cache):
+            return []
+        question = self._content_queries(ids, content)
+        scored = candidates + in_cache
+        scores = self._retrieval_index(question[0]).scores(question, scored)
+        if wanted > 0:
+            self._evidence = ranked(scored, scores, [False] * len(candidates) + [True] * len(in_cache), self._quote,
+                                    wanted)
         if not candidates:
             return []
-        in_cache = [b for b, h in zip(blocks, held) if h]
-        question = self._content_queries(ids, content)
-        scores = self._retrieval_index(question[0]).scores(question, candidates + in_cache)
         archived, held_scores = scores[: len(candidates)], scores[len(candidates) :]
         if held_scores.numel() and held_scores.max() >= archived.max() - CACHE_ANSWERS_MARGIN * scores.std():
             return []  # the cache holds an answer as good, and newer
@@ -327,6 +341,42 @@ class Answering:
             if budget - used < 1:
                 break
         return chosen
+
+    def recall(self, text: str, *, limit: int = 5, since: float | None = None, until: float | None = None,
+               near: tuple[float, float, float] | None = None) -> list[Evidence]:
+        """The moments that `text` points to most, best first, without an answer: the archive's blocks (held by
+        the cache or not) scored as a question scores them, those stamped between `since` and `until` (stream
+        time) and, with `near` (x, y, radius), those whose pose lies within the radius. ValueError for an
+        unusable argument."""
+        problem = text_problem(text, "recall text")
+        if problem:
+            raise ValueError(problem)
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        if since is not None and until is not None and until < since:
+            raise ValueError(f"the time window ends ({until}) before it begins ({since})")
+        if near is not None and not near[2] > 0:
+            raise ValueError(f"the radius must be > 0 m, got {near[2]}")
+        blocks = [b for b in self.archive.blocks
+                  if (since is None or (b.stamp is not None and b.stamp >= since))
+                  and (until is None or (b.stamp is not None and b.stamp <= until))
+                  and (near is None or (b.pose is not None and b.pose.distance_to(near[0], near[1]) <= near[2]))]
+        if not blocks or not self.archive.enabled:
+            return []
+        ids, content = self._question_ids(self.adapter.chat.question_parts(text))
+        if self.cache.slots - self.cache.fill - ids.numel() < 1:
+            raise ValueError(f"recall text of {ids.numel()} tokens does not fit in the cache headroom")
+        question = self._content_queries(ids, content)
+        scores = self._retrieval_index(question[0]).scores(question, blocks)
+        first = torch.tensor([b.first_seq for b in blocks], dtype=torch.long)
+        end = torch.tensor([b.seq_end for b in blocks], dtype=torch.long)
+        return ranked(blocks, scores, self.cache.holds(first, end).tolist(), self._quote, limit)
+
+    def _quote(self, block) -> str:
+        """A text block's words as the model read them, its messages' time markers kept and the chat template's
+        role names taken out."""
+        text = self.adapter.decode([t for t in self.archive.block_token_ids(block) if t >= 0])
+        return " ".join(ROLE_LINE.sub("\n", "\n" + text).split())
 
     def _retrieval_index(self, queries: Tensor) -> RetrievalIndex:
         """The archive's index, made at the memory's first retrieval: on the model's retrieval heads (every head of

@@ -23,7 +23,7 @@ Recording from a GPU copies each forward's keys and values to pinned host memory
 prompt's end waits once, before it cuts them into blocks.
 
 Host bytes per archived token: layers x KV heads x (key dim + value dim) x the cache's element size,
-plus 16 bytes of bookkeeping (two positions and the block index).
+plus 20 bytes of bookkeeping (two positions, the block index and the token).
 """
 
 from __future__ import annotations
@@ -37,11 +37,13 @@ from torch import Tensor
 
 from .archive_blocks import clip_turns, cut_turns
 from .archive_log import new_memory_id
+from .poses import POSE_FIELDS, Pose
 from .retrieval_index import RetrievalIndex
 from .rotary import shift_rotary
 
-# Bookkeeping per archived token: relative position start and end (int32 each) and its block's index (int64).
-BOOKKEEPING_BYTES = 16
+# Bookkeeping per archived token: relative position start and end (int32 each), its block's index (int64) and
+# its token (int32).
+BOOKKEEPING_BYTES = 20
 # The block-cutting helper under the name it had here (engine/archive_blocks.py).
 _cut = cut_turns
 
@@ -58,6 +60,7 @@ class ArchivedBlock:
     frame: bool
     stamp: float | None  # the input's stream time, where it had one
     message: int = -1  # shared by the pieces of one long message (retrieved with it), else the block's own
+    pose: Pose | None = None  # where the robot was at the input's stamp, where known
 
     @property
     def seq_end(self) -> int:
@@ -99,6 +102,7 @@ class KVArchive:
         self.pos_start: Tensor | None = None  # [size] int32, relative to the block's first position
         self.pos_end: Tensor | None = None
         self.block_of: Tensor | None = None  # [size] int64: the index of the block a slot belongs to
+        self.token_ids: Tensor | None = None  # [size] int32: each slot's token (-1: a frame's), to quote a block
         self._layers: list[tuple[Tensor, Tensor] | None] = []
         self._pending: _Pending | None = None
         self._copied: torch.cuda.Event | None = None  # the recording's last copy from a GPU
@@ -153,10 +157,10 @@ class KVArchive:
     def discard_pending(self) -> None:
         self._layers, self._pending = [], None
 
-    def end_prompt(self, *, frame: bool, turns: list[tuple[int, float | None]]) -> None:
+    def end_prompt(self, *, frame: bool, turns: list[tuple], token_ids: Tensor | None = None) -> None:
         """Cut what the prompt put through the model into blocks and archive them. `turns`: (token count,
-        stream time) of each message in it, so that blocks follow messages; tokens recorded before them
-        (a kept answer's, generated one by one) are a turn of their own."""
+        stream time[, pose]) of each message in it, so that blocks follow messages; tokens recorded before them
+        (a kept answer's, generated one by one) are a turn of their own. `token_ids`: the prompt's (text)."""
         pending, self._pending = self._pending, None
         self._layers = []
         self._host_copies_done()
@@ -165,10 +169,15 @@ class KVArchive:
         keys, values = torch.cat(pending.keys, dim=2), torch.cat(pending.values, dim=2)
         start, end = torch.cat(pending.start), torch.cat(pending.end)
         total = keys.shape[2]
-        lengths = [n for n, _ in turns]
-        stamps = [stamp for _, stamp in turns]
+        lengths = [turn[0] for turn in turns]
+        stamps = [turn[1] for turn in turns]
+        poses = [turn[2] if len(turn) > 2 else None for turn in turns]
+        ids = torch.full((total,), -1, dtype=torch.int32)
+        if token_ids is not None:
+            known = token_ids.reshape(-1)[-total:] if sum(lengths) < total else token_ids.reshape(-1)[:total]
+            ids[total - len(known) :] = known.to("cpu", torch.int32)
         if sum(lengths) < total:
-            lengths, stamps = [total - sum(lengths)] + lengths, [None] + stamps
+            lengths, stamps, poses = [total - sum(lengths)] + lengths, [None] + stamps, [None] + poses
         elif sum(lengths) > total:  # the prompt went in only part-way (a stop): it ends where it stopped
             lengths = clip_turns(lengths, total)
         pieces = [(total, -1)] if frame else cut_turns(lengths, self.block_tokens)
@@ -180,12 +189,12 @@ class KVArchive:
             if piece_of < 0:  # whole messages (or a frame): a message of its own
                 piece_of, own = own, own + 1
             self._add(keys[:, :, sl], values[:, :, sl], start[sl], end[sl], pending.first_seq + offset, frame,
-                      stamps[turn], self._next_message + piece_of)
+                      stamps[turn], self._next_message + piece_of, poses[turn], ids[sl])
             offset += length
         self._next_message += own
 
     def _add(self, keys: Tensor, values: Tensor, start: Tensor, end: Tensor, first_seq: int, frame: bool,
-             stamp: float | None, message: int) -> None:
+             stamp: float | None, message: int, pose: Pose | None, token_ids: Tensor) -> None:
         n = keys.shape[2]
         if n > self.size:
             return  # a block larger than the whole archive is not kept
@@ -207,8 +216,9 @@ class KVArchive:
         self.values[:, :, slot : slot + n] = values
         self.pos_start[slot : slot + n] = rel_start.to(torch.int32)
         self.pos_end[slot : slot + n] = rel_end.to(torch.int32)
-        block = ArchivedBlock(self._next_index, slot, n, first_seq, int(rel_end.max()), frame, stamp, message)
+        block = ArchivedBlock(self._next_index, slot, n, first_seq, int(rel_end.max()), frame, stamp, message, pose)
         self.block_of[slot : slot + n] = block.index
+        self.token_ids[slot : slot + n] = token_ids
         self._next_index += 1
         self._head = slot + n
         self.blocks.append(block)
@@ -223,6 +233,7 @@ class KVArchive:
         self.pos_start = torch.zeros(self.size, dtype=torch.int32)
         self.pos_end = torch.zeros(self.size, dtype=torch.int32)
         self.block_of = torch.full((self.size,), -1, dtype=torch.long)
+        self.token_ids = torch.full((self.size,), -1, dtype=torch.int32)
         self.blocks.clear()
         self._head = 0
         self.index = None
@@ -284,20 +295,21 @@ class KVArchive:
                 break
             kept.append(block)
             room -= block.length
-        old = (self.keys, self.values, self.pos_start, self.pos_end)
+        old = (self.keys, self.values, self.pos_start, self.pos_end, self.token_ids)
         self.size = size
         self.keys = None
         self.index = None
         self.blocks.clear()
         self._head = 0
         if size == 0 or old[0] is None:
-            self.values = self.pos_start = self.pos_end = self.block_of = None
+            self.values = self.pos_start = self.pos_end = self.block_of = self.token_ids = None
             return
         for block in reversed(kept):
-            self._place(block, *(t[:, :, block.slot : block.slot + block.length] for t in old[:2]),
-                        old[2][block.slot : block.slot + block.length], old[3][block.slot : block.slot + block.length])
+            sl = slice(block.slot, block.slot + block.length)
+            self._place(block, old[0][:, :, sl], old[1][:, :, sl], old[2][sl], old[3][sl], old[4][sl])
 
-    def _place(self, block: ArchivedBlock, keys: Tensor, values: Tensor, rel_start: Tensor, rel_end: Tensor) -> None:
+    def _place(self, block: ArchivedBlock, keys: Tensor, values: Tensor, rel_start: Tensor, rel_end: Tensor,
+               token_ids: Tensor | None = None) -> None:
         """Put an already rotated block at the head (resize and restore)."""
         if self.keys is None:
             self._allocate(keys, values)
@@ -307,6 +319,7 @@ class KVArchive:
         self.values[:, :, slot : slot + n] = values
         self.pos_start[slot : slot + n] = rel_start
         self.pos_end[slot : slot + n] = rel_end
+        self.token_ids[slot : slot + n] = -1 if token_ids is None else token_ids
         block.slot = slot
         self.block_of[slot : slot + n] = block.index
         self._next_index = max(self._next_index, block.index + 1)
@@ -332,6 +345,9 @@ class KVArchive:
                                             for b in blocks], dtype=torch.long),
             "archive.stamps": torch.tensor([math.nan if b.stamp is None else b.stamp for b in blocks],
                                            dtype=torch.float64),
+            "archive.poses": torch.tensor([[math.nan] * POSE_FIELDS if b.pose is None else b.pose.as_tuple()
+                                           for b in blocks], dtype=torch.float64),
+            "archive.token_ids": self.token_ids[slots],
         }
 
     def import_state(self, state: dict[str, Tensor], *, dtype: torch.dtype) -> None:
@@ -355,14 +371,18 @@ class KVArchive:
         while first > 0 and int(lengths[first - 1]) <= room:
             first -= 1
             room -= int(lengths[first])
-        for row, start, stamp in zip(blocks[first:].tolist(), starts[first:], stamps[first:].tolist()):
+        poses = state.get("archive.poses", torch.full((len(blocks), POSE_FIELDS), math.nan)).tolist()
+        token_ids = state.get("archive.token_ids")
+        for row, start, stamp, pose in zip(blocks[first:].tolist(), starts[first:], stamps[first:].tolist(),
+                                           poses[first:]):
             index, length, first_seq, extent, frame, message = row
             sl = slice(start, start + length)
             stamp = None if math.isnan(stamp) else stamp
-            block = ArchivedBlock(index, 0, length, first_seq, extent, bool(frame), stamp, message)
+            pose = None if math.isnan(pose[0]) else Pose(*pose)
+            block = ArchivedBlock(index, 0, length, first_seq, extent, bool(frame), stamp, message, pose)
             self._next_message = max(self._next_message, message + 1)
             self._place(block, keys[:, :, sl], values[:, :, sl], state["archive.pos_start"][sl],
-                        state["archive.pos_end"][sl])
+                        state["archive.pos_end"][sl], None if token_ids is None else token_ids[sl])
 
     # --- retrieval -----------------------------------------------------------------------------------
     def build_index(self, heads: Tensor, reference: tuple[Tensor, Tensor] | None, device: torch.device | str) -> None:
@@ -377,6 +397,10 @@ class KVArchive:
         for block in self.blocks:
             index.write(block.slot, self.keys[:, :, block.slot : block.slot + block.length])
         self.index = index
+
+    def block_token_ids(self, block: ArchivedBlock) -> list[int]:
+        """The block's tokens, where it is text (a frame's are -1)."""
+        return self.token_ids[block.slot : block.slot + block.length].tolist()
 
     def block_tensors(self, block: ArchivedBlock) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """A block's keys and values ([layers, heads, n, dim], rotated as if it began at position 0) and its

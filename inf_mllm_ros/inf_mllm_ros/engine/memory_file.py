@@ -236,7 +236,9 @@ def held_blocks(records: list[dict[str, torch.Tensor]], held: set[int]) -> dict[
                       "archive.values": record["archive.values"][:, :, tokens],
                       "archive.pos_start": record["archive.pos_start"][tokens],
                       "archive.pos_end": record["archive.pos_end"][tokens],
-                      "archive.blocks": rows[i : i + 1], "archive.stamps": record["archive.stamps"][i : i + 1]}
+                      "archive.token_ids": record["archive.token_ids"][tokens],
+                      "archive.blocks": rows[i : i + 1], "archive.stamps": record["archive.stamps"][i : i + 1],
+                      "archive.poses": record["archive.poses"][i : i + 1]}
             for name, piece in pieces.items():
                 parts.setdefault(name, []).append(piece)
     return {name: torch.cat(pieces, dim=2 if name in ("archive.keys", "archive.values") else 0)

@@ -34,6 +34,7 @@ from .cache import BoundedKVCache, CacheOverflowError, PromptPositions
 from .chat import check_stamp, stamped
 from .decode_step import DECODE_STEPS, StaticDecoder, resolve_decode_step
 from .policies import make_policy
+from .poses import Pose
 from .text_rules import text_problem
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -71,6 +72,9 @@ class StreamConfig:
     # the cache), "static" (one fixed-shape step per token over the cache's storage), "compiled" (that step
     # under torch.compile; CUDA graphs on a GPU), "auto" (compiled on CUDA, else eager). Same tokens either way.
     decode_step: str = "auto"
+    # The most inputs an answer names as its evidence (engine/evidence.py; 0: none). Scored with the archive's
+    # retrieval: an answer with retrieval on pays nothing more for it.
+    evidence: int = 5
 
     def __post_init__(self):
         if self.capacity < MIN_CAPACITY:
@@ -88,6 +92,8 @@ class StreamConfig:
             raise ValueError(f"archive_block must be >= 1, got {self.archive_block}")
         if self.retrieve_tokens < 0:
             raise ValueError(f"retrieve_tokens must be >= 0, got {self.retrieve_tokens}")
+        if self.evidence < 0:
+            raise ValueError(f"evidence must be >= 0, got {self.evidence}")
         if self.decode_step not in DECODE_STEPS:
             raise ValueError(f"decode_step must be one of {DECODE_STEPS}, got {self.decode_step!r}")
 
@@ -231,42 +237,44 @@ class KVStream(Answering):
         )
 
     # --- input -----------------------------------------------------------------------------------------
-    def push_text(self, text: str, stamp: float | None = None, *, pin: bool = False) -> int:
+    def push_text(self, text: str, stamp: float | None = None, *, pin: bool = False, pose: Pose | None = None) -> int:
         """Push one message as a user turn; returns the number of tokens it took. A pinned message is kept
         ahead of what attention chooses, within the policy's pin budget (`InfMLLMPolicy.pin_share`; the
-        baselines ignore pins)."""
-        return self.push_texts([(text, stamp, pin)])[0]
+        baselines ignore pins). `pose`: where the robot was at `stamp`, kept with the message's blocks."""
+        return self.push_texts([(text, stamp, pin, pose)])[0]
 
     def push_texts(self, items: list[tuple]) -> list[int]:
         """Push several messages, each its own user turn with its own time marker, as one prompt.
 
-        Items are (text, stamp) or (text, stamp, pin). One model call (in chunk_size blocks) for all of
-        them; the memory ends exactly as if each had been pushed with push_text in turn, apart from where
-        evictions fall. Returns each message's token count.
+        Items are (text, stamp), (text, stamp, pin) or (text, stamp, pin, pose). One model call (in chunk_size
+        blocks) for all of them; the memory ends exactly as if each had been pushed with push_text in turn, apart
+        from where evictions fall. Returns each message's token count.
         """
-        items = [(text, stamp, bool(pin and pin[0])) for text, stamp, *pin in items]
+        items = [(text, stamp, bool(rest and rest[0]), rest[1] if len(rest) > 1 else None)
+                 for text, stamp, *rest in items]
         if not items:
             return []
-        for text, _, _ in items:
+        for text, _, _, _ in items:
             problem = text_problem(text)
             if problem:
                 raise ValueError(problem)
-        for _, stamp, _ in items:
+        for _, stamp, _, _ in items:
             check_stamp(stamp, "text")
         self._ensure_started()
         turns = [self.adapter.tokenize_turn(self.adapter.chat.user_parts(stamped(text, stamp)))
-                 for text, stamp, _ in items]
-        pinned = torch.cat([torch.full((len(t),), pin) for t, (_, _, pin) in zip(turns, items)])
+                 for text, stamp, _, _ in items]
+        pinned = torch.cat([torch.full((len(t),), pin) for t, (_, _, pin, _) in zip(turns, items)])
         self._push(self.adapter.text_prompt(torch.cat(turns)), pinned=pinned if bool(pinned.any()) else False,
-                   stoppable=True, turns=[(len(t), stamp) for t, (_, stamp, _) in zip(turns, items)])
+                   stoppable=True, turns=[(len(t), stamp, pose) for t, (_, stamp, _, pose) in zip(turns, items)])
         self.texts_ingested += len(items)
         return [int(t.numel()) for t in turns]
 
-    def push_frame(self, rgb: np.ndarray, stamp: float | None = None) -> int:
-        """Push one camera frame (H x W x 3 uint8 RGB) as a user turn; returns its token count."""
+    def push_frame(self, rgb: np.ndarray, stamp: float | None = None, *, pose: Pose | None = None) -> int:
+        """Push one camera frame (H x W x 3 uint8 RGB) as a user turn; returns its token count. `pose`: where the
+        robot was at `stamp`."""
         prompt = self.adapter.frame_prompt(rgb, stamp, max_pixels=self.config.max_frame_pixels)
         self._ensure_started()
-        n = self._push(prompt, turns=[(len(prompt), stamp)])
+        n = self._push(prompt, turns=[(len(prompt), stamp, pose)])
         self.frames_ingested += 1
         if stamp is not None:
             self.newest_frame_stamp = stamp
@@ -307,7 +315,7 @@ class KVStream(Answering):
         Text is contiguous in 1-D, so each block is a prompt of its own (positions re-based, packed after
         each). A frame keeps one base position for all its blocks so its 2-D layout stays intact, and its
         positions are packed once it is complete. `pinned`: for the whole prompt, or a mask of its tokens.
-        `turns`: (token count, stream time) of each message in the prompt, for the archive's blocks.
+        `turns`: (token count, stream time[, pose]) of each message in the prompt, for the archive's blocks.
 
         What went through the model is archived once the prompt ends, also when it ends early.
         """
@@ -317,7 +325,8 @@ class KVStream(Answering):
         try:
             result = self._push_blocks(prompt, return_logits, last_logits, pinned, stoppable)
         finally:
-            self.archive.end_prompt(frame=prompt.token_ids is None, turns=turns or [(total, None)])
+            self.archive.end_prompt(frame=prompt.token_ids is None, turns=turns or [(total, None)],
+                                    token_ids=prompt.token_ids)
         if self.static_decoder is not None and not self.static_decoder.ready:
             self._warm_up_decoder()
         return result

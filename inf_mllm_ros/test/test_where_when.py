@@ -1,0 +1,142 @@
+"""Where and when: the robot's poses kept beside its inputs (engine/poses.py), evidence for answers and recall
+without an answer (engine/evidence.py).
+
+Pose rules on their own; poses travelling with the archive's blocks and surviving a restart on a tiny model;
+the planted moment found first, by a question's evidence and by a recall, on real SmolLM2 weights over streams
+of several caches, at several seeds and offsets."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from inf_mllm_ros.engine.loading import load_model
+from inf_mllm_ros.engine.memory_file import load_memory, save_memory
+from inf_mllm_ros.engine.poses import Pose, PoseHistory, PoseRefusedError, interpolate
+from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+from inf_mllm_ros.testing.random_models import build_model_folder
+
+from conftest import load_prepared
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def yaw(angle: float) -> Pose:
+    return Pose(0.0, 0.0, 0.0, 0.0, 0.0, math.sin(angle / 2), math.cos(angle / 2))
+
+
+def test_a_pose_between_two_is_interpolated_and_none_is_given_beyond_the_tolerance():
+    history = PoseHistory("map", tolerance=0.5)
+    history.add(10.0, Pose(0.0, 0.0, 0.0), "map")
+    history.add(11.0, Pose(2.0, 4.0, 0.0, *yaw(math.pi / 2).as_tuple()[3:]), "map")
+    half = history.at(10.5)
+    assert (half.x, half.y) == pytest.approx((1.0, 2.0))
+    assert 2 * math.atan2(half.qz, half.qw) == pytest.approx(math.pi / 4), "orientation half way round"
+    assert history.at(10.0) == Pose(0.0, 0.0, 0.0) and history.at(11.2).x == 2.0, "the nearest, within tolerance"
+    assert history.at(11.6) is None and history.at(9.4) is None and history.at(None) is None
+    history.add(20.0, Pose(5.0, 0.0, 0.0), "map")
+    assert history.at(15.5) is None, "both neighbours farther than the tolerance"
+    assert interpolate(yaw(3.1), yaw(-3.1), 0.5).qw == pytest.approx(0.0, abs=1e-6), "the short way round"
+
+
+@pytest.mark.parametrize("stamp, pose, frame, reason", [
+    (12.0, Pose(math.nan, 0.0, 0.0), "map", "finite"),
+    (math.inf, Pose(0.0, 0.0, 0.0), "map", "finite"),
+    (12.0, Pose(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5), "map", "unit quaternion"),
+    (12.0, Pose(0.0, 0.0, 0.0), "odom", "frame"),
+    (9.0, Pose(0.0, 0.0, 0.0), "map", "backwards"),
+])
+def test_a_bad_pose_is_refused_with_its_reason_and_nothing_is_kept(stamp, pose, frame, reason):
+    history = PoseHistory("", tolerance=1.0, length=3)
+    history.add(10.0, Pose(1.0, 1.0, 0.0), "map")
+    assert history.frame_id == "map", "the first pose's frame when none is configured"
+    with pytest.raises(PoseRefusedError, match=reason):
+        history.add(stamp, pose, frame)
+    assert len(history) == 1 and history.at(10.0) == Pose(1.0, 1.0, 0.0)
+    for t in range(11, 16):
+        history.add(float(t), Pose(float(t), 0.0, 0.0), "map")
+    assert len(history) == 3 and history.at(10.0) is None, "bounded: the oldest go"
+
+
+def test_inputs_carry_their_pose_into_the_archive_and_through_a_restart(tmp_path_factory, tmp_path):
+    adapter = load_model(build_model_folder("qwen2_vl", tmp_path_factory.mktemp("tiny") / "m"), device="cpu",
+                         dtype="float32")
+    config = StreamConfig(capacity=48, chunk_size=16, archive_block=16)
+    stream = KVStream(adapter, config)
+    stream.push_text("The pallet is at dock 3.", stamp=1.0, pose=Pose(1.0, 2.0, 0.0))
+    stream.push_text("Nobody knows where this was said.", stamp=2.0)
+    stream.push_frame(np.random.default_rng(0).integers(0, 256, (84, 112, 3), dtype=np.uint8), stamp=3.0,
+                      pose=Pose(5.0, 6.0, 0.0, *yaw(1.0).as_tuple()[3:]))
+    stream.push_texts([("First of two.", 4.0, False, Pose(7.0, 0.0, 0.0)), ("Second of two.", 4.5)])
+    poses = {b.stamp: b.pose for b in stream.archive.blocks}
+    assert poses[1.0] == Pose(1.0, 2.0, 0.0) and poses[2.0] is None and poses[3.0].x == 5.0
+    assert [b.frame for b in stream.archive.blocks if b.stamp == 3.0] == [True]
+    save_memory(stream, tmp_path / "m")
+    restored = KVStream(adapter, config)
+    load_memory(restored, tmp_path / "m")
+    assert [(b.stamp, b.pose) for b in restored.archive.blocks] == [(b.stamp, b.pose) for b in stream.archive.blocks]
+
+
+FILLER = ["A cart rolled past the shelves with boxes of screws.", "The floor near the window was swept again.",
+          "Two workers talked about the weather during the break.", "A forklift beeped while it backed up slowly.",
+          "The lights in the hall flickered for a moment.", "Someone stacked empty crates beside the wall."]
+
+
+def planted_stream(adapter, seed: int, offset: int, messages: int = 90):
+    """A stream of several caches' worth of filler, with one fact planted `offset` messages in; every message
+    stamped one second apart and posed one metre apart along x."""
+    rng = random.Random(seed)
+    stream = KVStream(adapter, StreamConfig(capacity=128, chunk_size=32, archive_block=32))
+    for i in range(messages):
+        text = "The red cone is next to the charging dock." if i == offset else rng.choice(FILLER)
+        stream.push_text(text, stamp=float(i), pose=Pose(float(i), 0.0, 0.0))
+    assert stream.tokens_seen > 4 * 128, "the fact has long left the cache"
+    return stream
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_prepared("smollm2")
+
+
+@pytest.mark.parametrize("seed, offset", [(0, 5), (1, 23), (2, 47)])
+def test_the_planted_moment_is_an_answers_heaviest_evidence_and_a_recalls_first(smollm2, seed, offset):
+    stream = planted_stream(smollm2, seed, offset)
+    answer = stream.ask("Where is the red cone?", max_new_tokens=12)
+    top = answer.evidence[0]
+    assert (top.stamp, top.pose, top.kind) == (float(offset), Pose(float(offset), 0.0, 0.0), "text")
+    assert "red cone" in top.text and len(answer.evidence) == stream.config.evidence
+    assert [e.weight for e in answer.evidence] == sorted((e.weight for e in answer.evidence), reverse=True)
+    found = stream.recall("red cone", limit=3)
+    assert found[0].stamp == float(offset) and found[0].source == "archive" and len(found) == 3
+    # Filters: a time window or a place without the fact does not find it; with it, it comes first.
+    assert all(e.stamp != float(offset) for e in stream.recall("red cone", until=offset - 1.0))
+    assert stream.recall("red cone", since=offset - 2.0, until=offset + 2.0)[0].stamp == float(offset)
+    near = stream.recall("red cone", near=(offset + 1.0, 0.0, 3.0))
+    assert near[0].stamp == float(offset) and all(abs(e.pose.x - offset - 1.0) <= 3.0 for e in near)
+    assert stream.recall("red cone", near=(offset + 50.0, 40.0, 2.0)) == []
+
+
+def test_a_recall_refuses_unusable_arguments_with_a_reason(smollm2):
+    stream = planted_stream(smollm2, 0, 3, messages=20)
+    for kwargs, reason in [({"text": ""}, "empty"), ({"text": "cone", "limit": 0}, "limit"),
+                           ({"text": "cone", "since": 5.0, "until": 1.0}, "ends"),
+                           ({"text": "cone", "near": (0.0, 0.0, 0.0)}, "radius")]:
+        with pytest.raises(ValueError, match=reason):
+            stream.recall(**kwargs)
+    before = stream.stats()
+    stream.recall("cone")
+    assert stream.stats() == before, "a recall leaves the memory as it was"
+
+
+def test_evidence_off_costs_nothing_and_gives_none(smollm2):
+    stream = planted_stream(smollm2, 3, 8, messages=30)
+    stream.config.evidence = 0
+    stream.config.retrieve_tokens = 0
+    calls = []
+    content_queries = stream._content_queries
+    stream._content_queries = lambda *a: calls.append(1) or content_queries(*a)
+    assert stream.ask("Where is the red cone?", max_new_tokens=4).evidence == [] and not calls
