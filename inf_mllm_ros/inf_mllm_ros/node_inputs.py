@@ -25,6 +25,7 @@ from .engine.adapters import FramesNotSupportedError
 from .engine.engine import EngineBusyError, EngineNotReadyError, FrameDroppedError
 from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
 from .input_rules import FrameGate, StreamClock, stamp_seconds, text_refusal
+from .node_poses import PoseInput
 
 # Camera: newest frame only. Text: reliable, never dropped by the middleware.
 IMAGE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.BEST_EFFORT,
@@ -65,6 +66,8 @@ class NodeInputs:
             "described": self._handle_described,
         }
         self._wake = self.create_guard_condition(self._drain_outbox)
+        self._poses = PoseInput(self, self.get_parameter("pose_topic").value, self.get_parameter("pose_frame").value,
+                                self.get_parameter("pose_tolerance").value, self._reject)
 
     def _subscribe_inputs(self) -> None:
         self._input_subscriptions = [
@@ -76,11 +79,13 @@ class NodeInputs:
             # What the robot must not forget (a task, a code, a rule): kept ahead of what attention chooses.
             self.create_subscription(String, "text/pinned", lambda m: self._on_text(m, pin=True), TEXT_QOS),
         ]
+        self._poses.start()
 
     def _unsubscribe_inputs(self) -> None:
         for sub in self._input_subscriptions:
             self.destroy_subscription(sub)
         self._input_subscriptions = []
+        self._poses.stop()
 
     # --- input -------------------------------------------------------------------------------------------
     def _offer_frame(self, msg, convert, source: str) -> None:
@@ -105,8 +110,9 @@ class NodeInputs:
             self._reject(f"{source}_{exc.kind}", f"{source} message refused: {exc}")
             return
         self._frame_id = msg.header.frame_id
+        pose = self._poses.at(stamp_seconds(msg.header.stamp, self.get_clock().now().nanoseconds))
         try:
-            future = self.engine.submit_frame(rgb, self._stream_time(msg.header.stamp))
+            future = self.engine.submit_frame(rgb, self._stream_time(msg.header.stamp), pose=pose)
         except EngineNotReadyError as exc:
             self._reject("engine_closed", f"frame refused: {exc}")
             return
@@ -118,8 +124,9 @@ class NodeInputs:
         if refusal is not None:
             self._reject(*refusal)
             return
+        pose = self._poses.at(stamp_seconds(None, self.get_clock().now().nanoseconds))
         try:
-            future = self.engine.submit_text(text, self._stream_time(None), pin=pin)
+            future = self.engine.submit_text(text, self._stream_time(None), pin=pin, pose=pose)
         except EngineNotReadyError as exc:
             self._reject("engine_closed", f"text refused: {exc}")
             return

@@ -1,4 +1,4 @@
-"""The node's services and action: `~/query`, `~/reset`, `~/save_memory` and `~/ask`.
+"""The node's services and action: `~/query`, `~/recall`, `~/reset`, `~/save_memory` and `~/ask`.
 
 `NodeServices` is a part of `InfMLLMNode` (node.py). The services exist in every lifecycle state, so a
 caller always hears why not instead of nothing, and they run in a reentrant callback group and wait for
@@ -9,6 +9,7 @@ model and a shutdown each say so in `message`.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeoutError
@@ -19,14 +20,17 @@ from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_srvs.srv import Trigger
 
+from geometry_msgs.msg import PoseArray
+
 from inf_mllm_interfaces.action import Ask
-from inf_mllm_interfaces.srv import Query
+from inf_mllm_interfaces.srv import Query, Recall
 
 from .engine.engine import EngineBusyError, EngineNotReadyError
 from .engine.stream import AnswerCancelledError
 from .engine.text_rules import text_problem
 from .engine_interface import EngineLike
-from .input_rules import length_refusal
+from .input_rules import length_refusal, stamp_seconds
+from .node_poses import evidence_msgs, pose_msg
 from .settings import MAX_NEW_TOKENS_LIMIT
 
 # Services: requests and responses kept for a burst of callers. The default depth (10) lets the middleware
@@ -43,6 +47,9 @@ SHUTTING_DOWN = "node is shutting down"
 NOT_CONFIGURED = "node is not configured: no model is loaded (configure it through its lifecycle)"
 LOADING = "model is still loading"
 INACTIVE = "node is inactive: it takes no input and answers no question until it is activated"
+# Moments a recall gives when the request asks for 0.
+DEFAULT_RECALL_RESULTS = 5
+MAX_RECALL_RESULTS = 100
 
 
 class NodeServices:
@@ -62,6 +69,10 @@ class NodeServices:
         # Services exist in every state, so a caller always hears why not instead of nothing.
         waiting = ReentrantCallbackGroup()
         self.create_service(Query, "~/query", self._on_query, callback_group=waiting, qos_profile=SERVICE_QOS)
+        self.create_service(Recall, "~/recall", lambda req, res: self._served(self._recall, req, res),
+                            callback_group=waiting, qos_profile=SERVICE_QOS)
+        # The last answer's evidence poses, heaviest first, for RViz.
+        self._evidence_pub = self.create_publisher(PoseArray, "~/evidence", 10)
         self.create_service(Trigger, "~/reset", self._on_reset, callback_group=waiting, qos_profile=SERVICE_QOS)
         self.create_service(Trigger, "~/save_memory", self._on_save_memory, callback_group=waiting,
                             qos_profile=SERVICE_QOS)
@@ -178,6 +189,55 @@ class NodeServices:
         response.tokens_seen = answer.tokens_seen
         response.cache_fill = answer.cache_fill
         response.retrieved_tokens = answer.retrieved_tokens
+        response.evidence = evidence_msgs(answer.evidence, self._ros_time, self._poses.frame_id)
+        self._publish_evidence_poses(answer.evidence)
+        response.latency = time.monotonic() - start
+        return response
+
+    def _publish_evidence_poses(self, evidence) -> None:
+        posed = [e.pose for e in evidence if e.pose is not None]
+        if posed:
+            msg = PoseArray(poses=[pose_msg(p) for p in posed])
+            msg.header.frame_id = self._poses.frame_id
+            msg.header.stamp = self.get_clock().now().to_msg()
+            self._evidence_pub.publish(msg)
+
+    def _recall(self, request: Recall.Request, response: Recall.Response) -> Recall.Response:
+        """~/recall: the moments a text points to most, as evidence, without an answer."""
+        start = time.monotonic()
+        engine = self.engine
+        unusable = self._lifecycle_refusal(engine, ask=True)
+        text = request.text.strip()
+        problem = unusable or length_refusal("recall text", text, self._param("max_text_chars")) or text_problem(
+            text, "recall text")
+        if not problem and request.max_results > MAX_RECALL_RESULTS:
+            problem = f"max_results {request.max_results} is above the limit {MAX_RECALL_RESULTS}"
+        place = (request.x, request.y, request.radius)
+        if not problem and not (request.radius >= 0.0 and all(map(math.isfinite, place))):
+            problem = f"the place must be finite numbers and the radius >= 0 m, got {place}"
+        origin = self._stream_clock.origin
+        since, until = (None if (t.sec, t.nanosec) == (0, 0) or origin is None else stamp_seconds(t, 0) - origin
+                        for t in (request.since, request.until))
+        if not problem and since is not None and until is not None and until < since:
+            problem = "the time window ends before it begins (until < since)"
+        if problem:
+            response.success, response.message = False, problem
+            return response
+        timeout = self._param("query_timeout")
+        try:
+            future = engine.submit_recall(text, limit=request.max_results or DEFAULT_RECALL_RESULTS, since=since,
+                                          until=until, near=place if request.radius > 0 else None)
+            moments = future.result(timeout=timeout)
+        except FutureTimeoutError:
+            engine.abandon(future)
+            response.success, response.message = False, f"no answer within query_timeout ({timeout:g} s): the model " \
+                                                         "is busy"
+            return response
+        except (EngineNotReadyError, EngineBusyError, ValueError) as exc:
+            response.success, response.message = False, str(exc)
+            return response
+        response.success = True
+        response.moments = evidence_msgs(moments, self._ros_time, self._poses.frame_id)
         response.latency = time.monotonic() - start
         return response
 

@@ -95,7 +95,7 @@ PARAMETERS = (
           engine_field="chunk_size"),
     Param("archive_size", StreamConfig.archive_size, "Tokens of older keys and values kept in host memory, from "
           "which a question retrieves what it needs (the oldest blocks go past it); 0: no archive. Host bytes per "
-          "token: layers x KV heads x (key + value dims) x element size + 16.", low=0, high=1 << 24,
+          "token: layers x KV heads x (key + value dims) x element size + 20.", low=0, high=1 << 24,
           engine_field="archive_size"),
     Param("archive_block", StreamConfig.archive_block, "Longest block of text the archive keeps and retrieves as one "
           "(a short message is its own block; a frame is always one block).", low=1, high=4096,
@@ -108,6 +108,14 @@ PARAMETERS = (
           "'compiled' (that step under torch.compile, CUDA graphs on a GPU; compiled with the first input), 'auto' "
           "(compiled on CUDA, else eager). The same tokens either way.", choices=DECODE_STEPS,
           engine_field="decode_step"),
+    Param("evidence", StreamConfig.evidence, "The most inputs an answer names as its evidence (stamp, kind, cache or "
+          "archive, pose, text, weight), heaviest first; 0: none.", low=0, high=64, engine_field="evidence"),
+    Param("pose_topic", "", "The robot's pose (nav_msgs/Odometry, geometry_msgs/PoseStamped or "
+          "geometry_msgs/PoseWithCovarianceStamped, found from the topic's type): each frame and text is kept with "
+          "the pose at its stamp. Empty: no poses."),
+    Param("pose_frame", "", "The frame every pose must be in (others are refused); empty: the first pose's frame."),
+    Param("pose_tolerance", 0.5, "Seconds an input's stamp may be from the nearest pose for it to get one "
+          "(interpolated between the two around it); farther: no pose.", low=0.0, high=3600.0),
     Param("max_frame_pixels", 0, "Bound on a frame's pixels before the vision encoder; 0: the model's own.",
           low=0, high=1 << 28, engine_field="max_frame_pixels", zero_is_default=True),
     Param("max_pending_texts", DEFAULT_MAX_PENDING_TEXTS,

@@ -29,6 +29,7 @@ from .adapters import ModelAdapter
 from .chat import check_stamp
 from .loading import DEFAULT_MODEL, load_model
 from .memory_file import MemoryFileInfo
+from .poses import Pose
 from .live_settings import LiveSettings
 from .stream import Answer, KVStream, StreamConfig, StreamStats
 from .text_rules import text_problem
@@ -126,9 +127,10 @@ class StreamingEngine(EngineWorker):
         self._worker.start()
 
     # --- submitting ----------------------------------------------------------------------------------
-    def submit_text(self, text: str, stamp: float | None = None, *, pin: bool = False) -> Future:
-        """Queue a message for the memory (`pin`: keep it ahead of what attention chooses; see
-        `KVStream.push_text`). The future gives its token count."""
+    def submit_text(self, text: str, stamp: float | None = None, *, pin: bool = False,
+                    pose: Pose | None = None) -> Future:
+        """Queue a message for the memory (`pin`: keep it ahead of what attention chooses; `pose`: where the robot
+        was at `stamp`; see `KVStream.push_text`). The future gives its token count."""
         # Refused at the door: queued texts go into the model together, and one bad text would fail them all.
         problem = text_problem(text)
         if problem:
@@ -142,10 +144,10 @@ class StreamingEngine(EngineWorker):
             if self._work.texts >= self.max_pending_texts:
                 self.counters.texts_refused += 1
                 return _failed(EngineBusyError(f"text queue full ({self.max_pending_texts} waiting); message refused"))
-            return self._enqueue(Job("text", text=(text, stamp, pin)))
+            return self._enqueue(Job("text", text=(text, stamp, pin, pose)))
 
-    def submit_frame(self, rgb: np.ndarray, stamp: float | None = None) -> Future:
-        job = Job("frame", run=lambda s: s.push_frame(rgb, stamp))
+    def submit_frame(self, rgb: np.ndarray, stamp: float | None = None, *, pose: Pose | None = None) -> Future:
+        job = Job("frame", run=lambda s: s.push_frame(rgb, stamp, pose=pose))
         with self._lock:
             self._check_open()
             replaced = self._work.offer_frame(job)
@@ -169,6 +171,14 @@ class StreamingEngine(EngineWorker):
 
     def submit_describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None) -> Future:
         return self._submit_query(lambda s: s.describe(prompt, max_new_tokens=max_new_tokens))
+
+    def submit_recall(self, text: str, *, limit: int = 5, since: float | None = None, until: float | None = None,
+                      near: tuple[float, float, float] | None = None) -> Future:
+        """Queue a recall (`KVStream.recall`): the moments `text` points to most, as evidence, without an answer."""
+        problem = text_problem(text, "recall text")
+        if problem:
+            return _failed(ValueError(problem))
+        return self._submit_query(lambda s: s.recall(text, limit=limit, since=since, until=until, near=near))
 
     def submit_reset(self) -> Future:
         with self._lock:
@@ -247,11 +257,12 @@ class StreamingEngine(EngineWorker):
 
     # --- blocking conveniences -----------------------------------------------------------------------
     def push_text(self, text: str, stamp: float | None = None, timeout: float | None = None, *,
-                  pin: bool = False) -> int:
-        return self.submit_text(text, stamp, pin=pin).result(timeout)
+                  pin: bool = False, pose: Pose | None = None) -> int:
+        return self.submit_text(text, stamp, pin=pin, pose=pose).result(timeout)
 
-    def push_frame(self, rgb: np.ndarray, stamp: float | None = None, timeout: float | None = None) -> int:
-        return self.submit_frame(rgb, stamp).result(timeout)
+    def push_frame(self, rgb: np.ndarray, stamp: float | None = None, timeout: float | None = None, *,
+                   pose: Pose | None = None) -> int:
+        return self.submit_frame(rgb, stamp, pose=pose).result(timeout)
 
     def ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
             timeout: float | None = None) -> Answer:

@@ -111,7 +111,7 @@ class EngineWorker(MemoryCheckpoints):
                 future.set_exception(exc)
             return False
         with self._lock:
-            self._work.took_texts(sum(len(text) for (text, _, _), _ in live), time.monotonic() - start)
+            self._work.took_texts(sum(len(item[0]) for item, _ in live), time.monotonic() - start)
         self._snapshot_stats()
         for (_, future), n in zip(live, counts):
             future.set_result(n)
