@@ -173,6 +173,10 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
             record = {"type": "answer", "bag_time": bag_time, "time_s": q.time_s, "question": q.question,
                       "expected": q.expected, "needs_vision": q.needs_vision, "answer": ans.text,
                       "correct": q.matches(ans.text), "retrieved_tokens": ans.retrieved_tokens,
+                      "evidence": [{"stamp": e.stamp, "kind": e.kind, "source": e.source, "text": e.text,
+                                    "weight": round(e.weight, 3),
+                                    "pose": None if e.pose is None else list(e.pose.as_tuple())}
+                                   for e in ans.evidence],
                       "tokens_generated": ans.tokens_generated, "seconds": ans.latency, **stats()}
             if ans.retrieved_tokens:
                 # The same question from the cache alone, for the report (the memory is unchanged by either).

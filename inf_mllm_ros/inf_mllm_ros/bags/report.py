@@ -28,6 +28,14 @@ def mib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
+def _evidence(evidence: list[dict]) -> str:
+    if not evidence:
+        return ""
+    top = evidence[0]
+    when = f"{top['stamp']:.1f} s" if top.get("stamp") is not None else "no time"
+    return f"{when}, {top['kind']} ({top['source']})" + (f": {top['text'][:80]}" if top.get("text") else "")
+
+
 def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -91,17 +99,20 @@ def write_report(result: RunResult, path: str | Path) -> None:
         summary = tally([(a["correct"], a.get("needs_vision", False)) for a in result.answers])
         if summary:
             lines += [f"{summary[0].upper()}{summary[1:]}.", ""]
-        lines += ["An answer that used the archive (tokens retrieved) is shown from the cache alone too.", "",
+        lines += ["An answer that used the archive (tokens retrieved) is shown from the cache alone too. Its "
+                  "heaviest evidence is the input the question pointed to most (its stream time, and a text's "
+                  "words).", "",
                   "| Bag time (s) | Question | Expected | Answer | Right | Needs vision | Retrieved | "
-                  "Without the archive | Right |",
-                  "|---:|---|---|---|---|---|---:|---|---|"]
+                  "Without the archive | Right | Heaviest evidence |",
+                  "|---:|---|---|---|---|---|---:|---|---|---|"]
         marks = {True: "yes", False: "no", None: ""}
         for a in result.answers:
             alone = a.get("answer_without_archive")
             lines.append(f"| {a['time_s']:.1f} | {_cell(a['question'])} | {_cell(a['expected'])} | "
                          f"{_cell(a['answer'])} | {marks[a['correct']]} | {'yes' if a.get('needs_vision') else ''} | "
                          f"{a.get('retrieved_tokens', 0)} | {_cell(alone) if alone is not None else ''} | "
-                         f"{marks[a.get('correct_without_archive')] if alone is not None else ''} |")
+                         f"{marks[a.get('correct_without_archive')] if alone is not None else ''} | "
+                         f"{_cell(_evidence(a.get('evidence') or []))} |")
     else:
         lines.append("No questions were asked.")
     peak_fill = max((r["fill"] for r in rows), default=0)
