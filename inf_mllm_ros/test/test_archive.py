@@ -296,29 +296,31 @@ def test_retrieval_heads_are_a_tenth_of_the_layer_heads_found_alike_and_kept_in_
                                                                                       monkeypatch):
     monkeypatch.setenv("INF_MLLM_CACHE_DIR", str(tmp_path))
     adapter = adapters["qwen2_vl"]
-    heads = retrieval_heads_module._kept_or_found(adapter)
+    new_stream = lambda **settings: KVStream(adapter, StreamConfig(**settings))  # noqa: E731
+    heads = retrieval_heads_module._kept_or_found(adapter, new_stream)
     assert heads.dtype == torch.bool and heads.shape[0] == adapter.num_layers
     assert int(heads.sum()) == max(retrieval_heads_module.MIN_HEADS, round(retrieval_heads_module.SHARE * heads.numel()))
-    assert torch.equal(retrieval_heads_module.find_retrieval_heads(adapter), heads), "the same model, the same heads"
+    assert torch.equal(retrieval_heads_module.find_retrieval_heads(adapter, new_stream), heads), \
+        "the same model, the same heads"
     assert len(list(tmp_path.glob("retrieval_heads-*.json"))) == 1
 
-    def not_again(_adapter):
+    def not_again(_adapter, _new_stream):
         raise AssertionError("found again although kept")
 
     monkeypatch.setattr(retrieval_heads_module, "find_retrieval_heads", not_again)
-    assert torch.equal(retrieval_heads_module._kept_or_found(adapter), heads)
+    assert torch.equal(retrieval_heads_module._kept_or_found(adapter, new_stream), heads)
     # A file that cannot be read costs only finding them again.
     next(tmp_path.glob("retrieval_heads-*.json")).write_bytes(b"not a tensor")
-    monkeypatch.setattr(retrieval_heads_module, "find_retrieval_heads", lambda a: heads)
-    assert torch.equal(retrieval_heads_module._kept_or_found(adapter), heads)
+    monkeypatch.setattr(retrieval_heads_module, "find_retrieval_heads", lambda a, n: heads)
+    assert torch.equal(retrieval_heads_module._kept_or_found(adapter, new_stream), heads)
 
 
 def test_a_model_whose_retrieval_heads_cannot_be_found_scores_on_the_middle_layers(monkeypatch):
     class Model:  # stands for an adapter the synthetic stream does not suit
         pass
 
-    def fails(_adapter):
+    def fails(_adapter, _new_stream):
         raise RuntimeError("no chat template")
 
     monkeypatch.setattr(retrieval_heads_module, "_kept_or_found", fails)
-    assert retrieval_heads_module.retrieval_heads(Model()) is None  # retrieval then scores on the middle half
+    assert retrieval_heads_module.retrieval_heads(Model(), lambda **settings: None) is None  # retrieval then scores on the middle half

@@ -158,7 +158,7 @@ def test_the_archive_keeps_blocks_on_the_host_and_puts_them_back_into_a_gpu_cach
         test_archive.test_nothing_is_retrieved_where_the_cache_holds_an_answer_as_good_as_the_archives(
             family, cache_answers, tiny_on_the_gpu, monkeypatch)
         monkeypatch.undo()
-    heads = retrieval_heads_module.retrieval_heads(tiny_on_the_gpu[family])
+    heads = KVStream(tiny_on_the_gpu[family], StreamConfig()).retrieval_heads()
     assert heads is not None and heads.device.type == "cpu"
     assert int(heads.sum()) == max(retrieval_heads_module.MIN_HEADS,
                                    round(retrieval_heads_module.SHARE * heads.numel()))

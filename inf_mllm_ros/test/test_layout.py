@@ -24,22 +24,15 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def _type_checking_only(node: ast.AST, parents: dict) -> bool:
-    while node in parents:
-        node = parents[node]
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            return True
-    return False
-
-
 def imports(name: str, path: Path) -> list[tuple[str, bool]]:
-    """(imported module, at module level) for every import of a module that is not for annotations only."""
+    """(imported module, at module level) for every import of a module: at module level, inside functions and
+    under `if TYPE_CHECKING:` alike (an import for annotations ties the modules together as much as any)."""
     tree = ast.parse(path.read_text())
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
     for node in ast.walk(tree):
-        if not isinstance(node, (ast.Import, ast.ImportFrom)) or _type_checking_only(node, parents):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
             continue
         top = all(not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) for p in _ancestors(node, parents))
         if isinstance(node, ast.Import):
@@ -86,7 +79,8 @@ def test_the_engine_imports_nothing_of_ros_or_of_the_layers_above_it():
 
 
 def test_no_import_cycle():
-    graph = {name: {i for i, top in imports(name, path) if top and i in modules() and i != name}
+    """Counting every import: at module level, inside functions and for annotations."""
+    graph = {name: {i for i, _ in imports(name, path) if i in modules() and i != name}
              for name, path in modules().items()}
     # A package's __init__ is imported on the way to its modules: an edge to it is no cycle of the code's making.
     graph = {name: {i for i in targets if not name.startswith(i + ".")} for name, targets in graph.items()}
@@ -113,3 +107,12 @@ def test_the_layout_rules_see_imports(module):
     """The checks above read real edges (a parser that found none would pass them all)."""
     found = {i for i, _ in imports(module, modules()[module])}
     assert "inf_mllm_ros.engine.cache" in found or "inf_mllm_ros.engine.stream" in found, found
+
+
+def test_the_layout_rules_see_imports_for_annotations_and_inside_functions():
+    answering = {i for i, _ in imports("inf_mllm_ros.engine.answering", modules()["inf_mllm_ros.engine.answering"])}
+    assert "inf_mllm_ros.engine.stream_config" in answering, "an import under TYPE_CHECKING"
+    loading = [(i, top) for i, top in imports("inf_mllm_ros.engine.worker", modules()["inf_mllm_ros.engine.worker"])]
+    assert ("inf_mllm_ros.engine.live_settings", True) in loading, "an import under TYPE_CHECKING, at module level"
+    offline = imports("inf_mllm_ros.bags.offline", modules()["inf_mllm_ros.bags.offline"])
+    assert ("inf_mllm_ros.engine.loading", False) in offline, "an import inside a function"

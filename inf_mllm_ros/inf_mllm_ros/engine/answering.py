@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .archive import KVArchive
     from .cache import BoundedKVCache
     from .decode_step import StaticDecoder
-    from .stream import StreamConfig
+    from .stream_config import StreamConfig
 
 DEFAULT_DESCRIPTION_PROMPT = "Describe briefly what the robot sees and what happened most recently."
 # Scores the archive's blocks alongside each question, so that the blocks any question is drawn to give way
@@ -378,12 +378,16 @@ class Answering:
         text = self.adapter.decode([t for t in self.archive.block_token_ids(block) if t >= 0])
         return " ".join(ROLE_LINE.sub("\n", "\n" + text).split())
 
+    def retrieval_heads(self) -> Tensor | None:
+        """The model's retrieval heads (engine/retrieval_heads.py), found on a stream of this kind at first use."""
+        return retrieval_heads(self.adapter, lambda **settings: type(self)(self.adapter, type(self.config)(**settings)))
+
     def _retrieval_index(self, queries: Tensor) -> RetrievalIndex:
         """The archive's index, made at the memory's first retrieval: on the model's retrieval heads (every head of
         the middle half of the layers where they cannot be found), with the reference question asked of the
         memory as it is then."""
         if self.archive.index is None:
-            heads = retrieval_heads(self.adapter)
+            heads = self.retrieval_heads()
             if heads is None:
                 heads = middle_layers(*queries.shape[:2])
             self.archive.build_index(heads, self._content_queries(*self._reference_question), queries.device)

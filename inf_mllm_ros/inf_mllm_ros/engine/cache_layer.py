@@ -11,7 +11,7 @@ of a gather or a re-pack are bounded by the cache's `temporary_bytes`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Callable, Protocol
 
 import torch
 from torch import Tensor
@@ -21,8 +21,23 @@ from .policies import EvictionPolicy, SlotView
 from .rotary import packed_positions, shift_rotary
 from .scoring import window_scores
 
-if TYPE_CHECKING:
-    from .cache import BoundedKVCache
+class LayerOwner(Protocol):
+    """What a layer reads of the cache it belongs to (engine/cache.py, `BoundedKVCache`): the sizes and settings it
+    shares with every layer, the storage it takes a slice of, the positions of the tokens coming in, and the archive
+    while it records."""
+
+    slots: int
+    capacity: int
+    policy: EvictionPolicy
+    position_mode: str
+    scoring_backend: str
+    temporary_bytes: int
+    staged: object
+    recording: bool
+    archive: object
+    layers: list
+    storage_for: Callable
+    read_frontiers: Callable
 
 
 class BoundedLayer(CacheLayerMixin):
@@ -32,7 +47,7 @@ class BoundedLayer(CacheLayerMixin):
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, owner: "BoundedKVCache", index: int = 0):
+    def __init__(self, owner: LayerOwner, index: int = 0):
         super().__init__()
         self.owner = owner
         self.index = index  # place among the cache's layers (its slice of shared storage)

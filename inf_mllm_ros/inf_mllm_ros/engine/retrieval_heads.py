@@ -23,7 +23,7 @@ import tempfile
 import threading
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import Tensor
@@ -51,14 +51,18 @@ METHOD_VERSION = 1
 _found: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
+# A fresh stream of the model with the given StreamConfig settings (a KVStream's), for the synthetic stream.
+StreamFactory = Callable[..., Any]
 
-def retrieval_heads(adapter: ModelAdapter) -> Tensor | None:
-    """[layers, query heads] bool: the heads the archive scores with for this model (found on first use).
-    None where they could not be found: every head of the middle half of the layers then scores."""
+
+def retrieval_heads(adapter: ModelAdapter, new_stream: StreamFactory) -> Tensor | None:
+    """[layers, query heads] bool: the heads the archive scores with for this model (found on first use, on a
+    stream `new_stream` makes). None where they could not be found: every head of the middle half of the layers
+    then scores."""
     with _lock:
         if adapter not in _found:
             try:
-                _found[adapter] = _kept_or_found(adapter)
+                _found[adapter] = _kept_or_found(adapter, new_stream)
             except (RuntimeError, ValueError) as exc:  # a model the synthetic stream does not suit
                 logging.getLogger(__name__).warning("retrieval heads not found (%s); scoring on every head of the "
                                                     "middle half of the layers", exc)
@@ -70,7 +74,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("INF_MLLM_CACHE_DIR") or Path.home() / ".cache" / "inf_mllm_ros")
 
 
-def _kept_or_found(adapter: ModelAdapter) -> Tensor:
+def _kept_or_found(adapter: ModelAdapter, new_stream: StreamFactory) -> Tensor:
     """The heads from their file where a run before found them for this model; else found and kept (a
     file that cannot be read or written only costs finding them again)."""
     path = cache_dir() / f"retrieval_heads-v{METHOD_VERSION}-{model_fingerprint(adapter)[:32]}.json"
@@ -81,7 +85,7 @@ def _kept_or_found(adapter: ModelAdapter) -> Tensor:
         return heads
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         pass
-    heads = find_retrieval_heads(adapter)
+    heads = find_retrieval_heads(adapter, new_stream)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,13 +99,12 @@ def _kept_or_found(adapter: ModelAdapter) -> Tensor:
     return heads
 
 
-def find_retrieval_heads(adapter: ModelAdapter, seed: int = 0) -> Tensor:
-    """Run the synthetic stream and keep the layer-heads that rank each asked fact's block highest."""
-    from .stream import KVStream, StreamConfig
-
+def find_retrieval_heads(adapter: ModelAdapter, new_stream: StreamFactory, seed: int = 0) -> Tensor:
+    """Run the synthetic stream (made by `new_stream`) and keep the layer-heads that rank each asked fact's block
+    highest."""
     rng = random.Random(seed)
     subjects = rng.sample([f"the {a} {m}" for a in ADJECTIVES for m in MACHINES], FACTS)
-    stream = KVStream(adapter, StreamConfig(capacity=256, archive_size=8192, retrieve_tokens=0))
+    stream = new_stream(capacity=256, archive_size=8192, retrieve_tokens=0)
 
     def log_line() -> str:
         return f"{rng.choice(ACTORS)} {rng.choice(ACTIONS)} {rng.choice(PLACES)}."

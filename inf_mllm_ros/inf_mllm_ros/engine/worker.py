@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from .checkpoints import MemoryCheckpoints
 from .loading import use_torch_threads
-from .retrieval_heads import retrieval_heads
 from .stream import KVStream
 
 if TYPE_CHECKING:
@@ -32,7 +31,7 @@ class EngineWorker(MemoryCheckpoints):
                 self._applied = self._settings
                 self._stream = KVStream(adapter, self._applied.stream_config(self.config))
             if self._stream.archive.enabled:
-                retrieval_heads(adapter)  # found (or read) while loading, so that no question waits for it
+                self._stream.retrieval_heads()  # found (or read) while loading, so that no question waits for them
             if self.memory_file is not None:
                 self._restore(self._stream)
             self._snapshot_stats()

@@ -1,0 +1,70 @@
+"""What shapes a stream's memory: `StreamConfig`, the settings a `KVStream` (engine/stream.py) is made with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .decode_step import DECODE_STEPS
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are the memory of a mobile robot. Camera frames and messages arrive with their time in seconds. "
+    "Answer questions about what happened briefly and precisely."
+)
+
+# The smallest memory that still holds the sinks, a recent window and a few candidates.
+MIN_CAPACITY = 8
+
+
+@dataclass
+class StreamConfig:
+    """Everything that shapes the memory. Sizes are in tokens."""
+
+    capacity: int = 1024
+    policy: str = "inf_mllm"
+    # The policy's own settings by name (see its knobs in policies/); the ones left out take its defaults.
+    policy_settings: dict = field(default_factory=dict)
+    chunk_size: int = 128  # longest block pushed before an eviction
+    headroom: int | None = None  # slots beyond capacity; default max(chunk_size, 256)
+    position_mode: str = "cache"  # "cache": positions re-packed inside the cache; "original"
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    max_new_tokens: int = 64
+    max_frame_pixels: int | None = None  # bound on a frame's resolution before the vision tower
+    scoring_backend: str = "auto"
+    # The archive of the stream's KV in host memory (engine/archive.py): its bound (0: none), its block, and
+    # the most archived tokens placed before a question. The headroom makes room for them whether or not the
+    # archive is on, so that the cache is the same either way.
+    archive_size: int = 32768
+    archive_block: int = 32
+    retrieve_tokens: int = 256
+    # How an answer not kept in memory is decoded (engine/decode_step.py): "eager" (a forward per token through
+    # the cache), "static" (one fixed-shape step per token over the cache's storage), "compiled" (that step
+    # under torch.compile; CUDA graphs on a GPU), "auto" (compiled on CUDA, else eager). Same tokens either way.
+    decode_step: str = "auto"
+    # The most inputs an answer names as its evidence (engine/evidence.py; 0: none). Scored with the archive's
+    # retrieval: an answer with retrieval on pays nothing more for it.
+    evidence: int = 5
+
+    def __post_init__(self):
+        if self.capacity < MIN_CAPACITY:
+            raise ValueError(f"capacity must be at least {MIN_CAPACITY} tokens, got {self.capacity}")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.slots_headroom < self.chunk_size:
+            # A full cache takes each block in its headroom before evicting.
+            raise ValueError(f"headroom {self.slots_headroom} is smaller than chunk_size {self.chunk_size}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.archive_size < 0:
+            raise ValueError(f"archive_size must be >= 0, got {self.archive_size}")
+        if self.archive_block < 1:
+            raise ValueError(f"archive_block must be >= 1, got {self.archive_block}")
+        if self.retrieve_tokens < 0:
+            raise ValueError(f"retrieve_tokens must be >= 0, got {self.retrieve_tokens}")
+        if self.evidence < 0:
+            raise ValueError(f"evidence must be >= 0, got {self.evidence}")
+        if self.decode_step not in DECODE_STEPS:
+            raise ValueError(f"decode_step must be one of {DECODE_STEPS}, got {self.decode_step!r}")
+
+    @property
+    def slots_headroom(self) -> int:
+        return self.headroom if self.headroom is not None else max(self.chunk_size, 256) + self.retrieve_tokens
