@@ -168,7 +168,7 @@ def latency(args) -> None:
     print("ingest", record["ingest"], flush=True)
     stream = KVStream(adapter, StreamConfig(archive_size=65536))
     record["settings"] = {k: getattr(stream.config, k) for k in ("capacity", "chunk_size", "retrieve_tokens",
-                                                                 "archive_block")}
+                                                                 "archive_block", "evidence")}
     source = iter(paras)
     for fact in facts:
         stream.push_text(fact["message"])
@@ -176,12 +176,19 @@ def latency(args) -> None:
         stream.push_text(next(source))
 
     def timed(archived: str) -> None:
+        # Without: no retrieval and no evidence (nothing scored); with: as shipped (retrieval and evidence, from
+        # one scoring); and retrieval without evidence, for what the evidence adds.
         runs = {}
-        for archive in (False, True):
-            stream.config.retrieve_tokens = record["settings"]["retrieve_tokens"] if archive else 0
+        for name, retrieve, evidence in (("without", 0, 0), ("with", record["settings"]["retrieve_tokens"],
+                                                                record["settings"]["evidence"]),
+                                         ("with_no_evidence", record["settings"]["retrieve_tokens"], 0)):
+            stream.config.retrieve_tokens, stream.config.evidence = retrieve, evidence
             times = [stream.ask(f["question"], max_new_tokens=16).latency for f in facts for _ in range(2)]
-            runs["with" if archive else "without"] = statistics.median(times)
+            runs[name] = statistics.median(times)
+        stream.config.retrieve_tokens, stream.config.evidence = (record["settings"]["retrieve_tokens"],
+                                                                 record["settings"]["evidence"])
         record[archived] = {**runs, "ratio": runs["with"] / runs["without"],
+                            "evidence_ratio": runs["with"] / runs["with_no_evidence"],
                             "archive_tokens": stream.archive.tokens}
         print(archived, record[archived], flush=True)
 
