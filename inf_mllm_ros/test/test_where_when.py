@@ -140,3 +140,13 @@ def test_evidence_off_costs_nothing_and_gives_none(smollm2):
     content_queries = stream._content_queries
     stream._content_queries = lambda *a: calls.append(1) or content_queries(*a)
     assert stream.ask("Where is the red cone?", max_new_tokens=4).evidence == [] and not calls
+
+
+def test_a_long_message_cut_into_pieces_is_quoted_whole(smollm2):
+    stream = KVStream(smollm2, StreamConfig(capacity=128, chunk_size=32, archive_block=16))
+    long = "The red cone stands next to the charging dock, beside the blue pallet, under the stairs, near aisle four."
+    for i in range(12):
+        stream.push_text(long if i == 4 else FILLER[i % len(FILLER)], stamp=float(i))
+    assert len([b for b in stream.archive.blocks if b.stamp == 4.0]) > 1, "cut into pieces"
+    top = stream.recall("red cone")[0]
+    assert long in top.text and top.stamp == 4.0

@@ -373,10 +373,11 @@ class Answering:
         return ranked(blocks, scores, self.cache.holds(first, end).tolist(), self._quote, limit)
 
     def _quote(self, block) -> str:
-        """A text block's words as the model read them, its messages' time markers kept and the chat template's
-        role names taken out."""
-        text = self.adapter.decode([t for t in self.archive.block_token_ids(block) if t >= 0])
-        return " ".join(ROLE_LINE.sub("\n", "\n" + text).split())
+        """A text block's words as the model read them, the whole message where a long one was cut into pieces,
+        its time marker kept and the chat template's role names taken out."""
+        pieces = sorted((b for b in self.archive.blocks if b.message == block.message), key=lambda b: b.first_seq)
+        ids = [t for piece in pieces or [block] for t in self.archive.block_token_ids(piece) if t >= 0]
+        return " ".join(ROLE_LINE.sub("\n", "\n" + self.adapter.decode(ids)).split())
 
     def retrieval_heads(self) -> Tensor | None:
         """The model's retrieval heads (engine/retrieval_heads.py), found on a stream of this kind at first use."""
