@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .engine.chat import CLOCKS
 from .engine.decode_step import DECODE_STEPS
 from .engine.engine import DEFAULT_MAX_PENDING_QUERIES, DEFAULT_MAX_PENDING_TEXTS
 from .engine.loading import DEFAULT_MODEL
@@ -108,6 +109,11 @@ PARAMETERS = (
           "'compiled' (that step under torch.compile, CUDA graphs on a GPU; compiled with the first input), 'auto' "
           "(compiled on CUDA, else eager). The same tokens either way.", choices=DECODE_STEPS,
           engine_field="decode_step"),
+    Param("clock", StreamConfig.clock, "How an input's time reads to the model, after its text: 'stream' (h:mm:ss.s "
+          "since the memory's first input) or 'wall' (the time of day of its stamp in time_zone, hh:mm:ss), so that a "
+          "question asked in wall-clock time is answered in it.", choices=CLOCKS, engine_field="clock"),
+    Param("time_zone", StreamConfig.time_zone, "The IANA time zone of the wall clock ('UTC', 'Europe/Berlin'...).",
+          engine_field="time_zone"),
     Param("evidence", StreamConfig.evidence, "The most inputs an answer names as its evidence (stamp, kind, cache or "
           "archive, pose, text, weight), heaviest first; 0: none.", low=0, high=64, engine_field="evidence"),
     Param("pose_topic", "", "The robot's pose (nav_msgs/Odometry, geometry_msgs/PoseStamped or "

@@ -51,7 +51,7 @@ def test_greedy_answer_matches_the_full_model(smollm2, reference, policy):
     stream.push_text("Forklift F2 parked at dock 3.", 5.0)
     answer = stream.ask("Where did forklift F2 park?", max_new_tokens=24)
     chat = smollm2.chat
-    prompt = chat.system(config.system_prompt) + chat.user("[0:00:05.0] Forklift F2 parked at dock 3.")
+    prompt = chat.system(config.system_prompt) + chat.user("Forklift F2 parked at dock 3. [0:00:05.0]")
     ids = torch.cat([smollm2.tokenize(prompt), smollm2.tokenize(chat.question("Where did forklift F2 park?"))])
     with torch.inference_mode():
         out = reference.generate(ids[None], max_new_tokens=24, do_sample=False)[0, ids.numel():]
@@ -403,7 +403,7 @@ def test_under_a_flood_of_texts_a_frame_goes_in_every_frame_period(smollm2):
     stream = engine._stream
     frames_taken, text_calls = [], []
     # smollm2 is text only: the frame job is recorded where the model would encode it
-    stream.push_frame = lambda rgb, stamp=None: frames_taken.append(time.monotonic()) or 1
+    stream.push_frame = lambda rgb, stamp=None, **_: frames_taken.append(time.monotonic()) or 1
     push_texts = stream.push_texts
 
     def timed(items):

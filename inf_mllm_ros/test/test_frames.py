@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from inf_mllm_ros.engine.adapters import FramesNotSupportedError
-from inf_mllm_ros.engine.chat import clock
+from inf_mllm_ros.engine.chat import stamped
 from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
 from inf_mllm_ros.engine.stream import KVStream, StreamConfig
@@ -74,7 +74,7 @@ def stream_pieces(adapter, stream: KVStream, shots: list[np.ndarray]) -> list:
     pieces = [("text", adapter.chat.system(stream.config.system_prompt))]
     for i, rgb in enumerate(shots):
         pieces.append(("frame", (rgb, 2.0 * i)))
-        pieces.append(("text", adapter.chat.user(f"[{clock(2.0 * i + 0.5)}] The forklift moved {i} boxes.")))
+        pieces.append(("text", adapter.chat.user(stamped(f"The forklift moved {i} boxes.", 2.0 * i + 0.5))))
     return pieces
 
 

@@ -878,11 +878,14 @@ class StandInEngine:
     def submit_describe(self, prompt=None, *, max_new_tokens=None):
         return self.answer()
 
-    def submit_text(self, text, stamp=None, *, pin=False):
+    def submit_text(self, text, stamp=None, *, pin=False, pose=None):
         return Future()
 
-    def submit_frame(self, rgb, stamp=None):
+    def submit_frame(self, rgb, stamp=None, *, pose=None):
         return Future()
+
+    def submit_recall(self, text, *, limit=5, since=None, until=None, near=None):
+        return self.answer()
 
     def submit_reset(self):
         return self.control()

@@ -210,6 +210,8 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
                 answer(q, bag_time)
                 asked += 1
             bag_time = item.bag_time
+            if stream.time_origin is None:  # as the node does: the memory's clock starts at its first input
+                stream.time_origin = clock.origin
             record: dict[str, Any] = {"type": item.kind, "topic": item.topic, "bag_time": item.bag_time,
                                       "stamp": item.stamp}
             t0 = time.monotonic()

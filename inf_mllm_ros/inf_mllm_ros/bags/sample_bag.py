@@ -2,9 +2,9 @@
 
 The bag holds a camera topic (drawn frames of a warehouse floor: docks, shelves, a door with a
 signal light, a red forklift carrying pallets) and a ``/narration`` topic
-(``std_msgs/msg/String``) that states what happens as timestamped facts, e.g.
-``"[08:00:05] Forklift F2 parked at dock 3."``. Frames and narration come from one scenario, so
-what the text says is what the frames show.
+(``std_msgs/msg/String``) that states what happens, e.g. ``"Forklift F2 parked at dock 3."``, each message
+stamped with the bag's clock (the shift starts at 08:00:00 UTC: a memory with `clock: wall` reads the time of
+day). Frames and narration come from one scenario, so what the text says is what the frames show.
 
 The first 40 s are scripted (the committed demo bag). Longer bags continue with seeded,
 randomly drawn work cycles (a pallet arrives, is shelved, the door light may change, the forklift

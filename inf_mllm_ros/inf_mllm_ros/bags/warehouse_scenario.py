@@ -157,7 +157,7 @@ class Scenario:
 
     def say(self, t: float, text: str) -> None:
         if t < self.duration_s:
-            self.events.append(Event(float(t), f"[{clock_text(t)}] {text}"))
+            self.events.append(Event(float(t), text))
 
     def ask(self, t: float, question: str, expected: str, needs_vision: bool = False) -> None:
         if t <= self.duration_s:

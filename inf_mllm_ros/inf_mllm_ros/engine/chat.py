@@ -10,9 +10,12 @@ probed with that form.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass
+from datetime import datetime
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 _MARK = "\u2063MARK\u2063"
 
@@ -91,16 +94,50 @@ def check_stamp(stamp, what: str) -> None:
         raise ValueError(f"{what} stamp must be a finite number of seconds or None, got {stamp!r}")
 
 
-def stamped(text: str, stamp: float | None) -> str:
-    """Text as the model sees it: after the stream time it came at, when it has one (see check_stamp)."""
-    return text if stamp is None else f"[{clock(float(stamp))}] {text}"
+CLOCKS = ("stream", "wall")
 
 
-def clock(stamp: float) -> str:
-    """Stream time as h:mm:ss.s, short enough to cost few tokens."""
-    minutes, seconds = divmod(max(stamp, 0.0), 60.0)
-    hours, minutes = divmod(int(minutes), 60)
-    return f"{hours}:{minutes:02d}:{seconds:04.1f}"
+@dataclass(frozen=True)
+class MarkerClock:
+    """How an input's time reads to the model. "stream": seconds since the memory's first input, as h:mm:ss.s;
+    "wall": the time of day of its stamp in `time_zone`, as hh:mm:ss (`origin`: the stamp, in seconds since the
+    epoch, of stream time 0; without it, stream time)."""
+
+    kind: str = "stream"
+    time_zone: str = "UTC"
+    origin: float | None = None
+
+    def __post_init__(self):
+        if self.kind not in CLOCKS:
+            raise ValueError(f"clock must be one of {CLOCKS}, got {self.kind!r}")
+        zone_info(self.time_zone)
+
+    def __call__(self, stamp: float) -> str:
+        if self.kind == "wall" and self.origin is not None:
+            moment = datetime.fromtimestamp(self.origin + stamp, zone_info(self.time_zone))
+            return moment.strftime("%H:%M:%S")
+        minutes, seconds = divmod(max(stamp, 0.0), 60.0)
+        hours, minutes = divmod(int(minutes), 60)
+        return f"{hours}:{minutes:02d}:{seconds:04.1f}"
+
+
+@functools.lru_cache(maxsize=None)
+def zone_info(name: str) -> ZoneInfo:
+    """The IANA time zone `name`; ValueError for one that is not known here."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"time zone {name!r} is not known (an IANA name such as 'UTC' or 'Europe/Berlin')") from exc
+
+
+STREAM_CLOCK = MarkerClock()
+
+
+def stamped(text: str, stamp: float | None, clock: MarkerClock = STREAM_CLOCK) -> str:
+    """Text as the model sees it: followed by the time it came at, when it has one (see check_stamp). After the
+    text, not before: a small model asked when something happened reads the time that follows its mention
+    (docs/method.md, "Time markers")."""
+    return text if stamp is None else f"{text} [{clock(float(stamp))}]"
 
 
 def _split(text: str) -> tuple[str, str]:

@@ -31,7 +31,7 @@ from .answering import (  # re-exported: callers import these from engine.stream
 from .archive import KVArchive
 from .attention import CACHE_ARGUMENT
 from .cache import BoundedKVCache, CacheOverflowError, PromptPositions
-from .chat import check_stamp, stamped
+from .chat import MarkerClock, check_stamp, stamped
 from .decode_step import StaticDecoder, resolve_decode_step
 from .policies import make_policy
 from .stream_config import DEFAULT_SYSTEM_PROMPT, MIN_CAPACITY, StreamConfig
@@ -146,6 +146,11 @@ class KVStream(Answering):
         origin = state["time_origin"]
         self.time_origin = None if origin is None else float(origin)
 
+    @property
+    def marker_clock(self) -> MarkerClock:
+        """How inputs' times read to the model now (the wall clock needs `time_origin`)."""
+        return MarkerClock(self.config.clock, self.config.time_zone, self.time_origin)
+
     def set_policy_knob(self, name: str, value) -> None:
         """Change one of the policy's live settings (from the next eviction); ValueError if it cannot."""
         self.policy.set_knob(name, value)
@@ -199,7 +204,8 @@ class KVStream(Answering):
         for _, stamp, _, _ in items:
             check_stamp(stamp, "text")
         self._ensure_started()
-        turns = [self.adapter.tokenize_turn(self.adapter.chat.user_parts(stamped(text, stamp)))
+        clock = self.marker_clock
+        turns = [self.adapter.tokenize_turn(self.adapter.chat.user_parts(stamped(text, stamp, clock)))
                  for text, stamp, _, _ in items]
         pinned = torch.cat([torch.full((len(t),), pin) for t, (_, _, pin, _) in zip(turns, items)])
         self._push(self.adapter.text_prompt(torch.cat(turns)), pinned=pinned if bool(pinned.any()) else False,
@@ -210,7 +216,7 @@ class KVStream(Answering):
     def push_frame(self, rgb: np.ndarray, stamp: float | None = None, *, pose: Pose | None = None) -> int:
         """Push one camera frame (H x W x 3 uint8 RGB) as a user turn; returns its token count. `pose`: where the
         robot was at `stamp`."""
-        prompt = self.adapter.frame_prompt(rgb, stamp, max_pixels=self.config.max_frame_pixels)
+        prompt = self.adapter.frame_prompt(rgb, stamp, max_pixels=self.config.max_frame_pixels, clock=self.marker_clock)
         self._ensure_started()
         n = self._push(prompt, turns=[(len(prompt), stamp, pose)])
         self.frames_ingested += 1

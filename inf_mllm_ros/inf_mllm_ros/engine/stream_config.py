@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .chat import MarkerClock
 from .decode_step import DECODE_STEPS
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -40,6 +41,10 @@ class StreamConfig:
     # the cache), "static" (one fixed-shape step per token over the cache's storage), "compiled" (that step
     # under torch.compile; CUDA graphs on a GPU), "auto" (compiled on CUDA, else eager). Same tokens either way.
     decode_step: str = "auto"
+    # How an input's time reads to the model (engine/chat.py, `MarkerClock`): "stream" (h:mm:ss.s since the
+    # memory's first input) or "wall" (the time of day of its stamp in `time_zone`, as hh:mm:ss).
+    clock: str = "stream"
+    time_zone: str = "UTC"
     # The most inputs an answer names as its evidence (engine/evidence.py; 0: none). Scored with the archive's
     # retrieval: an answer with retrieval on pays nothing more for it.
     evidence: int = 5
@@ -60,6 +65,7 @@ class StreamConfig:
             raise ValueError(f"archive_block must be >= 1, got {self.archive_block}")
         if self.retrieve_tokens < 0:
             raise ValueError(f"retrieve_tokens must be >= 0, got {self.retrieve_tokens}")
+        MarkerClock(self.clock, self.time_zone)  # ValueError for an unknown clock or time zone
         if self.evidence < 0:
             raise ValueError(f"evidence must be >= 0, got {self.evidence}")
         if self.decode_step not in DECODE_STEPS:

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import ATTENTION_NAME
-from ..chat import ChatFormat, check_stamp, stamped
+from ..chat import STREAM_CLOCK, ChatFormat, MarkerClock, check_stamp, stamped
 
 
 class FramesNotSupportedError(ValueError):
@@ -187,7 +187,8 @@ class ModelAdapter(ABC):
         """Model position ids of text tokens at the given 1-D positions."""
         return positions
 
-    def frame_prompt(self, rgb: np.ndarray, stamp: float | None, *, max_pixels: int | None = None) -> Prompt:
+    def frame_prompt(self, rgb: np.ndarray, stamp: float | None, *, max_pixels: int | None = None,
+                     clock: MarkerClock = STREAM_CLOCK) -> Prompt:
         raise FramesNotSupportedError(
             f"{self.family} model {self.folder or type(self.model).__name__} is text only: it cannot take camera frames"
         )
@@ -340,24 +341,26 @@ class VisionLanguageAdapter(ModelAdapter):
         return int(self.model.config.image_token_id)
 
     # --- frames --------------------------------------------------------------------------------------
-    def frame_text(self, stamp: float | None) -> str:
-        return self.chat.user(stamped(self.image_placeholder, stamp))
+    def frame_text(self, stamp: float | None, clock: MarkerClock = STREAM_CLOCK) -> str:
+        return self.chat.user(stamped(self.image_placeholder, stamp, clock))
 
     def processor_kwargs(self, height: int, width: int, max_pixels: int | None) -> dict:
         """Extra processor arguments that keep the frame within max_pixels (the image is already scaled)."""
         return {}
 
-    def frame_inputs(self, rgb: np.ndarray, stamp: float | None, *, max_pixels: int | None = None):
+    def frame_inputs(self, rgb: np.ndarray, stamp: float | None, *, max_pixels: int | None = None,
+                     clock: MarkerClock = STREAM_CLOCK):
         """The processor's output for one frame turn: input_ids with the image tokens, pixel values..."""
         rgb = fit_pixels(validate_frame(rgb, stamp), max_pixels)
         kwargs = self.processor_kwargs(rgb.shape[0], rgb.shape[1], max_pixels)
         # Say H x W x C: a frame 1 or 3 pixels high would otherwise pass for channels-first.
         kwargs.setdefault("images_kwargs", {})["input_data_format"] = "channels_last"
-        return self.processor(text=[self.frame_text(stamp)], images=[rgb], return_tensors="pt",
+        return self.processor(text=[self.frame_text(stamp, clock)], images=[rgb], return_tensors="pt",
                               add_special_tokens=False, **kwargs)
 
-    def frame_prompt(self, rgb: np.ndarray, stamp: float | None, *, max_pixels: int | None = None) -> Prompt:
-        inputs = self.frame_inputs(rgb, stamp, max_pixels=max_pixels)
+    def frame_prompt(self, rgb: np.ndarray, stamp: float | None, *, max_pixels: int | None = None,
+                     clock: MarkerClock = STREAM_CLOCK) -> Prompt:
+        inputs = self.frame_inputs(rgb, stamp, max_pixels=max_pixels, clock=clock)
         ids = inputs["input_ids"][0].to(self.device)
         with torch.inference_mode():
             embeds = self.model.get_input_embeddings()(ids)
