@@ -9,8 +9,8 @@ import pytest
 
 from builtin_interfaces.msg import Time
 from inf_mllm_interfaces.action import Ask
-from inf_mllm_interfaces.msg import CacheStats, Description
-from inf_mllm_interfaces.srv import Query
+from inf_mllm_interfaces.msg import CacheStats, Description, Evidence
+from inf_mllm_interfaces.srv import Query, Recall
 from rclpy import serialization
 from std_msgs.msg import Header
 
@@ -26,7 +26,23 @@ QUERY_RESPONSE = {
     "cache_fill": "uint32",
     "latency": "float",
     "retrieved_tokens": "uint32",
+    "evidence": "sequence<inf_mllm_interfaces/Evidence>",
 }
+EVIDENCE = {
+    "stamp": "builtin_interfaces/Time",
+    "has_stamp": "boolean",
+    "kind": "string",
+    "source": "string",
+    "has_pose": "boolean",
+    "pose": "geometry_msgs/Pose",
+    "frame_id": "string",
+    "text": "string",
+    "weight": "float",
+}
+RECALL_REQUEST = {"text": "string", "max_results": "uint32", "since": "builtin_interfaces/Time",
+                  "until": "builtin_interfaces/Time", "x": "double", "y": "double", "radius": "double"}
+RECALL_RESPONSE = {"success": "boolean", "message": "string",
+                   "moments": "sequence<inf_mllm_interfaces/Evidence>", "latency": "float"}
 DESCRIPTION = {
     "header": "std_msgs/Header",
     "text": "string",
@@ -75,8 +91,12 @@ ASK_FEEDBACK = {"partial_answer": "string", "tokens_generated": "uint32"}
         (Ask.Goal, ASK_GOAL),
         (Ask.Result, ASK_RESULT),
         (Ask.Feedback, ASK_FEEDBACK),
+        (Evidence, EVIDENCE),
+        (Recall.Request, RECALL_REQUEST),
+        (Recall.Response, RECALL_RESPONSE),
     ],
-    ids=["Query.Request", "Query.Response", "Description", "CacheStats", "Ask.Goal", "Ask.Result", "Ask.Feedback"],
+    ids=["Query.Request", "Query.Response", "Description", "CacheStats", "Ask.Goal", "Ask.Result", "Ask.Feedback",
+         "Evidence", "Recall.Request", "Recall.Response"],
 )
 def test_fields_and_types(cls, fields):
     # get_fields_and_field_types keeps declaration order: the wire format depends on it.

@@ -99,7 +99,8 @@ def pushed_ids(adapter, monkeypatch, texts, question) -> list[int]:
 
     monkeypatch.setattr(adapter, "text_prompt", recording)
     try:
-        stream = KVStream(adapter, StreamConfig(capacity=2048, policy="window", chunk_size=256))
+        # No evidence: its probe of the question (taken away again) would be pushed too.
+        stream = KVStream(adapter, StreamConfig(capacity=2048, policy="window", chunk_size=256, evidence=0))
         for i, text in enumerate(texts):
             stream.push_text(text, stamp=float(i))
         stream.ask(question, max_new_tokens=1)

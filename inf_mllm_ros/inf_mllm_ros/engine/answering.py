@@ -208,7 +208,7 @@ class Answering:
                     f"({self.cache.slots - self.cache.fill} free slots); ask a shorter question or keep it in memory"
                 )
             max_new = min(max_new, room)
-            snapshot = (self.cache.fill, self.cache.next_position, self.tokens_seen)
+            snapshot = (self.cache.fill, self.cache.frontiers(), self.tokens_seen)
             try:
                 if retrieve is not None:
                     self._retrieve(ids, retrieve, budget=min(self.config.retrieve_tokens, room - max_new))
@@ -276,14 +276,14 @@ class Answering:
     def _content_queries(self, ids: Tensor, content: slice) -> tuple[Tensor, Tensor]:
         """The queries of every layer for the question's own words, asked of the cache as it is (the question
         is taken away again), and the positions they were rotated with."""
-        fill, frontier = self.cache.fill, self.cache.next_position
+        fill, frontier, frontiers = self.cache.fill, self.cache.next_position, self.cache.frontiers()
         self.cache.captured_queries = {}
         try:
             self._forward(self.adapter.text_prompt(ids), frontier, evict=False, pack=False, observe=False)
             captured = self.cache.captured_queries
         finally:
             self.cache.captured_queries = None
-            self.cache.truncate(fill, frontier)
+            self.cache.truncate(fill, frontiers)
             self.tokens_seen -= len(ids)
         queries = torch.stack([captured[i][:, content] for i in range(len(self.cache.layers))])
         return queries, torch.arange(frontier, frontier + ids.numel())[content]  # text: as _forward placed them

@@ -307,13 +307,19 @@ class BoundedKVCache(Cache):
             for layer, value in zip(waiting, values):
                 layer.frontier = value
 
-    def truncate(self, fill: int, frontier: int) -> None:
-        """Drop tokens appended after a snapshot of (fill, next_position) taken with no eviction since."""
-        for layer in self.layers:
+    def frontiers(self) -> list[int]:
+        """Every layer's next free position (they differ where re-packs closed different gaps)."""
+        return [layer.frontier for layer in self.layers]
+
+    def truncate(self, fill: int, frontier: int | list[int]) -> None:
+        """Drop tokens appended after a snapshot of (fill, frontier) taken with no eviction since: `frontier`, the
+        `frontiers()` of the snapshot (each layer back to its own), or one position for every layer."""
+        frontiers = frontier if isinstance(frontier, list) else [frontier] * len(self.layers)
+        for layer, before in zip(self.layers, frontiers):
             if layer.fill < fill:
                 raise ValueError(f"cannot truncate to {fill}: layer holds {layer.fill}")
             layer.fill = fill
-            layer.frontier = min(layer.frontier, frontier)
+            layer.frontier = min(layer.frontier, before)
 
     def pinned_held(self) -> int:
         """Tokens of pinned texts held in every layer and head (the fewest any layer-head holds)."""
