@@ -305,9 +305,7 @@ class Answering:
         if not archive.enabled or not archive.blocks or (budget <= 0 and wanted <= 0):
             return []
         blocks = list(archive.blocks)
-        first = torch.tensor([b.first_seq for b in blocks], dtype=torch.long)
-        end = torch.tensor([b.seq_end for b in blocks], dtype=torch.long)
-        held = self.cache.holds(first, end).tolist()
+        held = self._held(blocks)
         candidates = [b for b, h in zip(blocks, held) if not h and b.length <= budget]
         in_cache = [b for b, h in zip(blocks, held) if h]
         if not candidates and (wanted <= 0 or not in_cache):
@@ -368,9 +366,13 @@ class Answering:
             raise ValueError(f"recall text of {ids.numel()} tokens does not fit in the cache headroom")
         question = self._content_queries(ids, content)
         scores = self._retrieval_index(question[0]).scores(question, blocks)
+        return ranked(blocks, scores, self._held(blocks), self._quote, limit)
+
+    def _held(self, blocks: list) -> list[bool]:
+        """Whether the cache still holds each archived block, whole, in every layer-head."""
         first = torch.tensor([b.first_seq for b in blocks], dtype=torch.long)
         end = torch.tensor([b.seq_end for b in blocks], dtype=torch.long)
-        return ranked(blocks, scores, self.cache.holds(first, end).tolist(), self._quote, limit)
+        return self.cache.holds(first, end).tolist()
 
     def _quote(self, block) -> str:
         """A text block's words as the model read them, the whole message where a long one was cut into pieces,
