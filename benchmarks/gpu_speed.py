@@ -4,7 +4,8 @@ For each shape (testing/random_models.py SHAPES: the embedded default with its f
 - decode: ms per answer token, eager (a forward through the cache per token), the static step and the compiled
   step (engine/decode_step.py), and transformers' own `generate` on the same model; the floor is the bytes read
   per token (decoder and output layer) over the device's measured copy bandwidth;
-- ms per 64-token chunk once the cache is full, per eviction policy (the archive on, as shipped);
+- ms per 64-token chunk once the cache is full, per eviction policy (the archive on, input eager), and for the
+  default policy through the ingest step eager, static and compiled (engine/ingest_step.py);
 - ms per 640x480 frame (shapes that take frames);
 - answer latency (16 tokens, the shipped decode step) with 0, 16K and 64K archived tokens.
 Each token time is the difference of two answers, 1 and n+1 tokens long, over n: the question's own cost
@@ -109,7 +110,8 @@ def chunk_ms(adapter, policy: str, chunks: int, capacity: int) -> float:
     """Milliseconds per 64-token chunk once the cache is full, with eviction by `policy` and the archive on."""
     import torch
 
-    stream = filled_stream(adapter, capacity + 256, capacity=capacity, policy=policy)
+    # Eager input for every policy: a compiled step would be one more compile (a minute on a GPU) per policy.
+    stream = filled_stream(adapter, capacity + 256, capacity=capacity, policy=policy, ingest_step="eager")
     generator = torch.Generator().manual_seed(2)
     times = []
     for _ in range(chunks):
@@ -120,6 +122,22 @@ def chunk_ms(adapter, policy: str, chunks: int, capacity: int) -> float:
         synchronize()
         times.append(time.perf_counter() - start)
     return 1000 * statistics.median(times)
+
+
+def ingest_ms(stream, chunks: int) -> float:
+    """Milliseconds per 64-token chunk through the stream's own cache (full and evicting) as it is set up."""
+    import torch
+
+    generator = torch.Generator().manual_seed(3)
+    times = []
+    for _ in range(chunks + 1):
+        ids = torch.randint(8, len(stream.adapter.tokenizer), (64,), generator=generator)
+        synchronize()
+        start = time.perf_counter()
+        stream.push_tokens(ids)
+        synchronize()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times[1:])
 
 
 def frame_ms(stream, frames: int) -> float:
@@ -141,6 +159,7 @@ def measure(shape: str, args, record: dict) -> dict:
     import torch
 
     from inf_mllm_ros.engine.decode_step import StaticDecoder
+    from inf_mllm_ros.engine.ingest_step import StaticIngester
     from inf_mllm_ros.engine.policies import POLICIES
     from inf_mllm_ros.testing.random_models import random_adapter
 
@@ -176,6 +195,23 @@ def measure(shape: str, args, record: dict) -> dict:
     out["answer_s_by_archived_tokens"] = answers
     out["answer_ratio_largest_archive"] = answers[list(answers)[-1]] / answers["0"]
     print(shape, "answers", answers, flush=True)
+    # An input's 64-token chunk through the ingest step, eager, static and compiled, over the same stream. As shipped
+    # on CUDA the compiled step, made with the first input; elsewhere two padded sizes (64 and the chunk), so that a
+    # CPU compiles twice, not once per power of two.
+    shipped_ingest = stream.static_ingester
+    out["ingest_step_shipped"] = "eager" if shipped_ingest is None else shipped_ingest.mode
+    chunk = stream.config.chunk_size
+    sizes = (64, chunk) if chunk > 64 else (chunk,)
+    ingesters = {"eager": None, "static": StaticIngester(adapter, stream.cache, chunk, "static", sizes=sizes),
+                 "compiled": shipped_ingest if shipped_ingest is not None and shipped_ingest.mode == "compiled"
+                 else StaticIngester(adapter, stream.cache, chunk, "compiled", sizes=sizes)}
+    for mode, ingester in ingesters.items():
+        if ingester is not None:
+            ingester.warm_up()
+        stream.static_ingester = ingester
+        out[f"ingest_chunk_ms_{mode}"] = ingest_ms(stream, args.chunks)
+        print(shape, "ingest", mode, round(out[f"ingest_chunk_ms_{mode}"], 3), "ms/64-token chunk", flush=True)
+    stream.static_ingester = shipped_ingest
     out["chunk_ms"] = {name: chunk_ms(adapter, name, args.chunks, args.capacity)
                        for name in sorted(POLICIES) if name != "full"}
     out["chunk_ratio_inf_mllm_to_streaming_llm"] = out["chunk_ms"]["inf_mllm"] / out["chunk_ms"]["streaming_llm"]

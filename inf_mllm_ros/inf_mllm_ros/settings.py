@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 
 from .engine.chat import CLOCKS
-from .engine.decode_step import DECODE_STEPS
+from .engine.decode_step import STEP_MODES
 from .engine.engine import DEFAULT_MAX_PENDING_QUERIES, DEFAULT_MAX_PENDING_TEXTS
 from .engine.loading import DEFAULT_MODEL
 from .engine.policies import POLICIES
@@ -107,8 +107,13 @@ PARAMETERS = (
     Param("decode_step", StreamConfig.decode_step, "How an answer not kept in memory is decoded: 'eager' (one "
           "forward through the cache per token), 'static' (one fixed-shape step per token over the cache's storage), "
           "'compiled' (that step under torch.compile, CUDA graphs on a GPU; compiled with the first input), 'auto' "
-          "(compiled on CUDA, else eager). The same tokens either way.", choices=DECODE_STEPS,
+          "(compiled on CUDA, else eager). The same tokens either way.", choices=STEP_MODES,
           engine_field="decode_step"),
+    Param("ingest_step", StreamConfig.ingest_step, "How an input's blocks go through the model: 'eager' (through the "
+          "cache's layers), 'static' (each block padded to one of a few sizes, one fixed-shape step over the cache's "
+          "storage), 'compiled' (that step under torch.compile, CUDA graphs on a GPU; compiled with the first input), "
+          "'auto' (compiled on CUDA, else eager). The same memory either way.", choices=STEP_MODES,
+          engine_field="ingest_step"),
     Param("clock", StreamConfig.clock, "How an input's time reads to the model, after its text: 'stream' (h:mm:ss.s "
           "since the memory's first input) or 'wall' (the time of day of its stamp in time_zone, hh:mm:ss), so that a "
           "question asked in wall-clock time is answered in it.", choices=CLOCKS, engine_field="clock"),

@@ -211,7 +211,7 @@ def test_evicting_every_layer_at_once_keeps_what_one_layer_at_a_time_keeps(tiny,
     for ids, pin in pushes:
         streams[0]._push(streams[0].adapter.text_prompt(ids), pinned=pin)
     together, one_by_one = (stream.cache for stream in streams)
-    assert together._all_layers() is not None and one_by_one._all_layers() is None
+    assert together.stacked_layers() is not None and one_by_one.stacked_layers() is None
     assert together.evictions == one_by_one.evictions > 3
     assert together.next_position == one_by_one.next_position
     for a, b in zip(together.layers, one_by_one.layers):

@@ -191,3 +191,20 @@ def test_the_compiled_step_under_cuda_graphs_gives_the_eager_answers(family, tin
             (eager.text, eager.tokens_generated, eager.retrieved_tokens)
         test_archive.assert_same_state(before, test_archive.cache_state(stream))
         stream.push_text(test_archive.sentence(30 + i), stamp=50.0 + i)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2_vl"])
+def test_the_compiled_ingest_step_under_cuda_graphs_leaves_the_eager_memory(family, tiny_on_the_gpu):
+    """On CUDA the ingest step "auto" is the compiled one, under CUDA graphs: after each input the memory is the
+    eager path's (the same slots kept), over a stream that evicts, and the answers are the same."""
+    import test_ingest_step
+
+    adapter = tiny_on_the_gpu[family]
+    eager = KVStream(adapter, StreamConfig(**test_ingest_step.CONFIG, ingest_step="eager"))
+    compiled = KVStream(adapter, StreamConfig(**test_ingest_step.CONFIG))
+    assert compiled.static_ingester is not None and compiled.static_ingester.mode == "compiled"
+    for _ in test_ingest_step.feed((eager, compiled), adapter, 5, 12):
+        test_ingest_step.assert_same_memory(test_archive.cache_state(eager), test_archive.cache_state(compiled))
+    assert compiled.static_ingester.blocks > 10 and eager.cache.evictions > 10
+    for question in test_ingest_step.QUESTIONS:
+        assert compiled.ask(question, max_new_tokens=8).text == eager.ask(question, max_new_tokens=8).text

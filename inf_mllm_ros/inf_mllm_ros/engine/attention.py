@@ -7,10 +7,16 @@ when the cache wants scores, one softmax that also gives them), then hands the q
 cache, which scores the retrieval window and, after the last layer, evicts. Without the argument (a vision
 tower, the static decode step of engine/decode_step.py) it is plain SDPA: an explicit argument rather than
 a lookup of state elsewhere, so that a compiled step traces through it without a graph break.
+
+The static ingest step (engine/ingest_step.py) gives `window_scores_into=(into, valid)` instead: attention
+over all the cache's slots with the given mask, from one softmax that also adds the attention the valid
+(not padding) queries pay to each slot into `into[layer]` ([layers, kv heads, slots]): the retrieval
+window's scores, as the cache's own path computes them, on fixed shapes.
 """
 
 from __future__ import annotations
 
+import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -19,11 +25,17 @@ from .scoring import attention_with_window_scores
 
 ATTENTION_NAME = "inf_mllm"
 CACHE_ARGUMENT = "bounded_cache"
+SCORES_ARGUMENT = "window_scores_into"
 
 
 def bounded_cache_attention(module, query, key, value, attention_mask, **kwargs):
     cache = kwargs.pop(CACHE_ARGUMENT, None)
+    scores_into = kwargs.pop(SCORES_ARGUMENT, None)
     layer_idx = getattr(module, "layer_idx", None)
+    if scores_into is not None and layer_idx is not None:
+        into, valid = scores_into
+        scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
+        return masked_attention_with_scores(query, key, value, attention_mask, valid, scaling, into[layer_idx])
     if cache is None or layer_idx is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
@@ -37,6 +49,21 @@ def bounded_cache_attention(module, query, key, value, attention_mask, **kwargs)
     output = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     cache.after_attention(layer_idx, query, key, scaling)
     return output
+
+
+def masked_attention_with_scores(query, key, value, mask, valid, scaling, scores):
+    """Attention of query [1, heads, q, d] over key and value [1, kv heads, slots, d] under a boolean mask
+    [1, 1, q, slots] (True: visible); the probabilities that the `valid` queries ([q] bool) pay each slot, summed
+    over the queries and the heads of each kv head's group, are added to `scores` [kv heads, slots] (float32)."""
+    _, heads, q, dim = query.shape
+    kv, slots = key.shape[1], key.shape[2]
+    group = heads // kv
+    logits = torch.bmm((query[0] * scaling).reshape(kv, group * q, dim), key[0].transpose(1, 2)).float()
+    logits = logits.view(kv, group, q, slots).masked_fill(~mask[0, 0], float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    scores.add_((probs * valid[:, None]).sum(dim=(1, 2)))
+    output = torch.bmm(probs.to(value.dtype).view(kv, group * q, slots), value[0])
+    return output.view(heads, q, -1).transpose(0, 1).unsqueeze(0).contiguous(), None
 
 
 AttentionInterface.register(ATTENTION_NAME, bounded_cache_attention)

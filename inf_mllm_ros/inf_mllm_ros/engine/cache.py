@@ -178,9 +178,14 @@ class BoundedKVCache(Cache):
             self.layers[layer_idx].observe(query, key, scaling, scores)
         if self.captured_queries is not None:
             self.captured_queries[layer_idx] = query[0].detach().clone()
-        if layer_idx != len(self.layers) - 1 or not (self.evict_after_prompt or self.pack_after_prompt):
+        if layer_idx == len(self.layers) - 1:
+            self.end_forward()
+
+    def end_forward(self) -> None:
+        """Every layer has attended to the staged tokens: evict and re-pack, if the stage asked for it."""
+        if not (self.evict_after_prompt or self.pack_after_prompt):
             return
-        stacked = self._all_layers()
+        stacked = self.stacked_layers()
         if stacked is not None:
             self._evict_and_pack(stacked, self.layers)
         else:
@@ -218,7 +223,7 @@ class BoundedKVCache(Cache):
             return torch.zeros(*shape, dtype=dtype, device=device)
         return store
 
-    def _all_layers(self) -> "BoundedLayer | None":
+    def stacked_layers(self) -> "BoundedLayer | None":
         """One layer object whose rows are every layer-head (layer by layer), or None where the layers do
         not share their storage. Its counters are the layers' (the same in every layer)."""
         if not (self.stack_layers and self._uniform and all(layer.is_initialized for layer in self.layers)):
@@ -278,7 +283,7 @@ class BoundedKVCache(Cache):
     def holds(self, first: Tensor, end: Tensor) -> Tensor:
         """[blocks] bool: whether every layer-head holds every stream index in [first, end) of each block."""
         held = torch.ones(first.shape, dtype=torch.bool)
-        stacked = self._all_layers()
+        stacked = self.stacked_layers()
         for layer in [stacked] if stacked is not None else self.layers:
             if not layer.is_initialized or layer.fill == 0:
                 return torch.zeros(first.shape, dtype=torch.bool)

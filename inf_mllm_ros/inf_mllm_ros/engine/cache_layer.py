@@ -101,7 +101,7 @@ class BoundedLayer(CacheLayerMixin):
     def num_heads(self) -> int:
         return self.keys.shape[1]
 
-    def _per_head(self) -> list[Tensor]:
+    def slot_tensors(self) -> list[Tensor]:
         """Every per-slot tensor that moves with the slots at an eviction ([heads, slots])."""
         tensors = [self.pos_start, self.pos_end, self.seq, self.frame, self.pinned, self.window_attention,
                    *self.stats.values()]
@@ -110,7 +110,7 @@ class BoundedLayer(CacheLayerMixin):
     def nbytes(self) -> int:
         if not self.is_initialized:
             return 0
-        tensors = [self.keys, self.values, *self._per_head()]
+        tensors = [self.keys, self.values, *self.slot_tensors()]
         if self.key_origin is not None:
             tensors.append(self.key_origin)
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -266,7 +266,7 @@ class BoundedLayer(CacheLayerMixin):
             for rows in self._row_blocks(keep * dim * store.element_size()):
                 full = idx[rows, :, None].expand(-1, -1, dim)
                 store[0, rows, :keep] = torch.gather(store[0, rows], 1, full)
-        for meta in self._per_head():
+        for meta in self.slot_tensors():
             meta[:, :keep] = torch.gather(meta, 1, idx)
 
     def pack_positions(self, inv_freq: Tensor) -> Tensor:

@@ -33,24 +33,40 @@ if TYPE_CHECKING:
     from .adapters import ModelAdapter
     from .cache import BoundedKVCache
 
-DECODE_STEPS = ("auto", "eager", "static", "compiled")
+STEP_MODES = ("auto", "eager", "static", "compiled")
 # How often the host reads the tokens back: each read makes it wait for the device.
 SYNC_EVERY = 8
 
 
-def resolve_decode_step(setting: str, device: torch.device) -> str:
-    """The step an answer decodes with: 'auto' compiles on CUDA and stays eager elsewhere (on a CPU, decoding
-    is bound by reading the weights, and compiling buys nothing: docs/benchmarks.md)."""
-    if setting not in DECODE_STEPS:
-        raise ValueError(f"decode_step must be one of {DECODE_STEPS}, got {setting!r}")
+def resolve_decode_step(setting: str, device: torch.device, name: str = "decode_step") -> str:
+    """The step an answer decodes (or an input goes in) with: 'auto' compiles on CUDA and stays eager elsewhere
+    (on a CPU, decoding is bound by reading the weights, and compiling buys nothing: docs/benchmarks.md)."""
+    if setting not in STEP_MODES:
+        raise ValueError(f"{name} must be one of {STEP_MODES}, got {setting!r}")
     if setting == "auto":
         return "compiled" if torch.device(device).type == "cuda" else "eager"
     return setting
 
 
-class _SlotLayer(CacheLayerMixin):
-    """One layer's storage of the bounded cache, seen by the step: the new token's key and value go to the slot
-    the step is at, and attention gets every slot."""
+# Graphs dynamo keeps of one function: each block size of the ingest step is one, and every memory made in a
+# process (a model reloaded, a cache resized) adds its own; past dynamo's default of 8 a step could not be made.
+RECOMPILE_LIMIT = 64
+
+
+def compile_step(step: Callable, device: torch.device, options: dict | None = None) -> Callable:
+    """`step` under torch.compile with fixed shapes and no graph break (fullgraph=True, dynamic=False), as CUDA
+    graphs on CUDA (mode='reduce-overhead'); `options` override (tests pass a counting backend)."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    defaults = {"fullgraph": True, "dynamic": False}
+    if torch.device(device).type == "cuda":
+        defaults["mode"] = "reduce-overhead"
+    return torch.compile(step, **{**defaults, **(options or {})})
+
+
+class SlotLayer(CacheLayerMixin):
+    """One layer's storage of the bounded cache, seen by a fixed-shape step: the new tokens' keys and values go to
+    the slots in `slot` (a device tensor the step advances; one slot for a decode step, a padded block's for the
+    ingest step of engine/ingest_step.py), and attention gets every slot."""
 
     is_compileable = True
     is_sliding = False
@@ -112,7 +128,7 @@ class StaticDecoder:
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
         self.position = torch.zeros(1, dtype=torch.long, device=device)
         self.slot_index = torch.arange(self.cache.slots, device=device)
-        self.writer = Cache(layers=[_SlotLayer(layer.keys, layer.values, self.slot) for layer in layers])
+        self.writer = Cache(layers=[SlotLayer(layer.keys, layer.values, self.slot) for layer in layers])
         if device.type == "cuda":
             # Fixed addresses, so that CUDA graphs replay over the live storage instead of copying it.
             for t in (self.token, self.slot, self.position, self.slot_index,
@@ -120,10 +136,7 @@ class StaticDecoder:
                 torch._dynamo.mark_static_address(t)
         self._step = self._eager_step
         if self.mode == "compiled":
-            options = {"fullgraph": True, "dynamic": False}
-            if device.type == "cuda":
-                options["mode"] = "reduce-overhead"
-            self._step = torch.compile(self._eager_step, **{**options, **self.compile_options})
+            self._step = compile_step(self._eager_step, device, self.compile_options)
         self._bound_to = pointers
 
     def _eager_step(self, token: Tensor, slot: Tensor, position: Tensor) -> Tensor:

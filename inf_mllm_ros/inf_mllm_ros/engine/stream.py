@@ -33,6 +33,7 @@ from .attention import CACHE_ARGUMENT
 from .cache import BoundedKVCache, CacheOverflowError, PromptPositions
 from .chat import MarkerClock, check_stamp, stamped
 from .decode_step import StaticDecoder, resolve_decode_step
+from .ingest_step import StaticIngester
 from .policies import make_policy
 from .stream_config import DEFAULT_SYSTEM_PROMPT, MIN_CAPACITY, StreamConfig
 from .poses import Pose
@@ -113,6 +114,10 @@ class KVStream(Answering):
         step = resolve_decode_step(cfg.decode_step, adapter.device)
         # The fixed-shape step for answers not kept in memory; None: every token through `_forward`.
         self.static_decoder = None if step == "eager" else StaticDecoder(adapter, self.cache, step)
+        step = resolve_decode_step(cfg.ingest_step, adapter.device, "ingest_step")
+        # The fixed-shape step for an input's blocks; None: every block through the cache's layers.
+        self.static_ingester = (None if step == "eager"
+                                else StaticIngester(adapter, self.cache, cfg.chunk_size, step))
         # The caller's time of stream time 0 (the node: its clock's seconds at the first input). Saved with
         # the memory, so that after a restart new inputs are timed on the clock of the memory's; a reset
         # keeps it, as the caller's clock goes on.
@@ -271,20 +276,29 @@ class KVStream(Answering):
         finally:
             self.archive.end_prompt(frame=prompt.token_ids is None, turns=turns or [(total, None)],
                                     token_ids=prompt.token_ids)
-        if self.static_decoder is not None and not self.static_decoder.ready:
-            self._warm_up_decoder()
+        if any(step is not None and not step.ready for step in (self.static_decoder, self.static_ingester)):
+            self._warm_up_steps()
         return result
 
-    def _warm_up_decoder(self) -> None:
-        """Make the static step ready with the memory's first input, not at its first question. A model whose step
-        cannot be made (a compiler that fails on it) decodes eagerly, with the reason logged: the input that went
-        in stays, and answers are the same tokens either way."""
+    def _warm_up_steps(self) -> None:
+        """Make the static steps ready with the memory's first input, not at its first question. A model whose step
+        cannot be made (a compiler that fails on it) decodes (or takes input) eagerly, with the reason logged: the
+        input that went in stays, and the memory and answers are the same either way."""
         try:
-            self.static_decoder.warm_up()
+            if self.static_decoder is not None and not self.static_decoder.ready:
+                self.static_decoder.warm_up()
         except Exception as exc:
             logging.getLogger(__name__).warning("decode_step %r not available (%s: %s); answers decode eagerly",
                                                 self.static_decoder.mode, type(exc).__name__, exc)
             self.static_decoder = None
+        if self.static_ingester is None or self.static_ingester.ready:
+            return
+        try:
+            self.static_ingester.warm_up()
+        except Exception as exc:
+            logging.getLogger(__name__).warning("ingest_step %r not available (%s: %s); inputs go in eagerly",
+                                                self.static_ingester.mode, type(exc).__name__, exc)
+            self.static_ingester = None
 
     def _push_blocks(self, prompt: Prompt, return_logits: bool, last_logits: bool, pinned: bool | Tensor,
                      stoppable: bool):
@@ -305,7 +319,7 @@ class KVStream(Answering):
                 offset, pack = base, last
             logits = self._forward(block, offset, evict=True, pack=pack, observe=True, all_logits=return_logits,
                                    pinned=pinned if isinstance(pinned, bool) else pinned[start : start + len(block)],
-                                   record=True)
+                                   record=True, static=True)
             if return_logits:
                 outputs.append(logits)
         if return_logits:
@@ -313,8 +327,10 @@ class KVStream(Answering):
         return logits[-1:] if last_logits else total
 
     def _forward(self, prompt: Prompt, offset: int, *, evict: bool, pack: bool, observe: bool,
-                 all_logits: bool = False, pinned: bool | Tensor = False, record: bool = False) -> Tensor:
-        """One forward of the model over `prompt` at `offset`; `record`: the archive copies its keys and values."""
+                 all_logits: bool = False, pinned: bool | Tensor = False, record: bool = False,
+                 static: bool = False) -> Tensor:
+        """One forward of the model over `prompt` at `offset`; `record`: the archive copies its keys and values;
+        `static`: through the stream's static ingest step where the block fits it."""
         q = len(prompt)
         device = prompt.embeds.device
         start = prompt.position_ids if prompt.position_ids.dim() == 1 else prompt.position_ids.min(0).values
@@ -327,10 +343,14 @@ class KVStream(Answering):
         )
         self.cache.stage(positions, evict=evict, pack=pack, observe=observe, record=record)
         position_ids = self.adapter.model_position_ids(prompt.position_ids, offset)
+        ingester = self.static_ingester if static else None
         try:
-            with torch.inference_mode():
-                logits = self.adapter.forward(prompt.embeds, position_ids, self.cache, all_logits=all_logits,
-                                              **{CACHE_ARGUMENT: self.cache})
+            if ingester is not None and ingester.fits(q, all_logits=all_logits):
+                logits = ingester.run(prompt.embeds, position_ids, positions)
+            else:
+                with torch.inference_mode():
+                    logits = self.adapter.forward(prompt.embeds, position_ids, self.cache, all_logits=all_logits,
+                                                  **{CACHE_ARGUMENT: self.cache})
         finally:
             if self.cache.recording:
                 self.cache.recording = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .chat import MarkerClock
-from .decode_step import DECODE_STEPS
+from .decode_step import STEP_MODES
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are the memory of a mobile robot. Camera frames and messages arrive with their time in seconds. "
@@ -41,6 +41,10 @@ class StreamConfig:
     # the cache), "static" (one fixed-shape step per token over the cache's storage), "compiled" (that step
     # under torch.compile; CUDA graphs on a GPU), "auto" (compiled on CUDA, else eager). Same tokens either way.
     decode_step: str = "auto"
+    # How an input's blocks go through the model (engine/ingest_step.py), with the same choices: "static" pads
+    # each block to one of a few sizes and takes it in one fixed-shape step over the cache's storage. The same
+    # memory either way.
+    ingest_step: str = "auto"
     # How an input's time reads to the model (engine/chat.py, `MarkerClock`): "stream" (h:mm:ss.s since the
     # memory's first input) or "wall" (the time of day of its stamp in `time_zone`, as hh:mm:ss).
     clock: str = "stream"
@@ -68,8 +72,9 @@ class StreamConfig:
         MarkerClock(self.clock, self.time_zone)  # ValueError for an unknown clock or time zone
         if self.evidence < 0:
             raise ValueError(f"evidence must be >= 0, got {self.evidence}")
-        if self.decode_step not in DECODE_STEPS:
-            raise ValueError(f"decode_step must be one of {DECODE_STEPS}, got {self.decode_step!r}")
+        for name in ("decode_step", "ingest_step"):
+            if getattr(self, name) not in STEP_MODES:
+                raise ValueError(f"{name} must be one of {STEP_MODES}, got {getattr(self, name)!r}")
 
     @property
     def slots_headroom(self) -> int:

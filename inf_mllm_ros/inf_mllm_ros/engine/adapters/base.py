@@ -199,17 +199,22 @@ class ModelAdapter(ABC):
         return (prompt_position_ids + offset).unsqueeze(-2)
 
     def forward(self, embeds: Tensor, position_ids: Tensor, cache, *, all_logits: bool = False,
-                attention_mask: Tensor | None = None, **attention_kwargs) -> Tensor:
+                attention_mask: Tensor | None = None, logits_at: Tensor | None = None,
+                **attention_kwargs) -> Tensor:
         """Run the decoder over [q, hidden] embeddings; returns float32 logits [q or 1, vocab].
 
         attention_mask: a 4-D mask, taken as given (None: causal over the cache's slots and the new tokens).
+        logits_at: the index ([1] tensor) of the one token whose logits are returned, in place of the last (a
+        padded block's last real token, on fixed shapes).
         attention_kwargs reach the attention function (the engine's `bounded_cache`, engine/attention.py)."""
         out = self.decoder(
             inputs_embeds=embeds.unsqueeze(0), position_ids=position_ids, attention_mask=attention_mask,
             use_cache=True, **{self._cache_argument: cache}, **attention_kwargs,
         )
         hidden = out.last_hidden_state[0]
-        if not all_logits:
+        if logits_at is not None:
+            hidden = hidden.index_select(0, logits_at)
+        elif not all_logits:
             hidden = hidden[-1:]
         return self.model.lm_head(hidden).float()
 
