@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # annotations only: importing this module loads nothing of th
     import numpy as np
 
     from .engine.adapters import ModelAdapter
-    from .engine.engine import EngineCounters
+    from .engine.worker import EngineCounters
     from .engine.memory_file import MemoryFileInfo
     from .engine.poses import Pose
     from .engine.live_settings import LiveSettings

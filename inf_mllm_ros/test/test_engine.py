@@ -287,7 +287,7 @@ def test_close_stops_a_long_answer_at_the_next_token(smollm2):
         time.sleep(0.01)
     start = time.monotonic()
     engine.close(timeout=30)
-    assert time.monotonic() - start < 10 and not engine._worker.is_alive()
+    assert time.monotonic() - start < 10 and not engine.worker.thread.is_alive()
     with pytest.raises(Exception, match="stopped"):
         future.result(0)
 
@@ -302,7 +302,7 @@ def test_close_after_callers_gave_up_on_queued_questions(smollm2):
     assert engine.pending["queries"] == 1, "a question given up frees its place in the queue at once"
     engine.close(timeout=30)
     assert waiting[0].cancelled() and isinstance(waiting[2].exception(0), EngineNotReadyError)
-    assert hold.done() and not engine._worker.is_alive()
+    assert hold.done() and not engine.worker.thread.is_alive()
 
 
 def _hold_worker(engine):
@@ -319,7 +319,7 @@ def test_queued_texts_go_in_one_model_call_each_with_its_own_count(smollm2):
     engine = StreamingEngine(adapter=smollm2, config=StreamConfig(capacity=1024, chunk_size=128, system_prompt=""),
                              max_pending_texts=64)
     engine.wait_ready(60)
-    stream = engine._stream
+    stream = engine.worker.stream
     calls = []
     push_texts = stream.push_texts
     stream.push_texts = lambda items: calls.append(len(items)) or push_texts(items)
@@ -343,7 +343,7 @@ def test_queued_texts_go_in_one_model_call_each_with_its_own_count(smollm2):
 def test_a_question_sees_the_texts_before_it_and_not_those_after(smollm2):
     engine = StreamingEngine(adapter=smollm2, config=StreamConfig(capacity=1024, chunk_size=128, system_prompt=""))
     engine.wait_ready(60)
-    stream = engine._stream
+    stream = engine.worker.stream
     seen_at_question = []
     ask = stream.ask
     stream.ask = lambda q, **kw: seen_at_question.append(stream.texts_ingested) or ask(q, **kw)
@@ -400,7 +400,7 @@ def test_under_a_flood_of_texts_a_frame_goes_in_every_frame_period(smollm2):
     engine = StreamingEngine(adapter=smollm2, config=StreamConfig(capacity=512, chunk_size=128),
                              max_pending_texts=64, frame_period=period)
     engine.wait_ready(60)
-    stream = engine._stream
+    stream = engine.worker.stream
     frames_taken, text_calls = [], []
     # smollm2 is text only: the frame job is recorded where the model would encode it
     stream.push_frame = lambda rgb, stamp=None, **_: frames_taken.append(time.monotonic()) or 1
@@ -509,7 +509,7 @@ def test_a_policy_setting_changed_while_the_model_loads_reaches_the_policy(smoll
         assert engine.config.policy_settings == {}  # the caller's configuration is never written to
         release.set()
         engine.wait_ready(60)
-        assert engine._stream.policy.attention_bias == 2.5
+        assert engine.worker.stream.policy.attention_bias == 2.5
         assert engine.stats().policy_settings["attention_bias"] == 2.5
     finally:
         release.set()
@@ -525,7 +525,7 @@ def test_settings_changed_while_the_worker_runs_reach_every_job_whole(smollm2):
                              max_pending_texts=1000, on_ingested=lambda kind: seen.append(applied()))
 
     def applied():
-        s = engine._stream
+        s = engine.worker.stream
         return s.config.max_new_tokens, s.config.system_prompt, s.policy.attention_bias
 
     stop = threading.Event()

@@ -318,7 +318,7 @@ def test_a_close_during_a_long_message_stops_it_at_its_block_and_saves_what_went
     engine = StreamingEngine(folders["llama"], settings, device="cpu", dtype="float32", memory_file=str(path))
     engine.wait_ready(60)
     engine.push_text(TEXTS[0], timeout=60)
-    stream = engine._stream
+    stream = engine.worker.stream
     before = stream.tokens_seen
     forward, blocks = stream._forward, []
 
@@ -330,8 +330,8 @@ def test_a_close_during_a_long_message_stops_it_at_its_block_and_saves_what_went
 
     stream._forward = close_at_the_second_block
     future = engine.submit_text("Later: " + " ".join(TEXTS))
-    engine._worker.join(60)
-    assert not engine._worker.is_alive()
+    engine.worker.thread.join(60)
+    assert not engine.worker.thread.is_alive()
     with pytest.raises(StreamStoppedError, match="its first 16 of"):
         future.result(0)
     assert len(blocks) == 2 and stream.tokens_seen == before + 2 * 8, "stopped at the end of the second block"

@@ -849,7 +849,7 @@ class StandInEngine:
     adapter = None
 
     def __init__(self, model, config, *, on_ingested=None, **_kwargs):
-        from inf_mllm_ros.engine.engine import EngineCounters
+        from inf_mllm_ros.engine.worker import EngineCounters
         from inf_mllm_ros.engine.live_settings import LiveSettings
 
         self.config = config

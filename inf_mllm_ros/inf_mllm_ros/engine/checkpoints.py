@@ -1,10 +1,11 @@
-"""The engine's memory file, as a part of `StreamingEngine`: restored once the model is loaded, saved every
-`checkpoint_period` seconds when the memory has changed, on request and at close. Saving runs on the worker
-between jobs, so a file never holds half a block.
+"""The engine's memory file: restored once the model is loaded, saved every `checkpoint_period` seconds when the
+memory has changed, on request and at close. `Checkpointer` is owned by `StreamingEngine` (engine.py) and called
+on its worker only, between jobs, so a file never holds half a block.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -14,63 +15,83 @@ if TYPE_CHECKING:
     from .stream import KVStream
 
 
-class MemoryCheckpoints:
-    """Restoring and saving the memory file. A part of `StreamingEngine` (engine.py): it uses the engine's
-    `memory_file`, `memory_status`, `last_saved`, `save_error`, `counters`, `_stream`, `_settings`,
-    `_saved_state`, `_next_checkpoint` and `_fingerprint`, and runs on its worker only.
+class Checkpointer:
+    """One memory file and what happened to it.
+
+    memory_file: the file's path (None: no file; nothing is restored or saved).
+    status: what happened at load (restored, refused and set aside, missing); last_saved: the last save that went
+    through; save_error: why the last save failed (None once one succeeds).
     """
 
-    def _memory_state(self, stream: KVStream) -> tuple:
-        return (stream.tokens_seen, stream.cache.fill, stream.cache.evictions, stream.texts_ingested,
-                stream.frames_ingested)
+    def __init__(self, memory_file: str | None):
+        self.memory_file = os.path.expanduser(memory_file) if memory_file else None
+        if self.memory_file is not None and os.path.isdir(self.memory_file):
+            raise ValueError(f"memory_file {self.memory_file} is a directory; give the path of a file "
+                             "(in it or elsewhere)")
+        self.status = "no memory file" if self.memory_file is None else "not restored yet"
+        self.last_saved: MemoryFileInfo | None = None
+        self.save_error: str | None = None
+        self.next_due = float("inf")  # time.monotonic() of the next periodic save
+        self._saved_state: tuple | None = None  # the memory's counters at the last save: changed since?
+        self._fingerprint: str | None = None  # the model's, found once at restore
 
-    def _restore(self, stream: KVStream) -> None:
+    @property
+    def due(self) -> bool:
+        return time.monotonic() >= self.next_due
+
+    def schedule(self, period: float) -> None:
+        """The next periodic save `period` seconds from now (none for 0 or without a file)."""
+        self.next_due = time.monotonic() + period if self.memory_file and period > 0 else float("inf")
+
+    def restore(self, stream: KVStream, period: float) -> None:
+        """Load the file into `stream`; a file that cannot be used is set aside with the reason in `status`."""
         self._fingerprint = model_fingerprint(stream.adapter)
         try:
             info = load_memory(stream, self.memory_file, self._fingerprint)
         except MemoryFileError as exc:
             if exc.kind == "missing":
-                self.memory_status = f"no memory file at {self.memory_file} yet; starting fresh"
+                self.status = f"no memory file at {self.memory_file} yet; starting fresh"
             else:
                 try:
                     aside = f"kept aside as {set_aside(self.memory_file)}"
                 except OSError as move_exc:
                     aside = f"could not move it aside ({move_exc}); the next save replaces it"
-                self.memory_status = f"memory file refused ({exc.kind}): {exc}; {aside}; starting fresh"
+                self.status = f"memory file refused ({exc.kind}): {exc}; {aside}; starting fresh"
         else:
             lost = f", {info.blocks_lost} archive blocks lost to a damaged log" if info.blocks_lost else ""
-            self.memory_status = (f"memory restored from {info.path}: {info.fill} tokens held, "
-                                  f"{info.tokens_seen} seen, "
-                                  f"{info.bytes / 1e6:.1f} MB in {info.seconds:.2f} s{lost}")
-            self._saved_state = self._memory_state(stream)
-        self._schedule_checkpoint()
+            self.status = (f"memory restored from {info.path}: {info.fill} tokens held, {info.tokens_seen} seen, "
+                           f"{info.bytes / 1e6:.1f} MB in {info.seconds:.2f} s{lost}")
+            self._saved_state = _memory_state(stream)
+        self.schedule(period)
 
-    def _save(self, stream: KVStream) -> MemoryFileInfo:
+    def save(self, stream: KVStream, period: float) -> MemoryFileInfo:
+        """Save now; raises what failed (and keeps it in `save_error`)."""
         try:
             info = save_memory(stream, self.memory_file, self._fingerprint)
         except Exception as exc:
             self.save_error = f"saving to {self.memory_file} failed: {type(exc).__name__}: {exc}"
             raise
         self.last_saved, self.save_error = info, None
-        self._saved_state = self._memory_state(stream)
-        self._schedule_checkpoint()
+        self._saved_state = _memory_state(stream)
+        self.schedule(period)
         return info
 
-    def _checkpoint(self) -> None:
-        """Save if the memory changed since the last save; a failure is reported, never raised."""
-        stream = self._stream
+    def checkpoint(self, stream: KVStream | None, period: float) -> bool:
+        """Save if the memory changed since the last save. A failure is kept in `save_error`, never raised (a full
+        disk must not stop the robot's memory): returns False then."""
         if stream is None or self.memory_file is None:
-            return
-        if self._memory_state(stream) == self._saved_state:
-            self._schedule_checkpoint()
-            return
+            return True
+        if _memory_state(stream) == self._saved_state:
+            self.schedule(period)
+            return True
         try:
-            self._save(stream)
-        except Exception:  # a full disk must not stop the robot's memory: save_error says why
-            self.counters.checkpoints_failed += 1
-            self._schedule_checkpoint()
+            self.save(stream, period)
+        except Exception:
+            self.schedule(period)
+            return False
+        return True
 
-    def _schedule_checkpoint(self) -> None:
-        period = self._settings.checkpoint_period
-        self._next_checkpoint = time.monotonic() + period if self.memory_file and period > 0 else float("inf")
 
+def _memory_state(stream: KVStream) -> tuple:
+    return (stream.tokens_seen, stream.cache.fill, stream.cache.evictions, stream.texts_ingested,
+            stream.frames_ingested)

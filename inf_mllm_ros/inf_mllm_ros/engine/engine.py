@@ -16,11 +16,9 @@ see KVStream). Saving runs on the worker between jobs, so a file never holds hal
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -31,10 +29,11 @@ from .loading import DEFAULT_MODEL, load_model
 from .memory_file import MemoryFileInfo
 from .poses import Pose
 from .live_settings import LiveSettings
-from .stream import Answer, KVStream, StreamConfig, StreamStats
+from .stream import Answer, StreamConfig, StreamStats
 from .text_rules import text_problem
-from .work_queue import Job, WorkQueue
-from .worker import EngineWorker
+from .checkpoints import Checkpointer
+from .work_queue import Job
+from .worker import EngineCounters, EngineWorker, WorkBoard
 
 
 # Bounds of the waiting queues (the node's max_pending_texts and max_pending_queries default to these).
@@ -54,19 +53,7 @@ class FrameDroppedError(RuntimeError):
     """A newer frame replaced this one before the model could take it."""
 
 
-@dataclass
-class EngineCounters:
-    """What the engine counts as it runs: refusals, drops, answers, failed saves, the longest text wait."""
-
-    frames_dropped: int = 0
-    texts_refused: int = 0
-    queries_answered: int = 0
-    queries_failed: int = 0
-    checkpoints_failed: int = 0
-    longest_text_wait_s: float = 0.0  # from a text's submission to the start of the model call that takes it
-
-
-class StreamingEngine(EngineWorker):
+class StreamingEngine:
     """Runs a model over a stream on a worker thread.
 
     model: a model folder or an embedded model ("onevision-qwen2.5-0.5b", the default, or the small
@@ -95,36 +82,50 @@ class StreamingEngine(EngineWorker):
         self.config = config or StreamConfig()
         self.max_pending_texts = max_pending_texts
         self.max_pending_queries = max_pending_queries
-        self.counters = EngineCounters()
-        self.ready = threading.Event()
-        self.load_error: Exception | None = None
-        self._on_ingested = on_ingested
-        self._stream: KVStream | None = None
-        self._stats: StreamStats | None = None
-        self._lock = threading.Condition()
-        self._work = WorkQueue()
-        self._abandoned: set[Future] = set()  # running queries whose callers were told they failed
         # What may change while it runs, as one immutable snapshot (see update_settings); the worker applies a
-        # new one between jobs, and `_applied` is the one the stream has.
-        self._settings = LiveSettings.of(self.config, frame_period=frame_period, checkpoint_period=checkpoint_period)
-        self._applied: LiveSettings | None = None
-        self._closed = False
-        self.memory_file = os.path.expanduser(memory_file) if memory_file else None
-        if self.memory_file is not None and os.path.isdir(self.memory_file):
-            raise ValueError(f"memory_file {self.memory_file} is a directory; give the path of a file "
-                             "(in it or elsewhere)")
-        self.memory_status = "no memory file" if self.memory_file is None else "not restored yet"
-        self.last_saved: MemoryFileInfo | None = None
-        self.save_error: str | None = None  # why the last save failed; None once one succeeds
-        self._saved_state: tuple | None = None
-        self._next_checkpoint = float("inf")
-        self._fingerprint: str | None = None
+        # new one between jobs.
+        self._board = WorkBoard(LiveSettings.of(self.config, frame_period=frame_period,
+                                                checkpoint_period=checkpoint_period))
+        self.checkpoints = Checkpointer(memory_file)
         loader = (lambda: adapter) if adapter is not None else (
             lambda: load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         )
-        self.torch_threads = torch_threads  # 0: torch's default
-        self._worker = threading.Thread(target=self._run, args=(loader,), name="inf_mllm_engine", daemon=True)
-        self._worker.start()
+        self.worker = EngineWorker(self._board, loader, self.config, self.checkpoints, on_ingested=on_ingested,
+                                   on_load_failed=lambda: self.close(timeout=0), torch_threads=torch_threads)
+        self.worker.start()
+
+    # --- what callers read ----------------------------------------------------------------------------
+    @property
+    def counters(self) -> EngineCounters:
+        return self._board.counters
+
+    @property
+    def ready(self) -> threading.Event:
+        """Set when the model is loaded and usable."""
+        return self._board.ready
+
+    @property
+    def load_error(self) -> Exception | None:
+        """Why the model could not be loaded (None while it loads or once it did)."""
+        return self._board.load_error
+
+    @property
+    def memory_file(self) -> str | None:
+        return self.checkpoints.memory_file
+
+    @property
+    def memory_status(self) -> str:
+        """What happened to the memory file at load (restored, refused, missing)."""
+        return self.checkpoints.status
+
+    @property
+    def last_saved(self) -> MemoryFileInfo | None:
+        return self.checkpoints.last_saved
+
+    @property
+    def save_error(self) -> str | None:
+        """Why the last save failed; None once one succeeds."""
+        return self.checkpoints.save_error
 
     # --- submitting ----------------------------------------------------------------------------------
     def submit_text(self, text: str, stamp: float | None = None, *, pin: bool = False,
@@ -139,22 +140,22 @@ class StreamingEngine(EngineWorker):
             check_stamp(stamp, "text")
         except ValueError as exc:
             return _failed(exc)
-        with self._lock:
+        with self._board.lock:
             self._check_open()
-            if self._work.texts >= self.max_pending_texts:
+            if self._board.work.texts >= self.max_pending_texts:
                 self.counters.texts_refused += 1
                 return _failed(EngineBusyError(f"text queue full ({self.max_pending_texts} waiting); message refused"))
             return self._enqueue(Job("text", text=(text, stamp, pin, pose)))
 
     def submit_frame(self, rgb: np.ndarray, stamp: float | None = None, *, pose: Pose | None = None) -> Future:
         job = Job("frame", run=lambda s: s.push_frame(rgb, stamp, pose=pose))
-        with self._lock:
+        with self._board.lock:
             self._check_open()
-            replaced = self._work.offer_frame(job)
+            replaced = self._board.work.offer_frame(job)
             if replaced is not None:
                 self.counters.frames_dropped += 1
                 _fail(replaced.future, FrameDroppedError("a newer frame replaced this one"))
-            self._lock.notify()
+            self._board.lock.notify()
         return job.future
 
     def submit_ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
@@ -162,7 +163,7 @@ class StreamingEngine(EngineWorker):
         """Queue a question; `on_token` and `cancel` as in KVStream.ask (on_token runs on the worker thread)."""
         problem = text_problem(question, "question")
         if problem:
-            with self._lock:
+            with self._board.lock:
                 self.counters.queries_failed += 1
             return _failed(ValueError(problem))
         return self._submit_query(lambda s: s.ask(question, max_new_tokens=max_new_tokens,
@@ -181,7 +182,7 @@ class StreamingEngine(EngineWorker):
         return self._submit_query(lambda s: s.recall(text, limit=limit, since=since, until=until, near=near))
 
     def submit_reset(self) -> Future:
-        with self._lock:
+        with self._board.lock:
             self._check_open()
             return self._enqueue(Job("control", run=lambda s: s.reset()))
 
@@ -189,20 +190,22 @@ class StreamingEngine(EngineWorker):
         """Save the memory to `memory_file` now (after the job in progress); the future gives MemoryFileInfo."""
         if self.memory_file is None:
             return _failed(ValueError("no memory_file is set; nothing to save to"))
-        with self._lock:
+        with self._board.lock:
             if not self.ready.is_set():
-                return _failed(EngineNotReadyError(self._closed_reason() if self._closed else "model is still loading"))
+                reason = self._board.closed_reason() if self._board.closed else "model is still loading"
+                return _failed(EngineNotReadyError(reason))
             self._check_open()
-            return self._enqueue(Job("control", run=self._save))
+            period = self._board.settings.checkpoint_period
+            return self._enqueue(Job("control", run=lambda s: self.checkpoints.save(s, period)))
 
     def _submit_query(self, fn) -> Future:
-        with self._lock:
+        with self._board.lock:
             if not self.ready.is_set():
                 self.counters.queries_failed += 1
                 reason = f"model failed to load: {self.load_error}" if self.load_error else "model is still loading"
                 return _failed(EngineNotReadyError(reason))
             self._check_open()
-            if self._work.queries >= self.max_pending_queries:
+            if self._board.work.queries >= self.max_pending_queries:
                 self.counters.queries_failed += 1
                 return _failed(EngineBusyError(
                     f"query queue full ({self.max_pending_queries} waiting); try again later"))
@@ -217,43 +220,29 @@ class StreamingEngine(EngineWorker):
         Returns True if the engine counts it, False if it never ran (the caller counts its failure)."""
         if future.cancel():
             return False
-        with self._lock:
+        with self._board.lock:
             if hasattr(future, "counted_answered"):  # ended just now: counted already
                 if future.counted_answered:
                     self.counters.queries_answered -= 1
                     self.counters.queries_failed += 1
             else:
-                self._abandoned.add(future)
+                self._board.abandoned.add(future)
         return True
-
-    def _count_query(self, future: Future, ok: bool) -> None:
-        """Count a finished query once, before its caller can see the result (see `abandon`)."""
-        with self._lock:
-            answered = ok and future not in self._abandoned
-            self._abandoned.discard(future)
-            future.counted_answered = answered
-            if answered:
-                self.counters.queries_answered += 1
-            else:
-                self.counters.queries_failed += 1
 
     def _withdraw_if_cancelled(self, future: Future) -> None:
         if not future.cancelled():
             return
-        with self._lock:
-            self._work.withdraw(future)
+        with self._board.lock:
+            self._board.work.withdraw(future)
 
     def _enqueue(self, job: Job) -> Future:
-        self._work.add(job)
-        self._lock.notify()
+        self._board.work.add(job)
+        self._board.lock.notify()
         return job.future
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise EngineNotReadyError(self._closed_reason())
-
-    def _closed_reason(self) -> str:
-        return f"model failed to load: {self.load_error}" if self.load_error else "engine is closed"
+        if self._board.closed:
+            raise EngineNotReadyError(self._board.closed_reason())
 
     # --- blocking conveniences -----------------------------------------------------------------------
     def push_text(self, text: str, stamp: float | None = None, timeout: float | None = None, *,
@@ -289,7 +278,7 @@ class StreamingEngine(EngineWorker):
     @property
     def settings(self) -> LiveSettings:
         """The live settings as last changed (the worker applies them before its next job)."""
-        return self._settings
+        return self._board.settings
 
     def update_settings(self, **changes) -> LiveSettings:
         """Change live settings (fields of `LiveSettings`; `policy_settings`: the policy's knobs that change) in
@@ -297,61 +286,63 @@ class StreamingEngine(EngineWorker):
         job sees half of a change. A new checkpoint period makes the next save due that long from now.
         Raises ValueError for an unknown setting or a bad value: nothing changes then. Returns the new
         snapshot."""
-        with self._lock:
-            new = self._settings.changed(self.config, **changes)
-            period_changed = new.checkpoint_period != self._settings.checkpoint_period
-            self._settings = new
+        with self._board.lock:
+            new = self._board.settings.changed(self.config, **changes)
+            period_changed = new.checkpoint_period != self._board.settings.checkpoint_period
+            self._board.settings = new
             if period_changed:
-                self._schedule_checkpoint()
-            self._lock.notify()  # the worker may be asleep until the previous due time
+                self.checkpoints.schedule(new.checkpoint_period)
+            self._board.lock.notify()  # the worker may be asleep until the previous due time
         return new
 
     def stats(self) -> StreamStats | None:
         """The stream's figures after the last finished job (None until the model is loaded)."""
-        with self._lock:
-            return self._stats
+        with self._board.lock:
+            return self.worker.stats
 
     @property
     def pending(self) -> dict:
-        with self._lock:
-            return {"texts": self._work.texts, "queries": self._work.queries, "frame": self._work.frame is not None}
+        with self._board.lock:
+            work = self._board.work
+            return {"texts": work.texts, "queries": work.queries, "frame": work.frame is not None}
 
     @property
     def time_origin(self) -> float | None:
         """The caller's time of stream time 0 (`KVStream.time_origin`: saved with the memory, restored with
         it); None until the model is loaded or the caller sets it."""
-        return None if self._stream is None else self._stream.time_origin
+        return None if self.worker.stream is None else self.worker.stream.time_origin
 
     @time_origin.setter
     def time_origin(self, seconds: float | None) -> None:
-        if self._stream is None:
+        if self.worker.stream is None:
             raise EngineNotReadyError("model is still loading")
-        self._stream.time_origin = seconds
+        self.worker.stream.time_origin = seconds
 
     @property
     def adapter(self) -> ModelAdapter | None:
-        return None if self._stream is None else self._stream.adapter
+        return None if self.worker.stream is None else self.worker.stream.adapter
 
     @property
     def closed(self) -> bool:
         """Closed: it takes no more work (see `close`)."""
-        return self._closed
+        return self._board.closed
 
     def close(self, timeout: float | None = 10.0) -> bool:
         """Stop taking work, fail what is waiting, stop the current answer at its next token and a text being
         pushed at the end of its block (see KVStream), then wait up to `timeout` for the worker's last
         save. Whether the worker has ended (False: it is still inside the model)."""
-        with self._lock:
-            self._closed = True
-            if self._stream is not None:
-                self._stream.stop_requested = True
-            waiting = self._work.drain()
-            self._lock.notify_all()
+        with self._board.lock:
+            self._board.closed = True
+            if self.worker.stream is not None:
+                self.worker.stream.stop_requested = True
+            waiting = self._board.work.drain()
+            self._board.lock.notify_all()
         for job in waiting:
-            _fail(job.future, EngineNotReadyError(self._closed_reason()))
-        if threading.current_thread() is not self._worker:
-            self._worker.join(timeout)
-        return not self._worker.is_alive() or threading.current_thread() is self._worker
+            _fail(job.future, EngineNotReadyError(self._board.closed_reason()))
+        thread = self.worker.thread
+        if threading.current_thread() is not thread:
+            thread.join(timeout)
+        return not thread.is_alive() or threading.current_thread() is thread
 
 
 def _fail(future: Future, exc: Exception) -> None:
