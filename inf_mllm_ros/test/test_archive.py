@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from inf_mllm_ros.engine import retrieval_heads as retrieval_heads_module
-from inf_mllm_ros.engine.answering import best_last
+from inf_mllm_ros.engine.retriever import best_last
 from inf_mllm_ros.engine.archive import BOOKKEEPING_BYTES, ArchivedBlock, KVArchive, _cut
 from inf_mllm_ros.engine.cache import shift_rotary
 from inf_mllm_ros.engine.loading import load_model

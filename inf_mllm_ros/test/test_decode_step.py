@@ -36,7 +36,7 @@ def adapters(tmp_path_factory):
 
 def question_logits(stream, question: str) -> torch.Tensor:
     """The question pushed after the cache (as an answer not kept does): its last logits."""
-    ids, _ = stream._question_ids(stream.adapter.chat.question_parts(question))
+    ids, _ = stream.question_ids(stream.adapter.chat.question_parts(question))
     return stream._forward(stream.adapter.text_prompt(ids), stream.cache.next_position, evict=False, pack=False,
                            observe=False)
 

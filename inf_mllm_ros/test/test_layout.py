@@ -110,8 +110,8 @@ def test_the_layout_rules_see_imports(module):
 
 
 def test_the_layout_rules_see_imports_for_annotations_and_inside_functions():
-    answering = {i for i, _ in imports("inf_mllm_ros.engine.answering", modules()["inf_mllm_ros.engine.answering"])}
-    assert "inf_mllm_ros.engine.stream_config" in answering, "an import under TYPE_CHECKING"
+    retriever = {i for i, _ in imports("inf_mllm_ros.engine.retriever", modules()["inf_mllm_ros.engine.retriever"])}
+    assert "inf_mllm_ros.engine.archive" in retriever, "an import under TYPE_CHECKING"
     loading = [(i, top) for i, top in imports("inf_mllm_ros.engine.worker", modules()["inf_mllm_ros.engine.worker"])]
     assert ("inf_mllm_ros.engine.live_settings", True) in loading, "an import under TYPE_CHECKING, at module level"
     offline = imports("inf_mllm_ros.bags.offline", modules()["inf_mllm_ros.bags.offline"])

@@ -64,14 +64,14 @@ def plain_scores(stream: KVStream, heads: torch.Tensor, question, reference, blo
 @pytest.mark.parametrize("seed, sentences", [(0, 40), (1, 57), (2, 73)])
 def test_the_index_scores_blocks_as_the_plain_computation_over_the_archive(adapter, seed, sentences):
     stream = wrapped_stream(adapter, seed, sentences)
-    reference = stream._content_queries(*stream._reference_question)
+    reference = stream.content_queries(*stream.retriever.reference_question)
     layers, q_heads = reference[0].shape[:2]
     heads = torch.zeros(layers, q_heads, dtype=torch.bool)
     heads.view(-1)[torch.randperm(layers * q_heads, generator=torch.Generator().manual_seed(seed))[:5]] = True
     device = reference[0].device  # the model's
     stream.archive.build_index(heads, reference, device)
     assert stream.archive.index.keys.device == device
-    question = stream._content_queries(*stream._question_ids(adapter.chat.question_parts("Where is the ramp?")))
+    question = stream.content_queries(*stream.question_ids(adapter.chat.question_parts("Where is the ramp?")))
     blocks = list(stream.archive.blocks)
     expected = plain_scores(stream, heads, question, reference, blocks)
     assert torch.allclose(stream.archive.index.scores(question, blocks), expected, atol=1e-4)
@@ -93,13 +93,13 @@ def test_the_index_scores_blocks_as_the_plain_computation_over_the_archive(adapt
 def test_the_reference_question_is_asked_once_per_memory(adapter, monkeypatch):
     stream = wrapped_stream(adapter, 3, 50)
     asked = []
-    content_queries = stream._content_queries
+    content_queries = stream.content_queries
 
     def counted(ids, content):
         asked.append(ids.numel())
         return content_queries(ids, content)
 
-    monkeypatch.setattr(stream, "_content_queries", counted)
+    monkeypatch.setattr(stream, "content_queries", counted)
     for n, question in enumerate(["Where is the ramp?", "What is on the shelf?", "Where is the dock?"]):
         stream.ask(question, max_new_tokens=2)
         # The first retrieval asks the question and the reference question; later ones the question alone.

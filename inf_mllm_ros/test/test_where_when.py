@@ -137,8 +137,8 @@ def test_evidence_off_costs_nothing_and_gives_none(smollm2):
     stream.config.evidence = 0
     stream.config.retrieve_tokens = 0
     calls = []
-    content_queries = stream._content_queries
-    stream._content_queries = lambda *a: calls.append(1) or content_queries(*a)
+    content_queries = stream.content_queries
+    stream.content_queries = lambda *a: calls.append(1) or content_queries(*a)
     assert stream.ask("Where is the red cone?", max_new_tokens=4).evidence == [] and not calls
 
 

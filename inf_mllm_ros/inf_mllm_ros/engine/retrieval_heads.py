@@ -121,13 +121,13 @@ def find_retrieval_heads(adapter: ModelAdapter, new_stream: StreamFactory, seed:
         stream.push_text(f"Someone serviced {subjects[k % FACTS]}." if k % 3 == 2 else log_line())
 
     archive, blocks = stream.archive, list(stream.archive.blocks)
-    reference_queries = stream._content_queries(*stream._reference_question)
+    reference_queries = stream.content_queries(*stream.retriever.reference_question)
     layers, q_heads = reference_queries[0].shape[:2]
     archive.build_index(torch.ones(layers, q_heads, dtype=torch.bool), reference_queries, "cpu")
     above = torch.zeros(layers * q_heads)
     for subject, first, end in told:
-        ids, content = stream._question_ids(adapter.chat.question_parts(f"What is the serial number of {subject}?"))
-        question, reference = archive.index.head_scores(*stream._content_queries(ids, content), blocks)
+        ids, content = stream.question_ids(adapter.chat.question_parts(f"What is the serial number of {subject}?"))
+        question, reference = archive.index.head_scores(*stream.content_queries(ids, content), blocks)
         scores = (question - REFERENCE_WEIGHT * reference).cpu()
         own = [i for i, b in enumerate(blocks) if b.first_seq < end and b.seq_end > first]
         above += (scores > scores[:, own].amax(1, keepdim=True)).sum(1)

@@ -4,14 +4,17 @@
 and questions into prompts, pushes them in chunks (evicting after each), and generates answers. The
 threaded `StreamingEngine` wraps it for concurrent callers.
 
-This module holds the stream's state and figures, and the pushing of inputs; its configuration is
-`StreamConfig` (engine/stream_config.py); the question side (asking, retrieving from the archive, generating)
-is `Answering` in engine/answering.py, which `KVStream` inherits.
+This module holds the stream's state and figures, the pushing of inputs and the answering of questions; its
+configuration is `StreamConfig` (engine/stream_config.py), an answer's types are in engine/answering.py, and
+retrieval from the archive for a question is the stream's `Retriever` (engine/retriever.py).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
+import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -21,10 +24,9 @@ from torch import Tensor
 from .adapters import ModelAdapter, Prompt
 from .answering import (  # re-exported: callers import these from engine.stream
     DEFAULT_DESCRIPTION_PROMPT,
-    REFERENCE_QUESTION,
     Answer,
     AnswerCancelledError,
-    Answering,
+    AnswerTurn,
     StreamStoppedError,
     TokenCallback,
 )
@@ -36,7 +38,10 @@ from .decode_step import StaticDecoder, resolve_decode_step
 from .ingest_step import StaticIngester
 from .policies import make_policy
 from .stream_config import DEFAULT_SYSTEM_PROMPT, MIN_CAPACITY, StreamConfig
+from .evidence import Evidence
 from .poses import Pose
+from .retrieval_heads import retrieval_heads
+from .retriever import REFERENCE_QUESTION, Retrieval, Retriever
 from .text_rules import text_problem
 
 
@@ -69,7 +74,7 @@ class StreamStats:
         return asdict(self)
 
 
-class KVStream(Answering):
+class KVStream:
     """Text, frames and questions into one model through a bounded KV cache.
 
     Setting `stop_requested` (from any thread) ends the current answer at the next token, and a text message
@@ -79,7 +84,7 @@ class KVStream(Answering):
     are finished first, so that a frame's layout and a dialogue turn stay whole. Either way the memory a
     shutdown saves is consistent: every block in it was attended and evicted after.
 
-    Questions (`ask`, `describe`) and their answers come from `Answering` (engine/answering.py).
+    Questions: `ask`, `describe`; `recall` finds the moments a text points to, without an answer.
     """
 
     stop_requested = False
@@ -110,6 +115,7 @@ class KVStream(Answering):
             inv_freq = None  # no rotary embedding found: nothing can be re-placed, so nothing is archived
         self.archive = KVArchive(cfg.archive_size, cfg.archive_block, inv_freq)
         self.cache.archive = self.archive if self.archive.enabled else None
+        self.retriever = Retriever(self.archive, self.cache, adapter, self, self.retrieval_heads)
         self._stop_ids = adapter.stop_token_ids
         step = resolve_decode_step(cfg.decode_step, adapter.device)
         # The fixed-shape step for answers not kept in memory; None: every token through `_forward`.
@@ -358,6 +364,194 @@ class KVStream(Answering):
         self.tokens_seen += q
         return logits
 
+
+    # --- questions -----------------------------------------------------------------------------------
+    def ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
+            on_token: TokenCallback | None = None, cancel: threading.Event | None = None) -> Answer:
+        """Answer greedily from what is in memory. Without keep_in_memory the cache is left as it was.
+
+        on_token gets the answer so far after each token. Setting `cancel` stops the answer at the next token
+        with AnswerCancelledError and leaves the memory as it was, also with keep_in_memory (the question
+        and answer are kept only once the answer is complete), unless the question is too long for the
+        headroom and has to be pushed into the memory before the answer: it then stays, with the answer so
+        far and its turn closed.
+        """
+        problem = text_problem(question, "question")
+        if problem:
+            raise ValueError(problem)
+        return self._exchange(self.adapter.chat.question_parts(question), max_new_tokens, keep_in_memory,
+                              AnswerTurn(on_token, cancel, self._stopped, self._answer_text), retrieve=True)
+
+    def describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None) -> Answer:
+        """A description of the scene so far; never stays in memory."""
+        return self._exchange(self.adapter.chat.question_parts(prompt or DEFAULT_DESCRIPTION_PROMPT), max_new_tokens,
+                              False, AnswerTurn(None, None, self._stopped, self._answer_text))
+
+    def recall(self, text: str, *, limit: int = 5, since: float | None = None, until: float | None = None,
+               near: tuple[float, float, float] | None = None) -> list[Evidence]:
+        """The moments that `text` points to most, best first, without an answer: the archive's blocks (held by
+        the cache or not) scored as a question scores them, those stamped between `since` and `until` (stream
+        time) and, with `near` (x, y, radius), those whose pose lies within the radius. ValueError for an
+        unusable argument."""
+        problem = text_problem(text, "recall text")
+        if problem:
+            raise ValueError(problem)
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        if since is not None and until is not None and until < since:
+            raise ValueError(f"the time window ends ({until}) before it begins ({since})")
+        if near is not None and not near[2] > 0:
+            raise ValueError(f"the radius must be > 0 m, got {near[2]}")
+        if not self.archive.enabled or not self.archive.blocks:
+            return []
+        ids, content = self.question_ids(self.adapter.chat.question_parts(text))
+        if self.cache.slots - self.cache.fill - ids.numel() < 1:
+            raise ValueError(f"recall text of {ids.numel()} tokens does not fit in the cache headroom")
+        return self.retriever.recall(ids, content, limit, since, until, near)
+
+    def retrieval_heads(self) -> Tensor | None:
+        """The model's retrieval heads (engine/retrieval_heads.py), found on a stream of this kind at first use."""
+        return retrieval_heads(self.adapter, lambda **settings: type(self)(self.adapter, type(self.config)(**settings)))
+
+    def question_ids(self, parts: tuple[str, str, str]) -> tuple[Tensor, slice]:
+        """A question turn's ids, and where its own words are among them (all of it where the template's
+        pieces do not tokenize apart)."""
+        ids = self.adapter.tokenize_turn(parts)
+        head, tail = (len(self.adapter.tokenize(p)) if p else 0 for p in (parts[0], parts[2]))
+        return ids, slice(head, len(ids) - tail) if 0 < len(ids) - head - tail else slice(0, len(ids))
+
+    def content_queries(self, ids: Tensor, content: slice) -> tuple[Tensor, Tensor]:
+        """The queries of every layer for a question's own words (`ids` at `content`), asked of the cache as it is
+        (the question is taken away again), and the positions they were rotated with."""
+        fill, frontier, frontiers = self.cache.fill, self.cache.next_position, self.cache.frontiers()
+        self.cache.captured_queries = {}
+        try:
+            self._forward(self.adapter.text_prompt(ids), frontier, evict=False, pack=False, observe=False)
+            captured = self.cache.captured_queries
+        finally:
+            self.cache.captured_queries = None
+            self.cache.truncate(fill, frontiers)
+            self.tokens_seen -= len(ids)
+        queries = torch.stack([captured[i][:, content] for i in range(len(self.cache.layers))])
+        return queries, torch.arange(frontier, frontier + ids.numel())[content]  # text: as _forward placed them
+
+    @functools.cached_property
+    def _closing(self) -> Tensor | None:
+        """The template's end of an assistant turn, which closes a kept answer (tokenized once, when needed)."""
+        suffix = self.adapter.chat.assistant_suffix
+        return self.adapter.tokenize(suffix) if suffix else None
+
+    def _stopped(self) -> bool:
+        return self.stop_requested
+
+    def _answer_text(self, tokens: list[int]) -> str:
+        return self.adapter.decode([t for t in tokens if t not in self._stop_ids]).strip()
+
+    def _exchange(self, question_parts: tuple[str, str, str], max_new_tokens: int | None, keep: bool,
+                  turn: AnswerTurn, *, retrieve: bool = False) -> Answer:
+        start = time.monotonic()
+        self._ensure_started()
+        max_new = max_new_tokens or self.config.max_new_tokens
+        ids, content = self.question_ids(question_parts)
+        tokens, retrieval = self._answer_tokens(ids, max_new, keep, turn, content if retrieve else None)
+        # Only the headroom ends an answer before max_new without its stop token (a cancel or stop raises).
+        cut = not keep and len(tokens) < max_new and bool(tokens) and tokens[-1] not in self._stop_ids
+        return Answer(
+            text=self._answer_text(tokens),
+            tokens_generated=len(tokens),
+            latency=time.monotonic() - start,
+            tokens_seen=self.tokens_seen,
+            cache_fill=self.cache.fill,
+            newest_frame_stamp=self.newest_frame_stamp,
+            kept_in_memory=keep,
+            cut_by_headroom=cut,
+            retrieved_tokens=sum(b.length for b in retrieval.placed),
+            retrieved_stamps=[b.stamp for b in retrieval.placed],
+            evidence=retrieval.evidence,
+        )
+
+    def _answer_tokens(self, ids: Tensor, max_new: int, keep: bool, turn: AnswerTurn,
+                       retrieve: slice | None = None) -> tuple[list[int], Retrieval]:
+        """The answer's tokens and what was retrieved for it; `retrieve`: where the question's own words are, to
+        retrieve from the archive with (None: the cache alone)."""
+        # Room in the headroom for the question and the whole answer.
+        fits = self.cache.slots - self.cache.fill - ids.numel() >= max_new
+        closing = self._closing
+        retrieval = Retrieval()
+        if keep and fits:
+            # Answer as if not kept, then keep question and answer as one prompt: a cancelled answer
+            # leaves the memory as it was. What was retrieved for it is not kept: it is in the archive already.
+            tokens, retrieval = self._answer_tokens(ids, max_new, False, turn, retrieve)
+            kept = [t for t in tokens if t not in self._stop_ids]
+            prompt = torch.cat([ids, torch.tensor(kept, dtype=torch.long, device=ids.device)]
+                               + ([closing.to(ids.device)] if closing is not None else []))
+            self._push(self.adapter.text_prompt(prompt))
+            return tokens, retrieval
+        if keep:
+            logits = self._push(self.adapter.text_prompt(ids), last_logits=True)
+            try:
+                tokens = self._generate(logits, max_new, turn, keep=True)
+            except (StreamStoppedError, AnswerCancelledError):
+                # The question and the answer so far are in the memory: end the turn, so that it stays whole.
+                if closing is not None:
+                    self._push(self.adapter.text_prompt(closing))
+                raise
+            tail = [tokens[-1]] if tokens and tokens[-1] not in self._stop_ids else []
+            tail_ids = torch.tensor(tail, dtype=torch.long, device=ids.device)
+            if closing is not None:
+                tail_ids = torch.cat([tail_ids, closing])
+            if tail_ids.numel():
+                self._push(self.adapter.text_prompt(tail_ids))
+            return tokens, retrieval
+        room = self.cache.slots - self.cache.fill - ids.numel()
+        if room < 1:
+            raise ValueError(
+                f"question of {ids.numel()} tokens does not fit in the cache headroom "
+                f"({self.cache.slots - self.cache.fill} free slots); ask a shorter question or keep it in memory"
+            )
+        max_new = min(max_new, room)
+        snapshot = (self.cache.fill, self.cache.frontiers(), self.tokens_seen)
+        try:
+            if retrieve is not None:
+                retrieval = self.retriever.retrieve(ids, retrieve, min(self.config.retrieve_tokens, room - max_new),
+                                                    self.config.evidence)
+            logits = self._forward(self.adapter.text_prompt(ids), self.cache.next_position, evict=False,
+                                   pack=False, observe=False)
+            tokens = self._generate(logits, max_new, turn, keep=False)
+        finally:
+            self.cache.truncate(snapshot[0], snapshot[1])
+            self.tokens_seen = snapshot[2]
+        return tokens, retrieval
+
+    def _generate(self, logits: Tensor, max_new: int, turn: AnswerTurn, *, keep: bool) -> list[int]:
+        """Greedy decoding; the last token is returned but not pushed. An answer not kept in memory takes the
+        stream's static step where it has one (engine/decode_step.py): the same tokens, read back in groups."""
+        if not keep and self.static_decoder is not None:
+            reported = 0
+
+            def on_read(tokens: list[int]) -> None:
+                nonlocal reported
+                for n in range(reported + 1, len(tokens) + 1):
+                    turn.check()
+                    turn.report(tokens[:n])
+                reported = len(tokens)
+
+            turn.check()
+            return self.static_decoder.generate(logits, max_new, self._stop_ids, on_read)
+        tokens: list[int] = []
+        for step in range(max_new):
+            turn.check()
+            token = int(logits[-1].argmax())
+            tokens.append(token)
+            turn.report(tokens)
+            if token in self._stop_ids or step == max_new - 1:
+                break
+            prompt = self.adapter.text_prompt(torch.tensor([token], dtype=torch.long))
+            # A kept answer may outgrow the headroom: evict once the storage is about to fill up.
+            evict = keep and self.cache.fill + 2 > self.cache.slots
+            logits = self._forward(prompt, self.cache.next_position, evict=evict, pack=evict, observe=keep,
+                                   record=keep)
+        return tokens
 
 __all__ = ["DEFAULT_DESCRIPTION_PROMPT", "DEFAULT_SYSTEM_PROMPT", "MIN_CAPACITY", "REFERENCE_QUESTION", "Answer",
            "AnswerCancelledError", "CacheOverflowError", "KVStream", "StreamConfig", "StreamStats",

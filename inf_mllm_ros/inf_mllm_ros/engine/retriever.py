@@ -1,0 +1,193 @@
+"""The archive's side of a question: which archived blocks to place before it, where, and what it rests on.
+
+A question's own words are asked of the memory for their queries (a `QueryProbe`: the stream, which runs them
+over the cache and takes them away again); the archive's index scores every archived block with them on the
+model's retrieval heads, less the reference question's scores (engine/retrieval_index.py). The best blocks the
+cache no longer holds are placed after the cache's own, re-rotated to sit there, the best nearest the question;
+none where the cache holds a block the question points to about as much (its answer is the newer). The same
+scores give an answer's evidence (engine/evidence.py) and a recall's moments. Design and measurements:
+docs/archive.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Protocol
+
+import torch
+from torch import Tensor
+
+from .evidence import Evidence, ranked
+from .retrieval_index import RetrievalIndex, middle_layers
+from .rotary import shift_rotary
+
+if TYPE_CHECKING:
+    from .adapters import ModelAdapter
+    from .archive import ArchivedBlock, KVArchive
+    from .cache import BoundedKVCache
+
+# Scores the archive's blocks alongside each question, so that the blocks any question is drawn to give way
+# to those the question points to (engine/archive.py).
+REFERENCE_QUESTION = "What happened?"
+# Where a block the cache holds scores within this many standard deviations (of every block's score) of the
+# best archived one, the cache is taken to hold the answer, newer than the archive's, and nothing is
+# retrieved: placed nearer the question, an older fact of the same form (a value told again since) would
+# displace it (docs/archive.md).
+CACHE_ANSWERS_MARGIN = 0.35
+# A chat template's role name on a line of its own, as a decoded turn shows it.
+ROLE_LINE = re.compile(r"\n(?:user|assistant|system)\n")
+
+
+class QueryProbe(Protocol):
+    """What the retriever asks of the memory it serves (`KVStream`)."""
+
+    def question_ids(self, parts: tuple[str, str, str]) -> tuple[Tensor, slice]:
+        """A question turn's ids, and where its own words are among them."""
+
+    def content_queries(self, ids: Tensor, content: slice) -> tuple[Tensor, Tensor]:
+        """Every layer's queries of the question's own words, asked of the cache as it is, and their positions."""
+
+
+@dataclass
+class Retrieval:
+    """What one question got from the archive: the blocks placed before it (in placing order) and its evidence."""
+
+    placed: list = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
+
+
+def best_last(chosen: list) -> list:
+    """Blocks chosen best first (a long message's pieces after its best one) in the order they are placed:
+    each message's pieces together and in stream order, the best message last, nearest the question. The
+    model answers from the nearest of several facts of the same form: placed in stream order instead, 3 of
+    12 such facts were recalled where this order recalled 11 (docs/archive.md)."""
+    messages: dict[int, list] = {}
+    for block in chosen:
+        messages.setdefault(block.message, []).append(block)
+    return [b for pieces in reversed(messages.values()) for b in sorted(pieces, key=lambda b: b.first_seq)]
+
+
+class Retriever:
+    """Retrieval from one stream's archive into its cache.
+
+    archive, cache, adapter: the stream's. probe: asks the memory for a text's queries. find_heads: the model's
+    retrieval heads (engine/retrieval_heads.py; None where they cannot be found), asked at the first retrieval.
+    """
+
+    def __init__(self, archive: KVArchive, cache: BoundedKVCache, adapter: ModelAdapter, probe: QueryProbe,
+                 find_heads: Callable[[], Tensor | None]):
+        self.archive, self.cache, self.adapter, self.probe, self.find_heads = archive, cache, adapter, probe, find_heads
+
+    @functools.cached_property
+    def reference_question(self) -> tuple[Tensor, slice]:
+        return self.probe.question_ids(self.adapter.chat.question_parts(REFERENCE_QUESTION))
+
+    def retrieve(self, ids: Tensor, content: slice, budget: int, evidence: int) -> Retrieval:
+        """Place the archived blocks that the question (`ids`, its own words at `content`) scores best, up to
+        `budget` tokens, after the cache's own (the caller truncates the cache back afterwards); and its `evidence`
+        best inputs, held by the cache or not."""
+        archive = self.archive
+        if not archive.enabled or not archive.blocks or (budget <= 0 and evidence <= 0):
+            return Retrieval()
+        blocks = list(archive.blocks)
+        held = self.held(blocks)
+        candidates = [b for b, h in zip(blocks, held) if not h and b.length <= budget]
+        in_cache = [b for b, h in zip(blocks, held) if h]
+        if not candidates and (evidence <= 0 or not in_cache):
+            return Retrieval()
+        question = self.probe.content_queries(ids, content)
+        scored = candidates + in_cache
+        scores = self.index(question[0]).scores(question, scored)
+        out = Retrieval()
+        if evidence > 0:
+            out.evidence = ranked(scored, scores, [False] * len(candidates) + [True] * len(in_cache), self.quote,
+                                  evidence)
+        chosen = self._choose(candidates, scores[: len(candidates)], scores, budget)
+        if chosen:
+            out.placed = best_last(chosen)
+            self._place(out.placed)
+        return out
+
+    def _choose(self, candidates: list, archived: Tensor, scores: Tensor, budget: int) -> list:
+        """The candidates to place, best first, up to `budget` tokens; none where a block the cache holds scores
+        about as well as the best of them (`scores`: every block's, candidates first)."""
+        if not candidates:
+            return []
+        held_scores = scores[len(candidates) :]
+        if held_scores.numel() and held_scores.max() >= archived.max() - CACHE_ANSWERS_MARGIN * scores.std():
+            return []  # the cache holds an answer as good, and newer
+        # Best first; a piece of a long message brings the rest of it, nearest pieces first, as far as the
+        # budget goes (a fact cut between two blocks comes back whole).
+        pieces: dict[int, list] = {}
+        for block in candidates:
+            pieces.setdefault(block.message, []).append(block)
+        chosen, taken, used = [], set(), 0
+        for i in torch.argsort(archived, descending=True, stable=True).tolist():
+            block = candidates[i]
+            if block.index in taken or used + block.length > budget:
+                continue
+            for piece in sorted(pieces[block.message], key=lambda b: abs(b.first_seq - block.first_seq)):
+                if piece.index not in taken and used + piece.length <= budget:
+                    chosen.append(piece)
+                    taken.add(piece.index)
+                    used += piece.length
+            if budget - used < 1:
+                break
+        return chosen
+
+    def recall(self, ids: Tensor, content: slice, limit: int, since: float | None = None, until: float | None = None,
+               near: tuple[float, float, float] | None = None) -> list[Evidence]:
+        """The moments a text (`ids`, its words at `content`) points to most, best first: the archive's blocks (held
+        by the cache or not) stamped between `since` and `until` (stream time) and, with `near` (x, y, radius),
+        whose pose lies within the radius."""
+        blocks = [b for b in self.archive.blocks
+                  if (since is None or (b.stamp is not None and b.stamp >= since))
+                  and (until is None or (b.stamp is not None and b.stamp <= until))
+                  and (near is None or (b.pose is not None and b.pose.distance_to(near[0], near[1]) <= near[2]))]
+        if not blocks or not self.archive.enabled:
+            return []
+        question = self.probe.content_queries(ids, content)
+        scores = self.index(question[0]).scores(question, blocks)
+        return ranked(blocks, scores, self.held(blocks), self.quote, limit)
+
+    def held(self, blocks: list[ArchivedBlock]) -> list[bool]:
+        """Whether the cache still holds each archived block, whole, in every layer-head."""
+        first = torch.tensor([b.first_seq for b in blocks], dtype=torch.long)
+        end = torch.tensor([b.seq_end for b in blocks], dtype=torch.long)
+        return self.cache.holds(first, end).tolist()
+
+    def quote(self, block: ArchivedBlock) -> str:
+        """A text block's words as the model read them, the whole message where a long one was cut into pieces,
+        its time marker kept and the chat template's role names taken out."""
+        pieces = sorted((b for b in self.archive.blocks if b.message == block.message), key=lambda b: b.first_seq)
+        ids = [t for piece in pieces or [block] for t in self.archive.block_token_ids(piece) if t >= 0]
+        return " ".join(ROLE_LINE.sub("\n", "\n" + self.adapter.decode(ids)).split())
+
+    def index(self, queries: Tensor) -> RetrievalIndex:
+        """The archive's index, made at the memory's first retrieval: on the model's retrieval heads (every head of
+        the middle half of the layers where they cannot be found), with the reference question asked of the
+        memory as it is then."""
+        if self.archive.index is None:
+            heads = self.find_heads()
+            if heads is None:
+                heads = middle_layers(*queries.shape[:2])
+            self.archive.build_index(heads, self.probe.content_queries(*self.reference_question), queries.device)
+        return self.archive.index
+
+    def _place(self, chosen: list) -> None:
+        """Splice archived blocks after the cache's, in the order given, each re-rotated to sit there."""
+        archive = self.archive
+        parts, base = [], self.cache.next_position
+        for block in chosen:
+            keys, values, rel_start, rel_end = archive.block_tensors(block)
+            parts.append((keys, values, rel_start + base, rel_end + base, torch.full((block.length,), base),
+                          torch.arange(block.first_seq, block.seq_end), torch.full((block.length,), block.frame)))
+            base += block.extent
+        keys, values, start, end, shift, seq, frame = (torch.cat(t, dim=2 if i < 2 else 0)
+                                                       for i, t in enumerate(zip(*parts)))
+        layers, heads = keys.shape[:2]
+        # Each block's keys sit as if it began at 0: one uniform rotation puts it at its place.
+        keys = shift_rotary(keys.flatten(0, 1), shift[None].expand(layers * heads, -1), archive.inv_freq)
+        self.cache.splice(keys.view(layers, heads, *keys.shape[1:]), values, start, end, seq, frame)
