@@ -76,7 +76,8 @@ FACTS = {"tuning": "A", "report": "B"}
 
 
 def run_stream(adapter, paras, args, policy: str, cache: int, trial: int) -> list[dict]:
-    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.stream_config import StreamConfig
 
     rng = random.Random(f"{args.set}-{trial}-{args.facts_at_once}")
     facts = fact_set(FACTS[args.set], rng, args.facts_at_once)
@@ -157,7 +158,8 @@ def latency(args) -> None:
     import torch
 
     from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.stream_config import StreamConfig
 
     torch.set_num_threads(args.threads)
     adapter = load_model(args.model, device=args.device, dtype=args.dtype)
@@ -212,7 +214,8 @@ def latency(args) -> None:
 def ingest_times(adapter, paras: list[str], chunks: int = 48) -> dict:
     """Milliseconds per 64-token chunk once the cache is full, the archive on (shipped) and off, in turns on
     the same text: what recording every block costs (on a GPU, a copy to host memory per chunk)."""
-    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.stream_config import StreamConfig
 
     ids = adapter.tokenize("\n\n".join(paras))
     streams = {archive: KVStream(adapter, StreamConfig(chunk_size=64, system_prompt="",
@@ -242,7 +245,8 @@ def perplexity(args) -> None:
     import torch.nn.functional as F
 
     from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.stream_config import StreamConfig
 
     torch.set_num_threads(args.threads)
     adapter = load_model(args.model, device="cpu", dtype="float32")

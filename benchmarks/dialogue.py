@@ -68,7 +68,8 @@ def run_one(args) -> list[dict]:
     import torch
 
     from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.stream_config import StreamConfig
 
     torch.set_num_threads(args.threads)
     adapter = load_model(args.model, device="cpu", dtype="float32")

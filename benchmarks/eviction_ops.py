@@ -73,7 +73,8 @@ def main() -> None:
 
     from inf_mllm_ros.engine.loading import load_model
     from inf_mllm_ros.engine.policies import POLICIES
-    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.stream_config import StreamConfig
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2")

@@ -43,7 +43,7 @@ def model_folder(name: str, dtype: str) -> str:
     """Build the benchmark's random-weight model once into the engine's model cache; reuse it after."""
     import torch
 
-    from inf_mllm_ros.engine.loading import home
+    from inf_mllm_ros.engine.embedded_models import home
     from inf_mllm_ros.testing.random_models import build_model_folder
 
     if MODEL_CONFIGS[name] is None:
@@ -80,7 +80,8 @@ def run_one(args) -> list[dict]:
     import torch
 
     from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.stream_config import StreamConfig
 
     if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
         torch.set_num_threads(args.threads)

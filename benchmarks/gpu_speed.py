@@ -59,7 +59,8 @@ def filled_stream(adapter, tokens: int, **config):
     """A stream past `tokens` tokens of random ids in 64-token chunks (the cache full and evicting)."""
     import torch
 
-    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.stream_config import StreamConfig
 
     stream = KVStream(adapter, StreamConfig(**config))
     stream.push_text("The access code of the blue cabinet is 4417.")

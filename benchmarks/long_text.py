@@ -53,7 +53,8 @@ def run_one(args) -> list[dict]:
     import torch.nn.functional as F
 
     from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.stream_config import StreamConfig
 
     torch.manual_seed(0)
     adapter = load_model(args.model, device=args.device, dtype=args.dtype)

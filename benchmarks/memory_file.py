@@ -31,7 +31,8 @@ def checkpoint(args) -> None:
 
     from inf_mllm_ros.engine.loading import load_model
     from inf_mllm_ros.engine.memory_file import model_fingerprint, save_memory
-    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.stream_config import StreamConfig
 
     torch.set_num_threads(2)
     adapter = load_model(args.model, device="cpu", dtype=args.dtype)
@@ -64,7 +65,8 @@ def main() -> None:
 
     from inf_mllm_ros.engine.loading import load_model
     from inf_mllm_ros.engine.memory_file import load_memory, model_fingerprint, save_memory
-    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.stream_config import StreamConfig
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2")

@@ -97,7 +97,8 @@ def value_kept(stream, positions: list[int]) -> float:
 
 def run_one(args) -> list[dict]:
     from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.stream_config import StreamConfig
 
     import torch
 

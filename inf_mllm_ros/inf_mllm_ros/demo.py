@@ -40,7 +40,8 @@ def shift_log(events: int, seed: int = 0):
 
 def main(argv: list[str] | None = None) -> None:
     from .engine.loading import load_model
-    from .engine.stream import KVStream, StreamConfig
+    from .engine.stream import KVStream
+    from .engine.stream_config import StreamConfig
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="model folder or embedded model (smollm2: the small text model)")

@@ -14,10 +14,11 @@ A thin lifecycle node over `StreamingEngine`, which runs the model on its own wo
 - on SIGINT or SIGTERM the node stops the model, saves the memory and answers every caller still
   waiting ("node is shutting down") before it leaves the graph.
 
-The node is assembled from parts, one module each: node_parameters.py (declaring, checking and applying
-parameters), node_inputs.py (frames, texts, the outbox of engine reports, descriptions), node_services.py
-(the services and the action) and node_health.py (`~/cache_stats`, `/diagnostics`); this module holds the
-lifecycle and the process's main. The node uses the engine through `EngineLike` (engine_interface.py).
+The node owns its parts, one module each: node_inputs.py (`Inputs`: frames, texts, the outbox of engine
+reports, descriptions), node_services.py (`Services`: the services and the action) and node_health.py (`Health`:
+`~/cache_stats`, `/diagnostics`); node_parameters.py declares and checks the parameters. This module wires them,
+holds the lifecycle, applies a parameter change to whatever reads it, and has the process's main. The node
+uses the engine through `EngineLike` (engine_interface.py).
 
 Runnable as `ros2 run inf_mllm_ros inf_mllm_node`.
 """
@@ -30,29 +31,29 @@ import time
 from typing import Callable
 
 import rclpy
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.exceptions import ParameterException
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.logging import get_logger
 from rclpy.signals import SignalHandlerOptions
 
-from inf_mllm_interfaces.msg import CacheStats, Description
-
 from .engine.engine import EngineNotReadyError, StreamingEngine
 from .engine_interface import EngineLike
 from .input_rules import StreamClock
-from .node_health import STATS_QOS, NodeHealth
-from .node_inputs import LATCHED_QOS, NodeInputs
-from .node_parameters import NodeParameters
-from .node_services import NodeServices
-from .settings import PARAMETERS, frame_period, load_settings, model_threads, stream_config
+from .node_health import Health, NodeCounters
+from .node_inputs import Inputs
+from .node_parameters import change_problem, declare_parameters
+from .node_services import Services
+from .settings import (BY_NAME, PARAMETERS, frame_period, live_engine_changes, load_settings, model_threads,
+                       stream_config)
 
 NODE_NAME = "inf_mllm"
 # Seconds a shutdown or cleanup waits for the model: it stops within one block or token, then saves.
 ENGINE_CLOSE_TIMEOUT = 30.0
 
 
-class InfMLLMNode(NodeParameters, NodeInputs, NodeServices, NodeHealth, LifecycleNode):
+class InfMLLMNode(LifecycleNode):
     """Camera and text into one bounded memory; questions answered from it. A lifecycle node:
 
     - unconfigured: parameters and services only; a question is answered "not configured";
@@ -63,34 +64,78 @@ class InfMLLMNode(NodeParameters, NodeInputs, NodeServices, NodeHealth, Lifecycl
     - cleanup: saves the memory and frees the model.
 
     engine_factory builds the engine from the parameters (StreamingEngine's signature); tests may
-    pass their own. The class assembles its parts (parameters, inputs, services, health: one module
-    each) and holds the lifecycle and the state they share.
+    pass their own. The node owns its parts (`inputs`, `service_handlers`, `health`) and the state they read: `engine`,
+    `active`, `stopping`, `autostarting`, `lifecycle_state`, `param`; the counters they write are `counters`.
     """
 
     def __init__(self, node_name: str = NODE_NAME, *, engine_factory: Callable[..., EngineLike] = StreamingEngine,
                  **kwargs):
         super().__init__(node_name, **kwargs)
-        self._declare_parameters()
+        declare_parameters(self)
         self._engine_factory = engine_factory
         self.engine: EngineLike | None = None
-        self._active = False
-        self._lifecycle_state = "unconfigured"  # as the lifecycle names it; /diagnostics reports it
+        self.active = False
+        self.lifecycle_state = "unconfigured"  # as the lifecycle names it; /diagnostics reports it
         # Set while autostart configures and activates: callers then hear "model is still loading".
-        self.autostarting = bool(self.get_parameter("autostart").value)
-        self._lock = threading.Lock()  # the counters of the parts, written from several threads
-        self._stopping = threading.Event()  # set at shutdown: queries are answered "node is shutting down"
+        self.autostarting = bool(self.param("autostart"))
+        self.stopping = threading.Event()  # set at shutdown: queries are answered "node is shutting down"
         self._periodic: dict[str, object] = {}  # the description and stats timers (see _set_timer)
-        self._stats_pub = self._description_pub = None  # from configure to cleanup
-        self._last_error = ""
-        self._init_inputs()
-        self._init_health()
-        self._init_services()
+        self.counters = NodeCounters()
+        self.health = Health(self, self.counters)
+        self.inputs = Inputs(self, self.counters, self.health.publish_stats)
+        self.service_handlers = Services(self, self.counters, self.inputs)
         self.add_on_set_parameters_callback(self._on_set_parameters)
+
+    def param(self, name: str):
+        return self.get_parameter(name).value
+
+    @property
+    def services_busy(self) -> int:
+        """Service and action callbacks running now (each has a caller waiting for its response)."""
+        return self.service_handlers.services_busy
+
+    # --- parameters -----------------------------------------------------------------------------------------
+    def _on_set_parameters(self, params) -> SetParametersResult:
+        problem = change_problem(params, self.param("eviction_policy"))
+        if problem:
+            return SetParametersResult(successful=False, reason=problem)
+        # Before configure the parameter alone changes: configure reads it. After, the engine takes its part of
+        # the change in one call, checked whole, and applies it between two jobs.
+        if self.engine is not None:
+            change = live_engine_changes({p.name: p.value for p in params})
+            if change:
+                try:
+                    self.engine.update_settings(**change)
+                except ValueError as exc:
+                    return SetParametersResult(successful=False, reason=str(exc))
+        for p in params:
+            if p.name == "frame_rate":
+                self.inputs.frame_gate.rate = p.value
+            elif p.name == "description_period" and self.active:
+                self._set_timer("description", p.value)
+            elif p.name == "stats_period" and self.health.stats_open:
+                self._set_timer("stats", p.value)
+            elif p.name == "diagnostics_period":
+                self.health.set_diagnostics_period(p.value)
+            if p.name in BY_NAME:
+                self.get_logger().info(f"{p.name} set to {p.value!r}")
+        return SetParametersResult(successful=True)
+
+    def _set_timer(self, name: str, period: float) -> None:
+        """(Re)create a periodic timer of `period` seconds; 0: none."""
+        old = self._periodic.pop(name, None)
+        if old is not None:
+            self.destroy_timer(old)
+        if name == "description":
+            self.inputs.description_error = None  # a failure is news only while descriptions run
+        if period > 0.0:
+            callback = {"description": self.inputs.on_description_timer, "stats": self.health.publish_stats}[name]
+            self._periodic[name] = self.create_timer(period, callback)
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     def _transition(self, result: TransitionCallbackReturn, success: str, failure: str) -> TransitionCallbackReturn:
         """Remember the lifecycle state a transition leads to (what /diagnostics reports), and pass its result on."""
-        self._lifecycle_state = success if result == TransitionCallbackReturn.SUCCESS else failure
+        self.lifecycle_state = success if result == TransitionCallbackReturn.SUCCESS else failure
         return result
 
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -107,7 +152,7 @@ class InfMLLMNode(NodeParameters, NodeInputs, NodeServices, NodeHealth, Lifecycl
         return self._transition(result, "unconfigured", "inactive")
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stopping.set()
+        self.stopping.set()
         self._release()
         return self._transition(TransitionCallbackReturn.SUCCESS, "finalized", "finalized")
 
@@ -118,42 +163,42 @@ class InfMLLMNode(NodeParameters, NodeInputs, NodeServices, NodeHealth, Lifecycl
     def _configure(self) -> TransitionCallbackReturn:
         if not self._release():  # what a failed configure or cleanup left
             return TransitionCallbackReturn.FAILURE
-        self._stats_pub = self.create_publisher(CacheStats, "~/cache_stats", STATS_QOS)
-        self._description_pub = self.create_publisher(Description, "~/description", LATCHED_QOS)
-        self._set_timer("stats", self._param("stats_period"))
+        self.health.open_stats()
+        self.inputs.open_descriptions()
+        self._set_timer("stats", self.param("stats_period"))
         try:
-            values = {p.name: self._param(p.name) for p in PARAMETERS}
+            values = {p.name: self.param(p.name) for p in PARAMETERS}
             config = stream_config(values)
             self.get_logger().info(
-                f"loading model {self._param('model')!r} (cache {config.capacity} tokens, policy {config.policy}"
+                f"loading model {self.param('model')!r} (cache {config.capacity} tokens, policy {config.policy}"
                 + "".join(f", {k} {v}" for k, v in config.policy_settings.items()) + ")")
             started = time.monotonic()
             self.engine = self._engine_factory(
-                self._param("model"), config, **load_settings(values),
-                max_pending_texts=self._param("max_pending_texts"),
-                max_pending_queries=self._param("max_pending_queries"),
-                on_ingested=lambda kind: self._post("ingested", kind),
-                memory_file=self._param("memory_file") or None,
-                checkpoint_period=self._param("checkpoint_period"),
-                frame_period=frame_period(self._param("frame_rate")),
+                self.param("model"), config, **load_settings(values),
+                max_pending_texts=self.param("max_pending_texts"),
+                max_pending_queries=self.param("max_pending_queries"),
+                on_ingested=lambda kind: self.inputs.post("ingested", kind),
+                memory_file=self.param("memory_file") or None,
+                checkpoint_period=self.param("checkpoint_period"),
+                frame_period=frame_period(self.param("frame_rate")),
                 torch_threads=model_threads(values),
             )
         except Exception as exc:  # rclpy would swallow it: say why here
-            self._last_error = f"configure failed: {type(exc).__name__}: {exc}"
-            self.get_logger().error(self._last_error)
-            self._publish_stats()
+            self._say_error(f"configure failed: {type(exc).__name__}: {exc}")
+            self.get_logger().error(self.counters.last_error)
+            self.health.publish_stats()
             return TransitionCallbackReturn.FAILURE
-        self._publish_stats()
+        self.health.publish_stats()
         # The engine signals readiness; meanwhile the services answer "model is still loading".
         try:
             self.engine.wait_ready()
         except EngineNotReadyError as exc:
-            self._last_error = str(exc)
+            self._say_error(str(exc))
             self.get_logger().error(f"{exc}; configure failed (queries answer success=false with this reason)")
-            self._publish_stats()
+            self.health.publish_stats()
             return TransitionCallbackReturn.FAILURE
         # Times go on from a restored memory's clock: its first input was stream time 0.
-        self._stream_clock = StreamClock(self.engine.time_origin)
+        self.inputs.stream_clock = StreamClock(self.engine.time_origin)
         self._report_ready(time.monotonic() - started)
         return TransitionCallbackReturn.SUCCESS
 
@@ -166,27 +211,27 @@ class InfMLLMNode(NodeParameters, NodeInputs, NodeServices, NodeHealth, Lifecycl
         notice = adapter.notice if adapter is not None else ""
         if notice:  # the embedded default: say plainly that its frame descriptions mean nothing
             self.get_logger().warning(notice)
-        self._publish_stats()
+        self.health.publish_stats()
 
     def _activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         if self.engine is not None and self.engine.closed:  # kept by a cleanup that failed: it takes no more input
             self.get_logger().error("cannot activate: the model is closed (a cleanup is pending); clean up first")
             return TransitionCallbackReturn.FAILURE
-        self._subscribe_inputs()
-        self._set_timer("description", self._param("description_period"))
-        self._active = True
+        self.inputs.subscribe()
+        self._set_timer("description", self.param("description_period"))
+        self.active = True
         self.get_logger().info("active: taking camera frames and texts")
-        self._publish_stats()
+        self.health.publish_stats()
         return super().on_activate(state)
 
     def _deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._active = False
-        self._unsubscribe_inputs()
+        self.active = False
+        self.inputs.unsubscribe()
         self._set_timer("description", 0.0)
-        self._publish_stats()
+        self.health.publish_stats()
         if self.engine is not None and self.engine.memory_file is not None:
             try:
-                info = self.engine.submit_save().result(timeout=self._param("query_timeout"))
+                info = self.engine.submit_save().result(timeout=self.param("query_timeout"))
                 self.get_logger().info(f"inactive; memory saved to {info.path} ({info.fill} tokens held)")
             except Exception as exc:
                 self.get_logger().error(f"inactive; saving the memory failed: {exc}")
@@ -199,25 +244,23 @@ class InfMLLMNode(NodeParameters, NodeInputs, NodeServices, NodeHealth, Lifecycl
         if the model is still busy after ENGINE_CLOSE_TIMEOUT: the engine is then kept, closed, so that no
         new one loads the memory file while this one may still save it (a later configure or cleanup tries
         again)."""
-        self._active = False
-        self._unsubscribe_inputs()
+        self.active = False
+        self.inputs.unsubscribe()
         for name in list(self._periodic):
             self._set_timer(name, 0.0)
         if self.engine is not None:
             if not self._close_engine():
                 return False
             self.engine = None
-        for pub in (self._stats_pub, self._description_pub):
-            if pub is not None:
-                self.destroy_publisher(pub)
-        self._stats_pub = self._description_pub = None
+        self.health.close_stats()
+        self.inputs.close_descriptions()
         return True
 
     @property
     def executor_threads(self) -> int:
         # The running query and every waiting one hold a thread, a reset and a save may hold one more each, and
         # two keep topics, timers and quick refusals going.
-        return self._param("max_pending_queries") + 5
+        return self.param("max_pending_queries") + 5
 
     def close(self) -> None:
         """Refuse new queries and stop the model: every caller still waiting is answered "node is shutting down".
@@ -225,15 +268,19 @@ class InfMLLMNode(NodeParameters, NodeInputs, NodeServices, NodeHealth, Lifecycl
         The engine fails what waits and stops its current answer at the next token; this waits for that, so
         that the process never exits while the worker thread is inside the model.
         """
-        self._stopping.set()
+        self.stopping.set()
         if self.engine is not None:
             self._close_engine()
 
     def destroy_node(self) -> None:
-        server = getattr(self, "_ask_server", None)  # absent if the constructor failed before it
-        if server is not None:
-            server.destroy()
+        services = getattr(self, "service_handlers", None)  # absent if the constructor failed before it
+        if services is not None:
+            services.destroy()
         super().destroy_node()
+
+    def _say_error(self, message: str) -> None:
+        with self.counters.lock:
+            self.counters.last_error = message
 
     def _close_engine(self) -> bool:
         """Close the engine; whether its worker has ended (it stops within a block or a token, then saves)."""

@@ -1,6 +1,6 @@
 """The node's inputs, and what the engine reports back about them: camera frames and texts in, descriptions out.
 
-`NodeInputs` is a part of `InfMLLMNode` (node.py). Subscription callbacks only judge, convert and hand a
+`Inputs` is a part the node (node.py) owns. Subscription callbacks only judge, convert and hand a
 message to the engine, never waiting for the model: `frame_rate` is applied before decoding (FrameGate),
 texts are refused with a reason before they reach the engine (input_rules), and each refused input is
 counted and logged once per kind. Whatever the engine reports from its worker thread (an input done, a
@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import queue
 from concurrent.futures import Future
+from typing import Callable
 
 from builtin_interfaces.msg import Time
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -25,6 +26,7 @@ from .engine.adapters import FramesNotSupportedError
 from .engine.engine import EngineBusyError, EngineNotReadyError, FrameDroppedError
 from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
 from .input_rules import FrameGate, StreamClock, stamp_seconds, text_refusal
+from .node_health import NodeCounters
 from .node_poses import PoseInput
 
 # Camera: newest frame only. Text: reliable, never dropped by the middleware.
@@ -36,138 +38,150 @@ LATCHED_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=R
                          durability=DurabilityPolicy.TRANSIENT_LOCAL)
 
 
-class NodeInputs:
+class Inputs:
     """Frame gating, the text subscriptions, refused inputs, stream time, the outbox of engine reports and
     the periodic description.
 
-    A mixin of `InfMLLMNode`: it uses the node's `engine`, `_lock`, `_stopping`, `_last_error`,
-    `_description_pub`, `_param` and `_publish_stats`.
+    node: the node it takes input for (its `engine`, `stopping`, `param`, logger and clock). counters: the node's.
+    publish_stats: called after every input the node is done with (a lockstep player waits on it).
     """
 
-    def _init_inputs(self) -> None:
-        """The inputs' counters and bookkeeping, and the guard condition that drains the outbox."""
-        self._inputs_rejected = 0
-        self._frames_dropped = 0  # held back by frame_rate
+    def __init__(self, node, counters: NodeCounters, publish_stats: Callable[[], None]):
+        self.node, self.counters, self.publish_stats = node, counters, publish_stats
         self._kinds_logged: set[str] = set()
-        self._stream_clock = StreamClock()  # the model sees times since the first input
-        self._frame_gate = FrameGate(self.get_parameter("frame_rate").value)
+        self.stream_clock = StreamClock()  # the model sees times since the first input
+        self.frame_gate = FrameGate(node.param("frame_rate"))
         self._frame_id = ""
         self._inputs_done = 0  # bumped per ingested input and reset, so descriptions skip an unchanged memory
         self._described_at = -1
-        self._description_error: str | None = None
+        self.description_error: str | None = None  # the last description's failure, until one succeeds
         self._describing = False
+        self._description_pub = None  # from configure to cleanup
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._input_subscriptions: list = []
-        # What each kind of report in the outbox is handed to (see _post).
+        self.subscriptions: list = []
+        # What each kind of report in the outbox is handed to (see post).
         self._report_handlers = {
             "ingested": self._handle_ingested,
             "frame_done": self._handle_frame_done,
             "text_done": self._handle_text_done,
-            "described": self._handle_described,
+            "described": self.handle_described,
         }
-        self._wake = self.create_guard_condition(self._drain_outbox)
-        self._poses = PoseInput(self, self.get_parameter("pose_topic").value, self.get_parameter("pose_frame").value,
-                                self.get_parameter("pose_tolerance").value, self._reject)
+        self._wake = node.create_guard_condition(self._drain_outbox)
+        self.poses = PoseInput(node, node.param("pose_topic"), node.param("pose_frame"), node.param("pose_tolerance"),
+                               self.reject)
 
-    def _subscribe_inputs(self) -> None:
-        self._input_subscriptions = [
-            self.create_subscription(Image, "image", lambda m: self._offer_frame(m, image_msg_to_rgb, "image"),
+    def open_descriptions(self) -> None:
+        if self._description_pub is None:
+            self._description_pub = self.node.create_publisher(Description, "~/description", LATCHED_QOS)
+
+    def close_descriptions(self) -> None:
+        if self._description_pub is not None:
+            self.node.destroy_publisher(self._description_pub)
+        self._description_pub = None
+
+    def subscribe(self) -> None:
+        node = self.node
+        self.subscriptions = [
+            node.create_subscription(Image, "image", lambda m: self._offer_frame(m, image_msg_to_rgb, "image"),
                                      IMAGE_QOS),
-            self.create_subscription(CompressedImage, "image/compressed",
+            node.create_subscription(CompressedImage, "image/compressed",
                                      lambda m: self._offer_frame(m, self._decode_compressed, "compressed"), IMAGE_QOS),
-            self.create_subscription(String, "text", self._on_text, TEXT_QOS),
+            node.create_subscription(String, "text", self._on_text, TEXT_QOS),
             # What the robot must not forget (a task, a code, a rule): kept ahead of what attention chooses.
-            self.create_subscription(String, "text/pinned", lambda m: self._on_text(m, pin=True), TEXT_QOS),
+            node.create_subscription(String, "text/pinned", lambda m: self._on_text(m, pin=True), TEXT_QOS),
         ]
-        self._poses.start()
+        self.poses.start()
 
-    def _unsubscribe_inputs(self) -> None:
-        for sub in self._input_subscriptions:
-            self.destroy_subscription(sub)
-        self._input_subscriptions = []
-        self._poses.stop()
+    def unsubscribe(self) -> None:
+        for sub in self.subscriptions:
+            self.node.destroy_subscription(sub)
+        self.subscriptions = []
+        self.poses.stop()
 
     # --- input -------------------------------------------------------------------------------------------
     def _offer_frame(self, msg, convert, source: str) -> None:
         # frame_rate is judged by the frame's time before decoding, so a frame held back costs nothing.
-        seconds = stamp_seconds(msg.header.stamp, self.get_clock().now().nanoseconds)
-        with self._lock:
-            admitted = self._frame_gate.admit(seconds)
+        seconds = stamp_seconds(msg.header.stamp, self.node.get_clock().now().nanoseconds)
+        with self.counters.lock:
+            admitted = self.frame_gate.admit(seconds)
             if not admitted:
-                self._frames_dropped += 1
+                self.counters.frames_dropped += 1
         if admitted:
             self._ingest_frame(msg, convert, source)
         else:
-            self._publish_stats()  # as for a frame the model had no time for: a lockstep replay waits on it
+            self.publish_stats()  # as for a frame the model had no time for: a lockstep replay waits on it
 
     def _decode_compressed(self, msg):
-        return compressed_msg_to_rgb(msg, max_pixels=self._param("max_decoded_pixels"))
+        return compressed_msg_to_rgb(msg, max_pixels=self.node.param("max_decoded_pixels"))
 
     def _ingest_frame(self, msg, convert, source: str) -> None:
         try:
             rgb = convert(msg)
         except ImageConversionError as exc:
-            self._reject(f"{source}_{exc.kind}", f"{source} message refused: {exc}")
+            self.reject(f"{source}_{exc.kind}", f"{source} message refused: {exc}")
             return
         self._frame_id = msg.header.frame_id
-        pose = self._poses.at(stamp_seconds(msg.header.stamp, self.get_clock().now().nanoseconds))
+        pose = self.poses.at(stamp_seconds(msg.header.stamp, self.node.get_clock().now().nanoseconds))
         try:
-            future = self.engine.submit_frame(rgb, self._stream_time(msg.header.stamp), pose=pose)
+            future = self.node.engine.submit_frame(rgb, self._stream_time(msg.header.stamp), pose=pose)
         except EngineNotReadyError as exc:
-            self._reject("engine_closed", f"frame refused: {exc}")
+            self.reject("engine_closed", f"frame refused: {exc}")
             return
-        future.add_done_callback(lambda f: self._post("frame_done", f))
+        future.add_done_callback(lambda f: self.post("frame_done", f))
 
     def _on_text(self, msg: String, pin: bool = False) -> None:
         text = msg.data
-        refusal = text_refusal(text, self._param("max_text_chars"))
+        refusal = text_refusal(text, self.node.param("max_text_chars"))
         if refusal is not None:
-            self._reject(*refusal)
+            self.reject(*refusal)
             return
-        pose = self._poses.at(stamp_seconds(None, self.get_clock().now().nanoseconds))
+        pose = self.poses.at(stamp_seconds(None, self.node.get_clock().now().nanoseconds))
+        engine = self.node.engine
         try:
-            future = self.engine.submit_text(text, self._stream_time(None), pin=pin, pose=pose)
+            future = engine.submit_text(text, self._stream_time(None), pin=pin, pose=pose)
         except EngineNotReadyError as exc:
-            self._reject("engine_closed", f"text refused: {exc}")
+            self.reject("engine_closed", f"text refused: {exc}")
             return
         if future.done() and isinstance(future.exception(), EngineBusyError):
-            with self._lock:
-                self._inputs_rejected += 1
-            self.get_logger().warning(
-                f"{future.exception()} (refused so far: {self.engine.counters.texts_refused}); "
+            with self.counters.lock:
+                self.counters.inputs_rejected += 1
+            self.node.get_logger().warning(
+                f"{future.exception()} (refused so far: {engine.counters.texts_refused}); "
                 "the model cannot keep up with the text topic", throttle_duration_sec=2.0)
-            self._publish_stats()
+            self.publish_stats()
             return
-        future.add_done_callback(lambda f: self._post("text_done", f))
+        future.add_done_callback(lambda f: self.post("text_done", f))
 
-    def _reject(self, kind: str, message: str) -> None:
+    def reject(self, kind: str, message: str) -> None:
         """Count a refused input; log the first of each kind only, so a bad stream cannot flood the log."""
-        with self._lock:
-            self._inputs_rejected += 1
+        with self.counters.lock:
+            self.counters.inputs_rejected += 1
             first = kind not in self._kinds_logged
             self._kinds_logged.add(kind)
-            self._last_error = message
+            self.counters.last_error = message
         if first:
-            self.get_logger().warning(f"{message} [further '{kind}' inputs are counted in ~/cache_stats, not logged]")
+            self.node.get_logger().warning(
+                f"{message} [further '{kind}' inputs are counted in ~/cache_stats, not logged]")
         # After every input the node is done with, so a lockstep player can move on.
-        self._publish_stats()
+        self.publish_stats()
 
     def _stream_time(self, stamp) -> float:
         """Seconds since the first input (of the memory, across restarts); a zero stamp means now."""
-        seconds = self._stream_clock(stamp, self.get_clock().now().nanoseconds)
-        if self.engine.time_origin is None:  # the first input: the memory keeps its clock from now on
-            self.engine.time_origin = self._stream_clock.origin
+        seconds = self.stream_clock(stamp, self.node.get_clock().now().nanoseconds)
+        engine = self.node.engine
+        if engine.time_origin is None:  # the first input: the memory keeps its clock from now on
+            engine.time_origin = self.stream_clock.origin
         return seconds
 
-    def _ros_time(self, stream_time: float | None) -> Time:
-        if stream_time is None or self._stream_clock.origin is None:
+    def ros_time(self, stream_time: float | None) -> Time:
+        if stream_time is None or self.stream_clock.origin is None:
             return Time()
-        seconds = self._stream_clock.origin + stream_time
+        seconds = self.stream_clock.origin + stream_time
         sec = math.floor(seconds)
         return Time(sec=int(sec), nanosec=min(int(round((seconds - sec) * 1e9)), 999_999_999))
 
     # --- reports from the engine's threads, handled on the executor ----------------------------------------
-    def _post(self, kind: str, payload) -> None:
+    def post(self, kind: str, payload) -> None:
         self._outbox.put((kind, payload))
         try:
             self._wake.trigger()
@@ -184,57 +198,59 @@ class NodeInputs:
 
     def _handle_ingested(self, _kind: str) -> None:
         self._inputs_done += 1
-        self._publish_stats()
+        self.publish_stats()
 
     def _handle_frame_done(self, future: Future) -> None:
         exc = future.exception()
         if exc is None:
             return
         if isinstance(exc, FrameDroppedError):
-            self._publish_stats()
+            self.publish_stats()
         elif isinstance(exc, FramesNotSupportedError):
-            self._reject("frames_not_supported", f"{exc}; frames are counted as rejected. Set 'model' to a "
+            self.reject("frames_not_supported", f"{exc}; frames are counted as rejected. Set 'model' to a "
                                                  "vision-language model to use the camera")
         else:
-            self._reject(f"frame_{type(exc).__name__}", f"frame failed in the model: {exc}")
+            self.reject(f"frame_{type(exc).__name__}", f"frame failed in the model: {exc}")
 
     def _handle_text_done(self, future: Future) -> None:
         exc = future.exception()
         if exc is not None:
-            self._reject(f"text_{type(exc).__name__}", f"text failed in the model: {exc}")
+            self.reject(f"text_{type(exc).__name__}", f"text failed in the model: {exc}")
 
-    def _handle_described(self, future: Future) -> None:
+    def handle_described(self, future: Future) -> None:
         self._describing = False
         exc = future.exception()
         if exc is not None:
             if not isinstance(exc, (EngineBusyError, EngineNotReadyError)):
-                self._description_error = str(exc)  # in /diagnostics until one succeeds
-                self.get_logger().warning(f"description failed: {exc}", throttle_duration_sec=60.0)
+                self.description_error = str(exc)  # in /diagnostics until one succeeds
+                self.node.get_logger().warning(f"description failed: {exc}", throttle_duration_sec=60.0)
             return
-        self._description_error = None
+        self.description_error = None
         answer = future.result()
         msg = Description(text=answer.text, cache_fill=answer.cache_fill, generation_time=answer.latency)
-        msg.header.stamp = self._ros_time(answer.newest_frame_stamp)
+        msg.header.stamp = self.ros_time(answer.newest_frame_stamp)
         msg.header.frame_id = self._frame_id
-        stats = self.engine.stats() if self.engine is not None else None
+        engine = self.node.engine
+        stats = engine.stats() if engine is not None else None
         msg.frames_seen = stats.frames_ingested if stats is not None else 0
         if self._description_pub is not None:
             self._description_pub.publish(msg)
 
     # --- periodic output ---------------------------------------------------------------------------------
-    def _on_description_timer(self) -> None:
+    def on_description_timer(self) -> None:
         # One description at a time, and none while nothing new has come in.
-        if (self._describing or self._stopping.is_set() or not self.engine.ready.is_set()
+        node, engine = self.node, self.node.engine
+        if (self._describing or node.stopping.is_set() or not engine.ready.is_set()
                 or self._inputs_done == self._described_at):
             return
-        stats = self.engine.stats()
+        stats = engine.stats()
         if stats is None or stats.tokens_seen == 0:
             return
         self._described_at = self._inputs_done
         try:
-            future = self.engine.submit_describe(self._param("description_prompt") or None,
-                                                 max_new_tokens=self._param("max_new_tokens"))
+            future = engine.submit_describe(node.param("description_prompt") or None,
+                                            max_new_tokens=node.param("max_new_tokens"))
         except EngineNotReadyError:  # closed under the timer
             return
         self._describing = True
-        future.add_done_callback(lambda f: self._post("described", f))
+        future.add_done_callback(lambda f: self.post("described", f))

@@ -1,6 +1,6 @@
 """The node's services and action: `~/query`, `~/recall`, `~/reset`, `~/save_memory` and `~/ask`.
 
-`NodeServices` is a part of `InfMLLMNode` (node.py). The services exist in every lifecycle state, so a
+`Services` is a part the node (node.py) owns. The services exist in every lifecycle state, so a
 caller always hears why not instead of nothing, and they run in a reentrant callback group and wait for
 the engine there, so a multi-threaded executor keeps serving topics, timers and parameters while the
 model works. Every caller gets a response: a refusal in the node's state, a timeout, a failure of the
@@ -26,10 +26,12 @@ from inf_mllm_interfaces.action import Ask
 from inf_mllm_interfaces.srv import Query, Recall
 
 from .engine.engine import EngineBusyError, EngineNotReadyError
-from .engine.stream import AnswerCancelledError
+from .engine.answering import AnswerCancelledError
 from .engine.text_rules import text_problem
 from .engine_interface import EngineLike
 from .input_rules import length_refusal, stamp_seconds
+from .node_health import NodeCounters
+from .node_inputs import Inputs
 from .node_poses import evidence_msgs, pose_msg
 from .settings import MAX_NEW_TOKENS_LIMIT
 
@@ -52,34 +54,37 @@ DEFAULT_RECALL_RESULTS = 5
 MAX_RECALL_RESULTS = 100
 
 
-class NodeServices:
+class Services:
     """The services and the action, each handler counted in flight while it runs (so that shutdown waits
     for its caller), and control jobs (reset, save) one of each kind at a time.
 
-    A mixin of `InfMLLMNode`: it uses the node's `engine`, `_lock`, `_stopping`, `_active`, `autostarting`,
-    `_last_error`, `_param`, `_post` and `_ros_time`.
+    node: the node it serves for (its `engine`, `stopping`, `active`, `autostarting`, `param`, logger and clock).
+    counters: the node's. inputs: the node's inputs (stream time, the pose frame, the outbox).
     """
 
-    def _init_services(self) -> None:
-        """The services and the action, and their counters."""
+    def __init__(self, node, counters: NodeCounters, inputs: Inputs):
+        self.node, self.counters, self.inputs = node, counters, inputs
+        self._lock = threading.Lock()
         self._in_service = 0  # service and action callbacks running now
         self._next_response_at = 0.0  # monotonic time before which no service response leaves (see RESPONSE_SPACING)
-        self._queries_failed = 0  # failed before or after the engine (empty, timed out)
-        self._controls_waiting: set[str] = set()  # "reset", "saved": one of each at a time
+        self.controls_waiting: set[str] = set()  # "reset", "saved": one of each at a time
         # Services exist in every state, so a caller always hears why not instead of nothing.
         waiting = ReentrantCallbackGroup()
-        self.create_service(Query, "~/query", self._on_query, callback_group=waiting, qos_profile=SERVICE_QOS)
-        self.create_service(Recall, "~/recall", lambda req, res: self._served(self._recall, req, res),
+        node.create_service(Query, "~/query", self._on_query, callback_group=waiting, qos_profile=SERVICE_QOS)
+        node.create_service(Recall, "~/recall", lambda req, res: self._served(self._recall, req, res),
                             callback_group=waiting, qos_profile=SERVICE_QOS)
         # The last answer's evidence poses, heaviest first, for RViz.
-        self._evidence_pub = self.create_publisher(PoseArray, "~/evidence", 10)
-        self.create_service(Trigger, "~/reset", self._on_reset, callback_group=waiting, qos_profile=SERVICE_QOS)
-        self.create_service(Trigger, "~/save_memory", self._on_save_memory, callback_group=waiting,
+        self._evidence_pub = node.create_publisher(PoseArray, "~/evidence", 10)
+        node.create_service(Trigger, "~/reset", self._on_reset, callback_group=waiting, qos_profile=SERVICE_QOS)
+        node.create_service(Trigger, "~/save_memory", self._on_save_memory, callback_group=waiting,
                             qos_profile=SERVICE_QOS)
         # Every goal is accepted, so that each one ends with a result that says why when it fails.
         self._ask_server = ActionServer(
-            self, Ask, "~/ask", execute_callback=self._execute_ask, callback_group=waiting,
+            node, Ask, "~/ask", execute_callback=self._execute_ask, callback_group=waiting,
             goal_callback=lambda _goal: GoalResponse.ACCEPT, cancel_callback=lambda _goal: CancelResponse.ACCEPT)
+
+    def destroy(self) -> None:
+        self._ask_server.destroy()
 
     @property
     def services_busy(self) -> int:
@@ -103,9 +108,9 @@ class NodeServices:
             try:
                 response = handler(request, response)
             except Exception as exc:  # every caller gets a response, whatever went wrong
-                self.get_logger().error(f"request failed: {type(exc).__name__}: {exc}")
+                self.node.get_logger().error(f"request failed: {type(exc).__name__}: {exc}")
                 response.success, response.message = False, f"internal error: {type(exc).__name__}: {exc}"
-            if not response.success and self._stopping.is_set():
+            if not response.success and self.node.stopping.is_set():
                 response.message = SHUTTING_DOWN
             self._space_response()
             return response
@@ -126,13 +131,13 @@ class NodeServices:
                     cancelled=lambda: False):
         """Answer a Query request or an Ask goal into its response or result (the same fields)."""
         start = time.monotonic()
-        engine = self.engine
+        engine = self.node.engine
         unusable = self._lifecycle_refusal(engine, ask=True)
         if unusable:
             return self._query_failed(response, unusable)
         question = request.question.strip()
-        max_new = request.max_new_tokens or self._param("max_new_tokens")
-        too_long = length_refusal("question", question, self._param("max_text_chars"))
+        max_new = request.max_new_tokens or self.node.param("max_new_tokens")
+        too_long = length_refusal("question", question, self.node.param("max_text_chars"))
         if too_long:  # a kept question goes in whole before its answer: it must be short enough to stop soon
             return self._query_failed(response, too_long)
         problem = text_problem(question, "question")  # after the length: it reads up to the first visible character
@@ -140,7 +145,7 @@ class NodeServices:
             return self._query_failed(response, problem)
         if max_new > MAX_NEW_TOKENS_LIMIT:
             return self._query_failed(response, f"max_new_tokens {max_new} is above the limit {MAX_NEW_TOKENS_LIMIT}")
-        timeout = self._param("query_timeout")
+        timeout = self.node.param("query_timeout")
         try:
             future = engine.submit_ask(question, max_new_tokens=max_new, keep_in_memory=request.keep_in_memory,
                                        on_token=on_token, cancel=cancel)
@@ -178,18 +183,19 @@ class NodeServices:
             return response
         except Exception as exc:
             response.success, response.message = False, f"model error: {type(exc).__name__}: {exc}"
-            self._last_error = response.message
+            with self.counters.lock:
+                self.counters.last_error = response.message
             return response
         response.success = True
         response.answer = answer.text
         if answer.cut_by_headroom:
             response.message = (f"answer cut at {answer.tokens_generated} tokens of {max_new}: the cache's headroom "
                                 "bounds an answer not kept in memory (keep_in_memory lifts the bound)")
-        response.newest_frame_stamp = self._ros_time(answer.newest_frame_stamp)
+        response.newest_frame_stamp = self.inputs.ros_time(answer.newest_frame_stamp)
         response.tokens_seen = answer.tokens_seen
         response.cache_fill = answer.cache_fill
         response.retrieved_tokens = answer.retrieved_tokens
-        response.evidence = evidence_msgs(answer.evidence, self._ros_time, self._poses.frame_id)
+        response.evidence = evidence_msgs(answer.evidence, self.inputs.ros_time, self.inputs.poses.frame_id)
         self._publish_evidence_poses(answer.evidence)
         response.latency = time.monotonic() - start
         return response
@@ -198,24 +204,24 @@ class NodeServices:
         posed = [e.pose for e in evidence if e.pose is not None]
         if posed:
             msg = PoseArray(poses=[pose_msg(p) for p in posed])
-            msg.header.frame_id = self._poses.frame_id
-            msg.header.stamp = self.get_clock().now().to_msg()
+            msg.header.frame_id = self.inputs.poses.frame_id
+            msg.header.stamp = self.node.get_clock().now().to_msg()
             self._evidence_pub.publish(msg)
 
     def _recall(self, request: Recall.Request, response: Recall.Response) -> Recall.Response:
         """~/recall: the moments a text points to most, as evidence, without an answer."""
         start = time.monotonic()
-        engine = self.engine
+        engine = self.node.engine
         unusable = self._lifecycle_refusal(engine, ask=True)
         text = request.text.strip()
-        problem = unusable or length_refusal("recall text", text, self._param("max_text_chars")) or text_problem(
+        problem = unusable or length_refusal("recall text", text, self.node.param("max_text_chars")) or text_problem(
             text, "recall text")
         if not problem and request.max_results > MAX_RECALL_RESULTS:
             problem = f"max_results {request.max_results} is above the limit {MAX_RECALL_RESULTS}"
         place = (request.x, request.y, request.radius)
         if not problem and not (request.radius >= 0.0 and all(map(math.isfinite, place))):
             problem = f"the place must be finite numbers and the radius >= 0 m, got {place}"
-        origin = self._stream_clock.origin
+        origin = self.inputs.stream_clock.origin
         since, until = (None if (t.sec, t.nanosec) == (0, 0) or origin is None else stamp_seconds(t, 0) - origin
                         for t in (request.since, request.until))
         if not problem and since is not None and until is not None and until < since:
@@ -223,7 +229,7 @@ class NodeServices:
         if problem:
             response.success, response.message = False, problem
             return response
-        timeout = self._param("query_timeout")
+        timeout = self.node.param("query_timeout")
         try:
             future = engine.submit_recall(text, limit=request.max_results or DEFAULT_RECALL_RESULTS, since=since,
                                           until=until, near=place if request.radius > 0 else None)
@@ -237,7 +243,7 @@ class NodeServices:
             response.success, response.message = False, str(exc)
             return response
         response.success = True
-        response.moments = evidence_msgs(moments, self._ros_time, self._poses.frame_id)
+        response.moments = evidence_msgs(moments, self.inputs.ros_time, self.inputs.poses.frame_id)
         response.latency = time.monotonic() - start
         return response
 
@@ -264,21 +270,22 @@ class NodeServices:
         """Why a request cannot be served in the node's state, or None: the same words from every service.
         A question also needs the node active; one asked while the model loads hears why from the engine,
         which counts it."""
-        if self._stopping.is_set():
+        node = self.node
+        if node.stopping.is_set():
             return SHUTTING_DOWN
         if engine is None:
-            return LOADING if self.autostarting else NOT_CONFIGURED
+            return LOADING if node.autostarting else NOT_CONFIGURED
         if not engine.ready.is_set():
             if ask:
                 return None
             return f"model failed to load: {engine.load_error}" if engine.load_error else LOADING
-        if ask and not self._active:
-            return LOADING if self.autostarting else INACTIVE
+        if ask and not node.active:
+            return LOADING if node.autostarting else INACTIVE
         return None
 
     def _query_failed(self, response: Query.Response, reason: str) -> Query.Response:
-        with self._lock:
-            self._queries_failed += 1
+        with self.counters.lock:
+            self.counters.queries_failed += 1
         response.success, response.message = False, reason
         return response
 
@@ -286,7 +293,7 @@ class NodeServices:
         return self._served(self._clear, request, response)
 
     def _clear(self, _request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
-        engine = self.engine
+        engine = self.node.engine
         refusal = self._lifecycle_refusal(engine, ask=False)
         if refusal:
             response.success, response.message = False, refusal
@@ -294,19 +301,19 @@ class NodeServices:
         done, _ = self._wait_control(engine.submit_reset, response, "reset")
         if not done:
             return response
-        self._post("ingested", "reset")  # stats and descriptions follow the empty memory
+        self.inputs.post("ingested", "reset")  # stats and descriptions follow the empty memory
         response.success, response.message = True, "memory cleared"
         return response
 
     def _wait_control(self, submit, response, verb: str) -> tuple[bool, object]:
         """Run a control job of the engine (reset, save) within query_timeout; on failure `response` says why.
         One of each kind waits at a time: each holds an executor thread while it waits (see executor_threads)."""
-        timeout = self._param("query_timeout")
+        timeout = self.node.param("query_timeout")
         with self._lock:
-            if verb in self._controls_waiting:
+            if verb in self.controls_waiting:
                 response.success, response.message = False, f"not {verb}: another request for it is under way"
                 return False, None
-            self._controls_waiting.add(verb)
+            self.controls_waiting.add(verb)
         try:
             future = submit()
             return True, future.result(timeout=timeout)
@@ -320,14 +327,14 @@ class NodeServices:
             response.success, response.message = False, f"not {verb}: {exc}"
         finally:
             with self._lock:
-                self._controls_waiting.discard(verb)
+                self.controls_waiting.discard(verb)
         return False, None
 
     def _on_save_memory(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         return self._served(self._save_memory, request, response)
 
     def _save_memory(self, _request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
-        engine = self.engine
+        engine = self.node.engine
         refusal = self._lifecycle_refusal(engine, ask=False)
         if refusal:
             response.success, response.message = False, refusal

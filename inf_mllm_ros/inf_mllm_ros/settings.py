@@ -17,7 +17,8 @@ from .engine.decode_step import STEP_MODES
 from .engine.engine import DEFAULT_MAX_PENDING_QUERIES, DEFAULT_MAX_PENDING_TEXTS
 from .engine.loading import DEFAULT_MODEL
 from .engine.policies import POLICIES
-from .engine.stream import DEFAULT_DESCRIPTION_PROMPT, DEFAULT_SYSTEM_PROMPT, MIN_CAPACITY, StreamConfig
+from .engine.answering import DEFAULT_DESCRIPTION_PROMPT
+from .engine.stream_config import DEFAULT_SYSTEM_PROMPT, MIN_CAPACITY, StreamConfig
 from .engine.value_rules import MIN_PERIOD, ValueRule
 from .image_conversion import DEFAULT_MAX_DECODED_PIXELS
 

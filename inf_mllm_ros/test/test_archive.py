@@ -11,11 +11,12 @@ import torch
 from inf_mllm_ros.engine import retrieval_heads as retrieval_heads_module
 from inf_mllm_ros.engine.retriever import best_last
 from inf_mllm_ros.engine.archive import BOOKKEEPING_BYTES, ArchivedBlock, KVArchive, _cut
-from inf_mllm_ros.engine.cache import shift_rotary
+from inf_mllm_ros.engine.rotary import shift_rotary
 from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.engine.retrieval_index import RetrievalIndex
 from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
-from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.stream_config import StreamConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -9,8 +9,11 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 from inf_mllm_ros.engine import cache as cache_module
 from inf_mllm_ros.engine.adapters import CausalLMAdapter
-from inf_mllm_ros.engine.cache import BoundedLayer, CacheOverflowError, packed_positions, shift_rotary
-from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+from inf_mllm_ros.engine.cache import CacheOverflowError
+from inf_mllm_ros.engine.cache_layer import BoundedLayer
+from inf_mllm_ros.engine.rotary import packed_positions, shift_rotary
+from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.stream_config import StreamConfig
 
 BOUNDED = ["inf_mllm", "streaming_llm", "h2o", "window"]
 

@@ -13,7 +13,8 @@ import torch._dynamo.testing
 from inf_mllm_ros.engine.answering import AnswerCancelledError
 from inf_mllm_ros.engine.decode_step import StaticDecoder, resolve_decode_step
 from inf_mllm_ros.engine.loading import load_model
-from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
 
 from test_archive import assert_same_state, cache_state, frame, sentence, small_cache_long_past

@@ -11,7 +11,9 @@ import torch
 
 from inf_mllm_ros.engine.engine import EngineBusyError, EngineNotReadyError, StreamingEngine
 from inf_mllm_ros.engine.loading import ModelLoadError, load_model
-from inf_mllm_ros.engine.stream import AnswerCancelledError, KVStream, StreamConfig, StreamStoppedError
+from inf_mllm_ros.engine.answering import AnswerCancelledError, StreamStoppedError
+from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.engine.work_queue import Job, WorkQueue
 
 from conftest import LIGHTHOUSE
@@ -227,7 +229,7 @@ def test_a_copied_model_file_is_joined_in_order_and_checked_and_a_wrong_one_leav
     """What a robot with no network gets its models from (`--qwen-gguf`): the file or its pieces."""
     import hashlib
 
-    from inf_mllm_ros.engine.loading import join_verified, prepare_qwen
+    from inf_mllm_ros.engine.embedded_models import join_verified, prepare_qwen
 
     first, second = tmp_path / "piece0", tmp_path / "piece1"
     first.write_bytes(b"GGUF-head")

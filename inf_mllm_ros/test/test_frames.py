@@ -18,7 +18,8 @@ from inf_mllm_ros.engine.adapters import FramesNotSupportedError
 from inf_mllm_ros.engine.chat import stamped
 from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
-from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.stream_config import StreamConfig
 
 from conftest import load_prepared
 

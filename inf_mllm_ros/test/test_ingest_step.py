@@ -12,7 +12,8 @@ import torch._dynamo.testing
 from inf_mllm_ros.engine.cache import CacheOverflowError
 from inf_mllm_ros.engine.ingest_step import StaticIngester, block_sizes
 from inf_mllm_ros.engine.loading import load_model
-from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
 
 from test_archive import cache_state, frame, sentence

@@ -116,3 +116,31 @@ def test_the_layout_rules_see_imports_for_annotations_and_inside_functions():
     assert ("inf_mllm_ros.engine.live_settings", True) in loading, "an import under TYPE_CHECKING, at module level"
     offline = imports("inf_mllm_ros.bags.offline", modules()["inf_mllm_ros.bags.offline"])
     assert ("inf_mllm_ros.engine.loading", False) in offline, "an import inside a function"
+
+
+def package_classes() -> dict[str, list[str]]:
+    """Class name -> its bases as written, for every class of the package."""
+    classes = {}
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                classes[node.name] = [ast.unparse(base) for base in node.bases]
+    return classes
+
+
+def test_objects_own_their_state_no_class_is_a_part_of_another():
+    """A class of the package inherits from the package only an abstract kind (a model family's adapter, an
+    eviction policy) or an error: never a part of another class that shares its state (a mixin). Parts are
+    objects their owner makes and holds."""
+    classes = package_classes()
+    kinds = {name for name, bases in classes.items() if "ABC" in bases}
+    grew = True
+    while grew:  # the subclasses of an abstract kind are kinds of it too (a vision-language adapter)
+        more = {name for name, bases in classes.items() if any(b in kinds for b in bases)} - kinds
+        kinds |= more
+        grew = bool(more)
+    assert {"ModelAdapter", "EvictionPolicy"} <= kinds
+    for name, bases in classes.items():
+        for base in bases:
+            if base in classes:
+                assert base in kinds or base.endswith("Error"), f"{name} inherits {base}: a part, not a kind"

@@ -24,7 +24,9 @@ from inf_mllm_ros.engine.engine import StreamingEngine
 from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.engine.memory_file import MemoryFileError, load_memory, save_memory
 from inf_mllm_ros.testing.random_models import build_model_folder
-from inf_mllm_ros.engine.stream import KVStream, StreamConfig, StreamStoppedError
+from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.stream_config import StreamConfig
+from inf_mllm_ros.engine.answering import StreamStoppedError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -446,7 +448,9 @@ import sys, torch
 from inf_mllm_ros.engine import archive_log
 from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.engine.memory_file import save_memory
-from inf_mllm_ros.engine.stream import KVStream, StreamConfig, StreamStoppedError
+from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.stream_config import StreamConfig
+from inf_mllm_ros.engine.answering import StreamStoppedError
 torch.set_num_threads(1)
 log = sys.argv[3] == "log"
 if log:  # mostly appending to the archive's log, its segments rolling over and retired

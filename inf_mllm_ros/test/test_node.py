@@ -911,8 +911,8 @@ def protocol_members(protocol: type) -> set[str]:
 
 
 def engine_members_the_node_uses() -> set[str]:
-    """Every attribute the node's modules read, set or call on its engine (`self.engine.X` or a local
-    `engine.X`), from their source."""
+    """Every attribute the node's modules read, set or call on its engine (`self.engine.X`, a part's
+    `self.node.engine.X`, or a local `engine.X`), from their source."""
     import ast
 
     import inf_mllm_ros.node as node_module
@@ -924,8 +924,7 @@ def engine_members_the_node_uses() -> set[str]:
                 continue
             owner = n.value
             if (isinstance(owner, ast.Name) and owner.id == "engine") or (
-                    isinstance(owner, ast.Attribute) and owner.attr == "engine"
-                    and isinstance(owner.value, ast.Name) and owner.value.id == "self"):
+                    isinstance(owner, ast.Attribute) and owner.attr == "engine"):
                 used.add(n.attr)
     return used
 
@@ -937,7 +936,7 @@ def test_the_engine_and_its_stand_in_provide_the_engine_interface():
     import inspect
 
     from inf_mllm_ros.engine.engine import StreamingEngine
-    from inf_mllm_ros.engine.stream import StreamConfig
+    from inf_mllm_ros.engine.stream_config import StreamConfig
     from inf_mllm_ros.engine_interface import EngineLike
 
     members = protocol_members(EngineLike)
@@ -1043,7 +1042,7 @@ def test_busy_failing_and_slow_engine_answers_say_why(local_node):
 
     factory, engines = stand_in_factory()
     probe, node = local_node(factory, query_timeout=1.0)
-    probe.wait_for(lambda: node._active, 10, "the node active")
+    probe.wait_for(lambda: node.active, 10, "the node active")
     engine = engines[0]
 
     def failing(exc):
@@ -1066,7 +1065,7 @@ def test_requests_cut_short_are_counted_and_called_off(local_node):
     factory, engines = stand_in_factory()
     # The first reset waits out query_timeout: long enough for the second to arrive meanwhile.
     probe, node = local_node(factory, query_timeout=5.0, stats_period=0.2)
-    probe.wait_for(lambda: node._active, 10, "the node active")
+    probe.wait_for(lambda: node.active, 10, "the node active")
     engine = engines[0]
     # A goal cancelled while it waits for the model is counted failed, as one cancelled mid-answer is.
     waiting = Future()
@@ -1083,7 +1082,7 @@ def test_requests_cut_short_are_counted_and_called_off(local_node):
     job = Future()
     engine.control = lambda: job
     first = probe.reset.call_async(Trigger.Request())
-    probe.wait_for(lambda: node._controls_waiting, 10, "the first reset waiting")
+    probe.wait_for(lambda: node.service_handlers.controls_waiting, 10, "the first reset waiting")
     second = probe.call(probe.reset, Trigger.Request())
     assert not second.success and "another request for it is under way" in second.message, second
     reply = probe.wait_for(lambda: first.done() and first.result(), 10, "the first reset's reply")
@@ -1098,7 +1097,7 @@ def test_requests_cut_short_are_counted_and_called_off(local_node):
 def test_a_failing_save_and_failing_descriptions_show_in_diagnostics(local_node):
     factory, engines = stand_in_factory()
     probe, node = local_node(factory, diagnostics_period=0.1)
-    probe.wait_for(lambda: node._active, 10, "the node active")
+    probe.wait_for(lambda: node.active, 10, "the node active")
     probe.diagnostics = Latest(probe, DiagnosticArray, "/diagnostics", RELIABLE)
     fqn = node.get_fully_qualified_name()
     engine = engines[0]
@@ -1111,11 +1110,11 @@ def test_a_failing_save_and_failing_descriptions_show_in_diagnostics(local_node)
     health(probe, fqn, DiagnosticStatus.OK)
     failed = Future()
     failed.set_exception(ValueError("question of 460 tokens does not fit in the cache headroom (256)"))
-    node._handle_described(failed)
+    node.inputs.handle_described(failed)
     assert "does not fit" in health(probe, fqn, DiagnosticStatus.WARN).message
     done = Future()
     done.set_result(SimpleNamespace(text="A quiet dock.", cache_fill=0, latency=0.1, newest_frame_stamp=None))
-    node._handle_described(done)
+    node.inputs.handle_described(done)
     health(probe, fqn, DiagnosticStatus.OK)
 
 
@@ -1165,7 +1164,7 @@ def test_an_engine_kept_closed_by_a_failed_cleanup_is_never_activated(local_node
     probe, node = local_node(KeptClosed)
     probe.wait_for(lambda: node.engine is not None, 10, "configured")
     time.sleep(1.0)  # the activation that follows the configure is refused
-    assert not node._active and not node._input_subscriptions
+    assert not node.active and not node.inputs.subscriptions
 
 
 def test_a_sim_time_node_keeps_following_clock_once_active(local_node):
@@ -1174,7 +1173,7 @@ def test_a_sim_time_node_keeps_following_clock_once_active(local_node):
     from rosgraph_msgs.msg import Clock
 
     probe, node = local_node(StandInEngine, use_sim_time=True, stats_period=1.0)
-    probe.wait_for(lambda: node._active, 10, "the node active")
+    probe.wait_for(lambda: node.active, 10, "the node active")
     assert any(s.topic_name == "/clock" for s in node.subscriptions)
     clock = probe.node.create_publisher(Clock, "/clock", 10)
     start = len(probe.stats.messages)
@@ -1218,7 +1217,7 @@ def test_diagnostics_state_is_the_lifecycle_state_in_every_transition_failed_one
                 assert done.result().success is succeeds
             state = get.call_async(GetState.Request())
             probe.wait_for(lambda: state.done(), 10, "get_state")
-            reported = {kv.key: kv.value for kv in node.health().values}["state"]
+            reported = {kv.key: kv.value for kv in node.health.health().values}["state"]
             assert reported == state.result().current_state.label, (transition, reported)
 
         step(None, True)  # unconfigured

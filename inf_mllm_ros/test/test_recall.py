@@ -10,7 +10,8 @@ import re
 import pytest
 import torch
 
-from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.stream_config import StreamConfig
 
 from conftest import SHARED_TEXT, load_prepared
 

@@ -15,7 +15,8 @@ import torch
 from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.engine.retrieval_index import REFERENCE_WEIGHT, RetrievalIndex
 from inf_mllm_ros.engine.rotary import shift_rotary
-from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.testing.random_models import build_model_folder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -12,7 +12,8 @@ import pytest
 
 from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
-from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.engine.text_rules import is_blank, is_undecodable
 from inf_mllm_ros.input_rules import text_refusal
 

@@ -16,7 +16,8 @@ import pytest
 from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.engine.memory_file import load_memory, save_memory
 from inf_mllm_ros.engine.poses import Pose, PoseHistory, PoseRefusedError, interpolate
-from inf_mllm_ros.engine.stream import KVStream, StreamConfig
+from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.testing.random_models import build_model_folder
 
 from conftest import load_prepared

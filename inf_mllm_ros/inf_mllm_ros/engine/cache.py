@@ -33,8 +33,6 @@ from transformers.cache_utils import Cache
 
 from .cache_layer import BoundedLayer
 from .policies import EvictionPolicy
-# Re-exported: modules and tests that import these helpers from here keep working.
-from .rotary import packed_positions, rotate_half, shift_rotary  # noqa: F401
 
 POSITION_MODES = ("cache", "original")
 # The most one temporary tensor of a gather or a re-pack may take: with every layer evicted in one pass, a

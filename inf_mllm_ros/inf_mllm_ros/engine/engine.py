@@ -29,7 +29,9 @@ from .loading import DEFAULT_MODEL, load_model
 from .memory_file import MemoryFileInfo
 from .poses import Pose
 from .live_settings import LiveSettings
-from .stream import Answer, StreamConfig, StreamStats
+from .answering import Answer
+from .stream_config import StreamConfig
+from .stream import StreamStats
 from .text_rules import text_problem
 from .checkpoints import Checkpointer
 from .work_queue import Job

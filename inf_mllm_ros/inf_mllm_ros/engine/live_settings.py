@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from .policies import make_policy
-from .stream import StreamConfig
+from .stream_config import StreamConfig
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,10 @@ from pathlib import Path
 import torch
 
 from .adapters import ModelAdapter, adapter_for
-from .embedded_models import (  # noqa: F401  (home, join_verified: importable from here as before)
+from .embedded_models import (
     DEFAULT_MODEL,
     ONEVISION_NOTICE,
     SMALL_MODEL,
-    home,
-    join_verified,
     prepare_default_vlm,
     prepare_embedded,
     prepare_qwen,

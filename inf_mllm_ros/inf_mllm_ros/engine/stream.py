@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .adapters import ModelAdapter, Prompt
-from .answering import (  # re-exported: callers import these from engine.stream
+from .answering import (
     DEFAULT_DESCRIPTION_PROMPT,
     Answer,
     AnswerCancelledError,
@@ -32,16 +32,16 @@ from .answering import (  # re-exported: callers import these from engine.stream
 )
 from .archive import KVArchive
 from .attention import CACHE_ARGUMENT
-from .cache import BoundedKVCache, CacheOverflowError, PromptPositions
+from .cache import BoundedKVCache, PromptPositions
 from .chat import MarkerClock, check_stamp, stamped
 from .decode_step import StaticDecoder, resolve_decode_step
 from .ingest_step import StaticIngester
 from .policies import make_policy
-from .stream_config import DEFAULT_SYSTEM_PROMPT, MIN_CAPACITY, StreamConfig
+from .stream_config import StreamConfig
 from .evidence import Evidence
 from .poses import Pose
 from .retrieval_heads import retrieval_heads
-from .retriever import REFERENCE_QUESTION, Retrieval, Retriever
+from .retriever import Retrieval, Retriever
 from .text_rules import text_problem
 
 
@@ -553,6 +553,4 @@ class KVStream:
                                    record=keep)
         return tokens
 
-__all__ = ["DEFAULT_DESCRIPTION_PROMPT", "DEFAULT_SYSTEM_PROMPT", "MIN_CAPACITY", "REFERENCE_QUESTION", "Answer",
-           "AnswerCancelledError", "CacheOverflowError", "KVStream", "StreamConfig", "StreamStats",
-           "StreamStoppedError", "TokenCallback"]
+__all__ = ["KVStream", "StreamStats"]

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from .loading import use_torch_threads
-from .stream import KVStream, StreamConfig, StreamStats
+from .stream import KVStream, StreamStats
+from .stream_config import StreamConfig
 from .work_queue import WorkQueue
 
 if TYPE_CHECKING:
