@@ -68,7 +68,7 @@ class Inputs:
         }
         self._wake = node.create_guard_condition(self._drain_outbox)
         self.poses = PoseInput(node, node.param("pose_topic"), node.param("pose_frame"), node.param("pose_tolerance"),
-                               self.reject)
+                               self.refuse_pose)
 
     def open_descriptions(self) -> None:
         if self._description_pub is None:
@@ -152,7 +152,12 @@ class Inputs:
             return
         future.add_done_callback(lambda f: self.post("text_done", f))
 
-    def reject(self, kind: str, message: str) -> None:
+    def refuse_pose(self, kind: str, message: str) -> None:
+        """A refused pose: counted and logged as a refused input, without a `~/cache_stats` message of its own (an
+        odometry topic comes at tens of Hz; the next stats carry the count)."""
+        self.reject(kind, message, publish=False)
+
+    def reject(self, kind: str, message: str, *, publish: bool = True) -> None:
         """Count a refused input; log the first of each kind only, so a bad stream cannot flood the log."""
         with self.counters.lock:
             self.counters.inputs_rejected += 1
@@ -162,8 +167,8 @@ class Inputs:
         if first:
             self.node.get_logger().warning(
                 f"{message} [further '{kind}' inputs are counted in ~/cache_stats, not logged]")
-        # After every input the node is done with, so a lockstep player can move on.
-        self.publish_stats()
+        if publish:  # after every input the node is done with, so a lockstep player can move on
+            self.publish_stats()
 
     def _stream_time(self, stamp) -> float:
         """Seconds since the first input (of the memory, across restarts); a zero stamp means now."""

@@ -578,3 +578,26 @@ def test_a_caller_told_that_a_job_ended_reads_the_memory_after_it(smollm2):
         assert seen == {"text": 1, "reset": 0}
     finally:
         engine.close(timeout=30)
+
+
+def test_an_error_in_the_workers_own_bookkeeping_leaves_the_worker_taking_work(smollm2, caplog):
+    """A failure outside a job (here the caller's on_ingested callback) is logged; the worker goes on, the job's
+    own result stands, and the next jobs run."""
+    calls = []
+
+    def on_ingested(kind: str) -> None:
+        calls.append(kind)
+        if len(calls) == 1:
+            raise RuntimeError("the callback broke")
+
+    engine = StreamingEngine(adapter=smollm2, config=StreamConfig(capacity=128, chunk_size=32),
+                             on_ingested=on_ingested)
+    try:
+        assert engine.wait_ready(60)
+        assert engine.push_text("The pallet is at dock 3.", stamp=1.0, timeout=60) > 0
+        assert engine.push_text("The door light is green.", stamp=2.0, timeout=60) > 0
+        assert engine.ask("Where is the pallet?", max_new_tokens=4, timeout=60).tokens_generated >= 1
+        assert calls == ["text", "text"] and engine.worker.thread.is_alive()
+        assert "recovered from an error between jobs" in caplog.text and "the callback broke" in caplog.text
+    finally:
+        engine.close()

@@ -92,7 +92,7 @@ class ArchiveLog:
             f.flush()
             os.fsync(f.fileno())
         if segment.length == 0:
-            _fsync_dir(folder)
+            fsync_dir(folder)
         segment.length += len(record)
         segment.last_block = max(segment.last_block, int(state["archive.blocks"][:, 0].max()))
         return len(record)
@@ -134,7 +134,7 @@ class ArchiveLog:
         return records, False
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:

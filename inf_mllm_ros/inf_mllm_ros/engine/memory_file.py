@@ -31,7 +31,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from .archive_log import ArchiveLog, _fsync_dir, folder_for
+from .archive_log import ArchiveLog, fsync_dir, folder_for
 
 FORMAT = "inf_mllm_ros.memory"
 # 2: every slot's kind, pin and the window's query count; the stream's time origin; the clock checksummed.
@@ -149,7 +149,7 @@ def save_memory(stream, path: str | os.PathLike, fingerprint: str | None = None)
     finally:
         if tmp.exists():
             tmp.unlink()
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     log.remove_unnamed(folder)  # only once the file that no longer names them is in place
     return MemoryFileInfo(str(path), len(data) + appended, time.monotonic() - start, stream.tokens_seen,
                           stream.cache.fill)

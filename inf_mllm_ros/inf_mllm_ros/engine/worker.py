@@ -8,6 +8,7 @@ the thread, the stream and the figures taken after each job.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import Future
@@ -18,6 +19,8 @@ from .loading import use_torch_threads
 from .stream import KVStream, StreamStats
 from .stream_config import StreamConfig
 from .work_queue import WorkQueue
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from .checkpoints import Checkpointer
@@ -118,20 +121,31 @@ class EngineWorker:
                 settings = board.settings
                 jobs = (board.work.next_jobs(settings.frame_period, self.config.capacity, self.config.chunk_size)
                         if board.work else [])
-            if settings is not self._applied:
-                self._apply(settings)
-            if not jobs:  # a checkpoint is due and nothing waits
-                self.checkpoint()
-                continue
-            kind = jobs[0].kind
-            ok = self._run_texts(jobs) if kind == "text" else self._run_job(jobs[0])
-            # Only an input that went in changed the memory (a description of an unchanged one is skipped).
-            if ok and self.on_ingested is not None and kind in ("text", "frame"):
-                self.on_ingested(kind)
-            if self.checkpoints.due:
-                self.checkpoint()
+            try:
+                self._take(jobs, settings)
+            except Exception as exc:  # the worker's own bookkeeping, not a job, failed: it must not end the worker
+                log.exception("the engine's worker recovered from an error between jobs")
+                for job in jobs:  # every caller still waiting hears why
+                    future = job.future
+                    if not future.done() and (future.running() or future.set_running_or_notify_cancel()):
+                        future.set_exception(exc)
         if self.checkpoints.memory_file is not None:
             self.checkpoint()  # the last save, after the job that close() stopped or let finish
+
+    def _take(self, jobs: list[Job], settings: LiveSettings) -> None:
+        """Apply new live settings, then run the jobs taken (or a due checkpoint, when none)."""
+        if settings is not self._applied:
+            self._apply(settings)
+        if not jobs:  # a checkpoint is due and nothing waits
+            self.checkpoint()
+            return
+        kind = jobs[0].kind
+        ok = self._run_texts(jobs) if kind == "text" else self._run_job(jobs[0])
+        # Only an input that went in changed the memory (a description of an unchanged one is skipped).
+        if ok and self.on_ingested is not None and kind in ("text", "frame"):
+            self.on_ingested(kind)
+        if self.checkpoints.due:
+            self.checkpoint()
 
     def checkpoint(self) -> None:
         """Save the memory if it changed (on this thread, between jobs)."""
