@@ -2,8 +2,8 @@
 
 The eager way to decode (`KVStream._forward` for each token) stages positions on the host, attends over
 the filled slots only (a shape that grows by one each token) and reads every token back to pick the next:
-on a GPU, Python launching kernels and waiting for the device sets the pace (17 ms a token for a 0.5B
-model on an H200, 58x its bandwidth floor). For an answer that is not kept in memory none of the cache's
+on a GPU, Python launching kernels and waiting for the device sets the pace (measured: docs/benchmarks.md,
+GPU speed). For an answer that is not kept in memory none of the cache's
 bookkeeping is needed (the answer's slots are taken away again, nothing is scored or evicted), so its
 token step can be a pure function of fixed shapes, as in gpt-fast (pytorch-labs):
 

@@ -60,9 +60,8 @@ class Retrieval:
 
 def best_last(chosen: list) -> list:
     """Blocks chosen best first (a long message's pieces after its best one) in the order they are placed:
-    each message's pieces together and in stream order, the best message last, nearest the question. The
-    model answers from the nearest of several facts of the same form: placed in stream order instead, 3 of
-    12 such facts were recalled where this order recalled 11 (docs/archive.md)."""
+    each message's pieces together and in stream order, the best message last, nearest the question: the
+    model answers from the nearest of several facts of the same form (measured: docs/archive.md)."""
     messages: dict[int, list] = {}
     for block in chosen:
         messages.setdefault(block.message, []).append(block)

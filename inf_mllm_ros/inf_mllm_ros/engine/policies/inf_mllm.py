@@ -44,9 +44,7 @@ class InfMLLMPolicy(EvictionPolicy):
     Saddles are the tokens that keep drawing attention: attention that comes prompt after prompt adds up
     (a token drawing the same attention at every eviction counts 1 / (1 - memory_decay) times a
     newcomer's: ten times at 0.9), and fades by that factor per eviction (one per block of up to
-    chunk_size tokens) once it stops. (Keeping each token's
-    peak as well, max(A, P), held a fact hit once for longer, but in a 300-round dialogue the 0.5B model
-    then answered "OK" to every question after round 50: 2/42 right against 12/42.) The score ranks
+    chunk_size tokens) once it stops (why not each token's peak as well: docs/method.md). The score ranks
     candidates by log attention against log age, and a kept token keeps its neighbours (each candidate
     scores as the best within `score_pool` slots centred on it):
 
