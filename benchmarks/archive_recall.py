@@ -279,8 +279,20 @@ def perplexity(args) -> None:
             (RESULTS / "archive_perplexity.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
+def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % Wilson score interval of a rate of `hits` in `n` trials (sound near 0 and 1, unlike the normal
+    approximation)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def summary(args) -> None:
-    """Recall per setting, policy, cache and distance, with and without the archive, as a Markdown table."""
+    """Recall per setting, policy, cache and distance, with and without the archive, as a Markdown table; each
+    cell with its 95 % interval (Wilson)."""
     rows = json.loads((RESULTS / args.out).read_text())
     groups: dict[tuple, dict] = {}
     for r in rows:
@@ -297,7 +309,7 @@ def summary(args) -> None:
             cells = [groups[key].get((d, archive)) for d in distances]
             if not any(cells):
                 continue
-            text = [f"{c[0]}/{c[1]}" if c else "" for c in cells]
+            text = [f"{c[0]}/{c[1]} ({wilson(*c)[0]:.0%}-{wilson(*c)[1]:.0%})" if c else "" for c in cells]
             label = "-" if key[2] == "full" else ("on" if archive else "off")
             print(f"| {key[0]} | {'yes' if key[1] else 'no'} | {key[2]} | {key[3]} | {label} | " + " | ".join(text) + " |")
 
