@@ -79,8 +79,14 @@ class StaticIngester:
         self.compile_options = compile_options or {}
         self._bound_to: list[int] | None = None
         self._steps: dict[tuple[int, bool], Callable] = {}
-        self.ready = False  # every block size's step made (compiled, where compiled): `warm_up`
+        self._made = False  # every block size's step made (compiled, where compiled) by `warm_up`
         self.blocks = 0  # blocks taken in through the step
+
+    @property
+    def ready(self) -> bool:
+        """Every block size's step made, over the cache's storage as it is (a memory restored into new storage
+        makes them again at its next input)."""
+        return self._made and self._bound_to == self.cache.storage_pointers()
 
     def padded_size(self, n: int) -> int | None:
         """The size a block of n tokens is padded to (None: longer than any)."""
@@ -123,7 +129,7 @@ class StaticIngester:
             for t in (self.fill, self.valid_count, self.slot_index, self.window_attention, *self._slots.values(),
                       *self._stores(), *layer_kv):
                 torch._dynamo.mark_static_address(t)
-        self._steps = {}
+        self._steps, self._made = {}, False
         self._bound_to = pointers
 
     def _stores(self) -> list[Tensor]:
@@ -187,7 +193,7 @@ class StaticIngester:
                 self._step_for(size, cache.wants_scores)(
                     embeds, self.adapter.model_position_ids(self.adapter.text_position_ids(positions), 0),
                     positions.clone(), positions + 1, positions.clone(), flags, flags.clone())
-        self.ready = True
+        self._made = True
 
     # --- a block -------------------------------------------------------------------------------------------
     def run(self, embeds: Tensor, position_ids: Tensor, positions: PromptPositions) -> Tensor:
