@@ -12,11 +12,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-
 if TYPE_CHECKING:
     from .evidence import Evidence
 
 DEFAULT_DESCRIPTION_PROMPT = "Describe briefly what the robot sees and what happened most recently."
+
 
 @dataclass
 class Answer:
