@@ -3,7 +3,7 @@
     python benchmarks/soak.py                        # 1 h (--duration 3600)
     python benchmarks/soak.py --duration 240         # a short check
     python benchmarks/soak.py --torch-threads 1      # the node on one CPU thread (a busy or small machine)
-    python benchmarks/soak.py --params inf_mllm_ros/config/cpu.yaml   # another starting point than the defaults
+    python benchmarks/soak.py --params inf_mllm_bringup/config/cpu.yaml   # another starting point than the defaults
     python benchmarks/soak.py --plot-only            # the plot again from benchmarks/results/soak.json
 
 The node runs as its own process (the installed inf_mllm_node), with its default parameters except
@@ -703,7 +703,7 @@ def main() -> None:
     p.add_argument("--sample-every", type=float, default=5.0, help="seconds between samples")
     p.add_argument("--params", type=Path, default=None,
                    help="a parameters file (/**: ros__parameters:) for the node instead of its defaults, "
-                        "e.g. inf_mllm_ros/config/cpu.yaml; stats_period, checkpoint_period, memory_file stay the soak's")
+                        "e.g. inf_mllm_bringup/config/cpu.yaml; stats_period, checkpoint_period, memory_file stay the soak's")
     p.add_argument("--torch-threads", type=int, default=None,
                    help="the node's torch CPU threads (OMP_NUM_THREADS); default: torch's own (one per core)")
     p.add_argument("--plot-only", action="store_true")

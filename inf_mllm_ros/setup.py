@@ -1,4 +1,5 @@
-"""Installs the inf_mllm_ros package: the node, the bag tools, launch files, configs and sample bag."""
+"""Installs the inf_mllm_ros package: the node, the bag tools, the Fast DDS profile and the sample bag (the launch
+file and parameter files are inf_mllm_bringup's)."""
 
 import os
 from glob import glob
@@ -31,8 +32,7 @@ setup(
     data_files=[
         ("share/ament_index/resource_index/packages", ["resource/" + PACKAGE]),
         ("share/" + PACKAGE, ["package.xml"]),
-        ("share/" + PACKAGE + "/launch", files("launch/*.py")),
-        ("share/" + PACKAGE + "/config", files("config/*.yaml") + files("config/*.xml")),
+        ("share/" + PACKAGE + "/config", files("config/*.xml")),
     ]
     + tree("sample_bags"),
     install_requires=["setuptools"],

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole system on the sample bag, from a fresh checkout:
 #   1. scripts/setup.sh (virtualenv, ROS 2 wheels, colcon build, embedded model; quick when done);
-#   2. starts the installed inf_mllm_node on the embedded default model (config/demo.yaml):
+#   2. starts the installed inf_mllm_node on the embedded default model (inf_mllm_bringup/config/demo.yaml):
 #      Qwen2.5-0.5B's language weights in a LLaVA-OneVision shape whose untrained vision part gives
 #      every frame the same neutral tokens, so answers come from the narration, never from the frames;
 #   3. replays the sample bag through DDS in lockstep, on bag time, asking its questions at
@@ -38,7 +38,7 @@ PREFIX="$ROOT/install/inf_mllm_ros"
 BIN="$PREFIX/lib/inf_mllm_ros"
 SHARE="$PREFIX/share/inf_mllm_ros"
 BAG="$SHARE/sample_bags/warehouse_shift"
-PARAMS="$SHARE/config/demo.yaml"
+PARAMS="$ROOT/install/inf_mllm_bringup/share/inf_mllm_bringup/config/demo.yaml"
 OUT="$ROOT/out/demo"
 rm -rf "$OUT"
 mkdir -p "$OUT"

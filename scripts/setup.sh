@@ -73,10 +73,10 @@ else
 fi
 
 # --- 4. colcon build ------------------------------------------------------------
-log "colcon build (inf_mllm_interfaces, inf_mllm_ros)"
+log "colcon build (inf_mllm_interfaces, inf_mllm_ros, inf_mllm_bringup)"
 # A plain (non-symlink) install never removes files: a module deleted or renamed in the source
 # would stay importable from install/. The Python package reinstalls in seconds, so start it clean.
-rm -rf build/inf_mllm_ros install/inf_mllm_ros
+rm -rf build/inf_mllm_ros install/inf_mllm_ros build/inf_mllm_bringup install/inf_mllm_bringup
 (
     # Build against the virtualenv only, whatever ROS setup the calling shell had.
     unset COLCON_PREFIX_PATH AMENT_CURRENT_PREFIX ROS_DISTRO ROS_VERSION
@@ -84,7 +84,7 @@ rm -rf build/inf_mllm_ros install/inf_mllm_ros
     export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV"
     export PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV"
     "$VENV/bin/colcon" build \
-        --base-paths inf_mllm_interfaces inf_mllm_ros \
+        --base-paths inf_mllm_interfaces inf_mllm_ros inf_mllm_bringup \
         --build-base build --install-base install \
         --event-handlers status- terminal_title- \
         --cmake-args -DPython3_EXECUTABLE="$VENV/bin/python" -DBUILD_TESTING=OFF

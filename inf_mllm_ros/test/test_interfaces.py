@@ -194,3 +194,7 @@ def test_installed_executables():
     share = Path(get_package_share_directory("inf_mllm_ros"))
     assert (share / "package.xml").is_file()
     assert Path(get_package_share_directory("inf_mllm_interfaces"), "srv", "Query.srv").is_file()
+    bringup = Path(get_package_share_directory("inf_mllm_bringup"))
+    assert (bringup / "launch" / "inf_mllm.launch.py").is_file()
+    for config in ("cpu", "demo", "desktop_gpu", "jetson_orin"):
+        assert (bringup / "config" / f"{config}.yaml").is_file(), config

@@ -27,7 +27,7 @@ TEXT_TOPIC = "/launch_test/events"
 
 @launch_pytest.fixture
 def launch_description():
-    share = get_package_share_directory("inf_mllm_ros")
+    share = get_package_share_directory("inf_mllm_bringup")
     arguments = {
         "params_file": os.path.join(share, "config", "cpu.yaml"),
         "cache_size": "256",
@@ -69,7 +69,7 @@ def test_launch_arguments_reach_the_node():
 
 def _run_launch(**arguments) -> int:
     """Runs the launch file to its end in this process; LaunchService.run()'s result."""
-    share = get_package_share_directory("inf_mllm_ros")
+    share = get_package_share_directory("inf_mllm_bringup")
     service = launch.LaunchService()
     service.include_launch_description(launch.LaunchDescription([
         IncludeLaunchDescription(
@@ -94,7 +94,7 @@ def test_a_model_that_cannot_load_fails_the_launch():
 def test_the_launch_process_does_not_hold_the_engine():
     # The parameter table imports torch and transformers (about 400 MiB); the launch reads it in a child
     # process, so the process that supervises the node for hours stays small.
-    share = get_package_share_directory("inf_mllm_ros")
+    share = get_package_share_directory("inf_mllm_bringup")
     script = (
         "import importlib.util, sys\n"
         f"spec = importlib.util.spec_from_file_location('inf_mllm_launch', {os.path.join(share, 'launch', 'inf_mllm.launch.py')!r})\n"

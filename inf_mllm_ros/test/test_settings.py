@@ -131,3 +131,16 @@ def test_the_launch_reads_every_rule_as_the_node_checks_it():
     with pytest.raises(ValueError, match="stats_period must be 0 \\(off\\) or at least"):
         rules["stats_period"].from_text("0.001")
     assert rules["eviction_policy"].from_text("h2o") == "h2o" and rules["stats_period"].from_text("0") == 0.0
+
+
+@pytest.mark.parametrize("name", ["cpu", "demo", "desktop_gpu", "jetson_orin"])
+def test_every_shipped_parameters_file_is_valid_and_builds_an_engine(name):
+    # The bringup package's files are what users start from: each value must pass the node's own rules, and the
+    # file must make a stream configuration the engine accepts.
+    path = REPO_ROOT / "inf_mllm_bringup" / "config" / f"{name}.yaml"
+    params = yaml.safe_load(path.read_text(encoding="utf-8"))["/**"]["ros__parameters"]
+    params.pop("use_sim_time", None)  # every ROS node's own parameter
+    assert params, path
+    problems = {key: value_problem(key, value) for key, value in params.items()}
+    assert not any(problems.values()), problems
+    node_stream_config(dict(DEFAULTS, **params))

@@ -1,10 +1,10 @@
 """Start inf_mllm_node.
 
-    ros2 launch inf_mllm_ros inf_mllm.launch.py \\
-        params_file:=$(ros2 pkg prefix inf_mllm_ros)/share/inf_mllm_ros/config/jetson_orin.yaml \\
+    ros2 launch inf_mllm_bringup inf_mllm.launch.py \\
+        params_file:=$(ros2 pkg prefix inf_mllm_bringup)/share/inf_mllm_bringup/config/jetson_orin.yaml \\
         image_topic:=/camera/image_raw text_topic:=/robot/events namespace:=robot1 cache_size:=2048
 
-Every node parameter is also a launch argument of the same name (`ros2 launch inf_mllm_ros
+Every node parameter is also a launch argument of the same name (`ros2 launch inf_mllm_bringup
 inf_mllm.launch.py --show-args` lists them); left empty, it keeps the value from the params file (or
 the node's default). A value that is not valid for its parameter ends the launch with an error that
 names the argument. `image_topic` remaps both `image` and `image/compressed` (image_transport's naming).
@@ -30,7 +30,7 @@ from inf_mllm_ros.fastdds import large_frames_env
 LAUNCH_ONLY = {
     "image_topic": ("image", "Camera topic (sensor_msgs/Image); its '/compressed' sibling is used for CompressedImage"),
     "text_topic": ("text", "Text topic (std_msgs/String); its '/pinned' sibling takes the texts to keep"),
-    "params_file": ("", "YAML file with the node's parameters (see config/)"),
+    "params_file": ("", "YAML file with the node's parameters (see inf_mllm_bringup's config/)"),
     "namespace": ("", "Namespace of the node and its topics"),
     "node_name": ("inf_mllm", "Name of the node"),
     "use_sim_time": ("", "true: the node's clock follows /clock (replaying a bag with --clock); empty: the node's own"),
