@@ -319,7 +319,11 @@ def _rss() -> int:
         return int(f.read().split()[1]) * 4096
 
 
-def main() -> None:
+# The options of a few seconds' run on the small models (run.py --smoke).
+SMOKE = ["recall", "--model", "smollm2", "--cache", "128", "--trials", "1", "--max-distance", "1000", "--out", "archive_recall.json"]
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("recall")
@@ -348,7 +352,7 @@ def main() -> None:
     ppl.add_argument("--model", default="qwen2.5-0.5b")
     ppl.add_argument("--threads", type=int, default=2)
     sub.add_parser("summary").add_argument("--out", default="archive_recall_report.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     {"recall": recall, "latency": latency, "perplexity": perplexity, "summary": summary}[args.command](args)
 
 

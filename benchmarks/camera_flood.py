@@ -147,7 +147,11 @@ def plot(name: str = "camera_flood.json") -> None:
     fig.savefig(RESULTS / name.replace(".json", ".png"), dpi=110)
 
 
-def main() -> None:
+# The options of a few seconds' run on the small models (run.py --smoke).
+SMOKE = ["--model", "smolvlm-smollm2", "--caches", "256", "--policies", "inf_mllm", "--settings", "mentioned", "--facts", "2", "--frames", "4", "--ask-every", "2"]
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="onevision-qwen2.5-0.5b")
     p.add_argument("--caches", type=int, nargs="+", default=[512, 1024])
@@ -159,7 +163,7 @@ def main() -> None:
     p.add_argument("--mention-every", type=int, default=5, help="mentioned: a subject named every N frames")
     p.add_argument("--text-share", type=float, default=None, help="inf_mllm text_share (default: shipped)")
     add_matrix_options(p, out="camera_flood.json", setting="mentioned")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.one:
         print(json.dumps(run_one(args)))
         return

@@ -15,7 +15,11 @@ import time
 
 from common import machine, read_text, synchronize, write_records
 
-def main() -> None:
+# The options of a few seconds' run on the small models (run.py --smoke).
+SMOKE = ["--cache", "128", "--chunks", "2", "--rounds", "1"]
+
+
+def main(argv: list[str] | None = None) -> None:
     import torch
 
     from inf_mllm_ros.engine.loading import load_model
@@ -32,7 +36,7 @@ def main() -> None:
     p.add_argument("--text", default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default="chunk_time.json")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_num_threads(1)
     adapter = load_model(args.model, device=args.device, dtype=args.dtype)
     on_gpu = adapter.device.type == "cuda"

@@ -157,7 +157,11 @@ def plot(name: str = "dialogue.json", bucket: int = 60) -> None:
     fig.savefig(RESULTS / name.replace(".json", ".png"), dpi=110)
 
 
-def main() -> None:
+# The options of a few seconds' run on the small models (run.py --smoke).
+SMOKE = ["--model", "smollm2", "--caches", "128", "--policies", "full", "inf_mllm", "--rounds", "16", "--tell-every", "3", "--gaps", "4"]
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwen2.5-0.5b")
     p.add_argument("--text", default=None)
@@ -170,7 +174,7 @@ def main() -> None:
     p.add_argument("--archive", action=argparse.BooleanOptionalAction, default=False,
                    help="with the archive (the shipped archive_size) or without it (archive_size 0)")
     add_matrix_options(p, out="dialogue.json", setting="dialogue")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.one:
         print(json.dumps(run_one(args)))
         return

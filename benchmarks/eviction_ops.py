@@ -68,7 +68,11 @@ def count_ops(stream, chunk) -> dict[str, Counter]:
     return counts
 
 
-def main() -> None:
+# The options of a few seconds' run on the small models (run.py --smoke).
+SMOKE = ["--cache", "128"]
+
+
+def main(argv: list[str] | None = None) -> None:
     import torch
 
     from inf_mllm_ros.engine.loading import load_model
@@ -84,7 +88,7 @@ def main() -> None:
     p.add_argument("--one-layer-at-a-time", action="store_true",
                    help="evict and re-pack layer by layer (the cache's stack_layers=False), for comparison")
     p.add_argument("--label", default="current", help="names the code measured (records of other labels are kept)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_num_threads(1)
     adapter = load_model(args.model, device="cpu", dtype="float32")
     ids = adapter.tokenize(read_text(args.text))

@@ -309,7 +309,11 @@ def frame_size(text: str) -> tuple[int, int]:
     return height, width
 
 
-def main() -> None:
+# The options of a few seconds' run on the small models (run.py --smoke).
+SMOKE = ["--frames", "6", "--record-every", "3", "--frame-size", "96x64", "--cache", "256", "--chunk", "64", "--policies", "inf_mllm"]
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-config", default="smolvlm-small", choices=sorted(MODEL_CONFIGS))
     p.add_argument("--model", default=None, help="a model folder instead of a built one")
@@ -330,7 +334,7 @@ def main() -> None:
     p.add_argument("--plot-only", action="store_true")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--policy", default="inf_mllm", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.one:
         print(json.dumps(run_one(args)))
         return

@@ -223,7 +223,11 @@ def measure(shape: str, args, record: dict) -> dict:
     return out
 
 
-def main() -> None:
+# The options of a few seconds' run on the small models (run.py --smoke).
+SMOKE = ["--smoke"]
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on the CPU")
@@ -237,7 +241,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     ap.add_argument("--smoke", action="store_true", help="the tiny shape on the CPU, a few steps")
     ap.add_argument("--out", default=None, help="default: results/gpu_speed_<device>.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     import torch
 
     if args.smoke:

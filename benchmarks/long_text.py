@@ -246,7 +246,11 @@ def plot(out_name: str, png: str, group_key: str) -> None:
     fig.savefig(RESULTS / png, dpi=110)
 
 
-def main() -> None:
+# The options of a few seconds' run on the small models (run.py --smoke).
+SMOKE = ["--model", "smollm2", "--tokens", "640", "--chunk", "64", "--bin", "256", "--caches", "128", "--policies", "full", "inf_mllm", "--out", "long_text_ppl.json"]
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--text", default=None, help="text file (default: the shared Gutenberg novel)")
     p.add_argument("--model", default="smollm2")
@@ -273,7 +277,7 @@ def main() -> None:
     p.add_argument("--cache", type=int, default=512, help=argparse.SUPPRESS)
     p.add_argument("--position-mode", default="cache", help=argparse.SUPPRESS)
     p.add_argument("--partial", default=None, help="also append each bin's record to this JSONL file as it is measured")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.policies = args.policies or policy_names()
     if args.bias is None:
         from inf_mllm_ros.engine.policies import policy_defaults

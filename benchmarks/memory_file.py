@@ -60,7 +60,11 @@ def checkpoint(args) -> None:
     (RESULTS / "memory_file_checkpoint.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
-def main() -> None:
+# The options of a few seconds' run on the small models (run.py --smoke).
+SMOKE = ["--caches", "128", "--repeats", "1"]
+
+
+def main(argv: list[str] | None = None) -> None:
     import torch
 
     from inf_mllm_ros.engine.loading import load_model
@@ -76,7 +80,7 @@ def main() -> None:
     p.add_argument("--text", default=None)
     p.add_argument("--checkpoint", action="store_true")
     p.add_argument("--new-tokens", type=int, default=1024)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.checkpoint:
         return checkpoint(args)
     torch.set_num_threads(1)

@@ -233,7 +233,11 @@ def plot(name: str = "recall.json") -> None:
     fig.savefig(RESULTS / name.replace(".json", ".png"), dpi=110)
 
 
-def main() -> None:
+# The options of a few seconds' run on the small models (run.py --smoke).
+SMOKE = ["--model", "smollm2", "--caches", "128", "--facts", "2", "--fact-every", "100", "--distances", "256", "--policies", "full", "inf_mllm", "--settings", "mentioned"]
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--text", default=None)
     p.add_argument("--model", default="qwen2.5-0.5b")
@@ -257,7 +261,7 @@ def main() -> None:
     p.add_argument("--mention-gap", type=int, default=0,
                    help="mentioned: instead, a mention every this many tokens of the fact's age (0: the doubling ages)")
     add_matrix_options(p, out="recall.json", setting="mentioned")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.one:
         print(json.dumps(run_one(args)))
         return

@@ -21,10 +21,9 @@ from pathlib import Path
 
 import torch
 
+from common import RESULTS
 from inf_mllm_ros.engine import triton_scoring
 from inf_mllm_ros.engine.scoring import window_scores
-
-REPO = Path(__file__).resolve().parents[1]
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 12, 2, 128
 
@@ -37,7 +36,7 @@ def parse_args(argv=None):
     parser.add_argument("--block-size", type=int, default=64, help="PyTorch path query block")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/scoring_bench.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "scoring_bench.json")
     return parser.parse_args(argv)
 
 
@@ -116,6 +115,10 @@ def bench_shape(n_past, q, device, dtype, block_size, repeats) -> list[dict]:
             }
         )
     return records
+
+
+# The options of a few seconds' run on the small models (run.py --smoke).
+SMOKE = ["--small", "--device", "cpu", "--dtype", "float32", "--repeats", "1"]
 
 
 def main(argv=None) -> int:

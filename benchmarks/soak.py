@@ -695,7 +695,11 @@ def plot(records: list[dict], png: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+# The options of a few seconds' run on the small models (run.py --smoke).
+SMOKE = ["--duration", "40", "--fps", "5", "--question-every", "15", "--sample-every", "5"]
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration", type=float, default=3600.0, help="seconds from the node's start")
     p.add_argument("--fps", type=float, default=30.0, help="camera frames per second")
@@ -707,7 +711,7 @@ def main() -> None:
     p.add_argument("--torch-threads", type=int, default=None,
                    help="the node's torch CPU threads (OMP_NUM_THREADS); default: torch's own (one per core)")
     p.add_argument("--plot-only", action="store_true")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.plot_only:
         records = json.loads((RESULTS / OUT).read_text())
         plot(records, RESULTS / (Path(OUT).stem + ".png"))

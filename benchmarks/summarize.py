@@ -46,7 +46,15 @@ def recall_table() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
+# The options of a few seconds' run on the small models (run.py --smoke).
+SMOKE = []
+
+
+def main(argv: list[str] | None = None) -> None:
     print(perplexity_table())
     print()
     print(recall_table())
+
+
+if __name__ == "__main__":
+    main()

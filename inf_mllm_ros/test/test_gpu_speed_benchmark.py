@@ -11,7 +11,7 @@ import sys
 
 def test_the_gpu_speed_benchmark_runs_to_the_end_and_writes_every_figure(repo_root, tmp_path):
     out = tmp_path / "smoke.json"
-    subprocess.run([sys.executable, str(repo_root / "benchmarks" / "gpu_speed.py"), "--smoke", "--out", str(out)],
+    subprocess.run([sys.executable, str(repo_root / "benchmarks" / "run.py"), "gpu_speed", "--smoke", "--out", str(out)],
                    check=True, timeout=600, capture_output=True)
     record = json.loads(out.read_text())
     assert record["device"].startswith("cpu") and record["bandwidth_bytes_per_s"] > 0
