@@ -1,4 +1,5 @@
-"""A short soak of the installed node: the code of benchmarks/soak.py (an hour there) for about 100 s.
+"""A short soak of the installed node: the run of benchmarks/soak.py (inf_mllm_ros.testing.soak; an hour there) for
+about 100 s.
 
 A camera at 30 fps (640x480 rgb8, best effort), a text a second and a question every 15 s, into the
 node with stats every second, a memory file checkpointed every 60 s and lighter model work than its
@@ -16,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from inf_mllm_ros.testing import soak
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DURATION = 100.0  # seconds from the node's start, model loading included
@@ -44,16 +47,17 @@ RSS_TOLERANCE = 0.05
 PEAK_TOLERANCE = 0.25
 
 
-def load_soak():
-    """benchmarks/soak.py as a module, without putting benchmarks/ (or the source tree) on sys.path."""
-    spec = importlib.util.spec_from_file_location("soak", REPO_ROOT / "benchmarks" / "soak.py")
+def soak_benchmark():
+    """benchmarks/soak.py (the results' writer and plot), with benchmarks/ on sys.path only while it loads."""
+    benchmarks = str(REPO_ROOT / "benchmarks")
+    spec = importlib.util.spec_from_file_location("soak_benchmark", REPO_ROOT / "benchmarks" / "soak.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = module
-    spec.loader.exec_module(module)
+    sys.path.insert(0, benchmarks)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(benchmarks)
     return module
-
-
-soak = load_soak()
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +67,7 @@ def records(tmp_path_factory):
     out = soak.run_soak(DURATION, question_every=QUESTION_EVERY, sample_every=SAMPLE_EVERY,
                         partial=folder / "soak.partial.jsonl", domain_id=int(os.environ["ROS_DOMAIN_ID"]),
                         node_params=NODE_PARAMS, torch_threads=TORCH_THREADS, node_log=folder / "node.log")
-    json_path, png = soak.write_results(out, folder)
+    json_path, png = soak_benchmark().write_results(out, folder)
     assert json.loads(json_path.read_text()) == out
     assert png.stat().st_size > 0
     partial = [json.loads(line) for line in (folder / "soak.partial.jsonl").read_text().splitlines()]
