@@ -181,6 +181,7 @@ class InfMLLMNode(LifecycleNode):
                 memory_file=self.param("memory_file") or None,
                 checkpoint_period=self.param("checkpoint_period"),
                 frame_period=frame_period(self.param("frame_rate")),
+                max_text_delay=self.param("max_text_delay"),
                 torch_threads=model_threads(values),
             )
         except Exception as exc:  # rclpy would swallow it: say why here

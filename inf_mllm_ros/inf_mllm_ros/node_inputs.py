@@ -143,12 +143,14 @@ class Inputs:
             self.reject("engine_closed", f"text refused: {exc}")
             return
         if future.done() and isinstance(future.exception(), EngineBusyError):
+            # Counted without a ~/cache_stats message of its own: this happens under a flood (a lockstep player
+            # sends one input at a time and never meets it), where a message per refusal would cost both sides
+            # what the model needs; the next stats carry the count.
             with self.counters.lock:
                 self.counters.inputs_rejected += 1
             self.node.get_logger().warning(
                 f"{future.exception()} (refused so far: {engine.counters.texts_refused}); "
                 "the model cannot keep up with the text topic", throttle_duration_sec=2.0)
-            self.publish_stats()
             return
         future.add_done_callback(lambda f: self.post("text_done", f))
 

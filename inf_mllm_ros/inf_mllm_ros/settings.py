@@ -156,6 +156,10 @@ PARAMETERS = (
     Param("max_decoded_pixels", DEFAULT_MAX_DECODED_PIXELS, "Largest compressed frame accepted, in pixels "
           "(width x height read from its header before decoding); default: a 4K frame.",
           read_only=False, low=1, high=1 << 26),
+    Param("max_text_delay", 1.0, "Seconds of the model's time (at its measured pace) the texts waiting for it may "
+          "take; a text beyond is refused with a log, so that a question waits for the job in progress and at most "
+          "this long for the texts ahead of it. One block's worth of text may always wait; 0: max_pending_texts "
+          "alone bounds them.", read_only=False, low=0.0, high=3600.0),
     Param("query_timeout", 120.0, "Seconds a query or reset waits for the model before answering success=false.",
           read_only=False, low=1.0, high=3600.0),
     Param("stats_period", 1.0, f"Seconds between ~/cache_stats messages; 0: only after each input, else at least "
@@ -200,7 +204,7 @@ def stream_config(values: dict) -> StreamConfig:
 
 
 def frame_period(frame_rate: float) -> float:
-    """Seconds between frames taken under a flood of texts, from `frame_rate` (0: no bound, every other job)."""
+    """Seconds between the frames the node's frame_rate lets through (0: no bound)."""
     return 1.0 / frame_rate if frame_rate > 0.0 else 0.0
 
 
@@ -218,8 +222,8 @@ def live_engine_changes(values: dict) -> dict:
             changes[p.engine_field] = value
         elif name == "frame_rate":
             changes["frame_period"] = frame_period(value)
-        elif name == "checkpoint_period":
-            changes["checkpoint_period"] = value
+        elif name in ("max_text_delay", "checkpoint_period"):  # the engine's own live settings
+            changes[name] = value
     return changes
 
 

@@ -13,6 +13,7 @@ from inf_mllm_ros.engine.engine import EngineBusyError, EngineNotReadyError, Str
 from inf_mllm_ros.engine.loading import ModelLoadError, load_model
 from inf_mllm_ros.engine.answering import AnswerCancelledError, StreamStoppedError
 from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.settings import BY_NAME
 from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.engine.work_queue import Job, WorkQueue
 
@@ -384,13 +385,34 @@ def test_a_waiting_question_takes_the_texts_ahead_of_it_in_one_call_then_goes_be
         return work
 
     work = queue(question=True)
-    order = [[job.kind for job in work.next_jobs(1.0, 256, 128)] for _ in range(4)]
+    order = [[job.kind for job in work.next_jobs(256, 128, 1.0)] for _ in range(4)]
     assert order == [["text"] * texts, ["query"], ["frame"], ["text"]]
     assert work.queries == 0 and work.texts == 0 and not work
     work = queue(question=False)
-    assert [job.kind for job in work.next_jobs(1.0, 256, 128)] == ["frame"]
-    batch = work.next_jobs(1.0, 256, 128)
+    assert [job.kind for job in work.next_jobs(256, 128, 1.0)] == ["frame"]
+    batch = work.next_jobs(256, 128, 1.0)
     assert 1 <= len(batch) < texts or texts * 48 <= 4 * 128  # a quarter period's worth, or one block at first
+
+
+def test_waiting_texts_are_bounded_in_number_and_in_the_models_time():
+    work = WorkQueue()
+    text = "Conveyor 4 carried another box past the scanner."  # 49 characters
+    block = 16  # 64 characters always wait (4 a token until measured)
+
+    def add(n):
+        for _ in range(n):
+            work.add(Job("text", text=(text, None, False)))
+
+    assert work.text_room(len(text), 64, 1.0, block) is None
+    add(1)
+    assert "not yet measured" in work.text_room(len(text), 64, 1.0, block)  # beyond a block before a measure
+    assert work.text_room(len(text), 64, 0.0, block) is None  # no time bound: the number alone
+    work.took_texts(1000, 1.0)  # 1 ms a character: a second holds 1000 characters, 20 such texts
+    add(19)
+    assert work.text_chars == 20 * len(text) and work.text_room(len(text), 64, 1.0, block) is not None
+    assert work.text_room(len(text), 64, 2.0, block) is None
+    assert work.text_room(len(text), 20, 2.0, block) == "20 waiting"
+    assert len(work.next_jobs(1024, block)) == 20 and work.texts == work.text_chars == 0
 
 
 def test_under_a_flood_of_texts_a_frame_goes_in_every_frame_period(smollm2):
@@ -398,9 +420,12 @@ def test_under_a_flood_of_texts_a_frame_goes_in_every_frame_period(smollm2):
 
     from inf_mllm_ros.engine.engine import EngineBusyError as Busy
 
+    # Frames come at 10 Hz, ungated (the node's frame_rate gate decides which frames come): the queue takes a waiting
+    # frame after one other job, and the period bounds how long a text call is; the node's bound on waiting texts.
     period = 0.5
     engine = StreamingEngine(adapter=smollm2, config=StreamConfig(capacity=512, chunk_size=128),
-                             max_pending_texts=64, frame_period=period)
+                             max_pending_texts=64, frame_period=period,
+                             max_text_delay=BY_NAME["max_text_delay"].default)
     engine.wait_ready(60)
     stream = engine.worker.stream
     frames_taken, text_calls = [], []

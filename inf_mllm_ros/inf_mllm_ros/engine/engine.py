@@ -1,9 +1,10 @@
 """A thread-safe front for one `KVStream`: one worker runs the model, callers get futures.
 
-Order of work: see work_queue.py. A question sees every text submitted before it; under a flood of texts
-a frame still goes in every `frame_period` seconds; frames are kept one deep (a frame that arrives while
-another waits replaces it and the older one counts as dropped). Texts and questions have bounded queues;
-when one is full the call is refused at once with a reason. Texts waiting in a row go into the model
+Order of work: see work_queue.py. A question sees every text taken before it and waits for the job in progress
+and one batch of them; a waiting frame waits for one other job at most; frames are kept one deep (a frame that
+arrives while another waits replaces it and the older one counts as dropped). Texts and questions have bounded
+queues (texts in number and in the model's time, `max_text_delay`); when one is full the call is refused at once
+with a reason. Texts waiting in a row go into the model
 together (`KVStream.push_texts`: each text still its own user turn with its own time marker, counted one by
 one in `texts_ingested`, its future resolved with its own token count).
 
@@ -77,6 +78,7 @@ class StreamingEngine:
         max_pending_queries: int = DEFAULT_MAX_PENDING_QUERIES,
         on_ingested: Callable[[str], None] | None = None,
         frame_period: float = 0.0,
+        max_text_delay: float = 0.0,
         memory_file: str | None = None,
         checkpoint_period: float = 0.0,
         torch_threads: int = 0,
@@ -86,7 +88,7 @@ class StreamingEngine:
         self.max_pending_queries = max_pending_queries
         # What may change while it runs, as one immutable snapshot (see update_settings); the worker applies a
         # new one between jobs.
-        self._board = WorkBoard(LiveSettings.of(self.config, frame_period=frame_period,
+        self._board = WorkBoard(LiveSettings.of(self.config, frame_period=frame_period, max_text_delay=max_text_delay,
                                                 checkpoint_period=checkpoint_period))
         self.checkpoints = Checkpointer(memory_file)
         loader = (lambda: adapter) if adapter is not None else (
@@ -144,9 +146,11 @@ class StreamingEngine:
             return _failed(exc)
         with self._board.lock:
             self._check_open()
-            if self._board.work.texts >= self.max_pending_texts:
+            full = self._board.work.text_room(len(text), self.max_pending_texts, self._board.settings.max_text_delay,
+                                              self.config.chunk_size)
+            if full:
                 self.counters.texts_refused += 1
-                return _failed(EngineBusyError(f"text queue full ({self.max_pending_texts} waiting); message refused"))
+                return _failed(EngineBusyError(f"text queue full ({full}); message refused"))
             return self._enqueue(Job("text", text=(text, stamp, pin, pose)))
 
     def submit_frame(self, rgb: np.ndarray, stamp: float | None = None, *, pose: Pose | None = None) -> Future:

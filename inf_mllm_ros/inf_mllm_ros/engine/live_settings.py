@@ -20,19 +20,22 @@ from .stream_config import StreamConfig
 @dataclass(frozen=True)
 class LiveSettings:
     """What may change at run time: the stream's system prompt and answer length, the policy's live knobs,
-    the frame period under a text flood and the checkpoint period."""
+    the frame period (what a text call may take while a camera is live), the time bound on waiting texts and the
+    checkpoint period."""
 
     system_prompt: str | None = StreamConfig.system_prompt
     max_new_tokens: int = StreamConfig.max_new_tokens
     policy_settings: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
-    frame_period: float = 0.0  # seconds between frames taken under a flood of texts; 0: every other job
+    frame_period: float = 0.0  # seconds between the frames that come (1 / the node's frame_rate); 0: no camera bound
+    max_text_delay: float = 0.0  # the model's seconds the waiting texts may take (WorkQueue.text_room); 0: no bound
     checkpoint_period: float = 0.0  # seconds between saves of a changed memory; 0: on request and at close
 
     @classmethod
-    def of(cls, config: StreamConfig, *, frame_period: float = 0.0, checkpoint_period: float = 0.0) -> LiveSettings:
-        """The live part of a stream configuration, with the engine's periods."""
+    def of(cls, config: StreamConfig, *, frame_period: float = 0.0, max_text_delay: float = 0.0,
+           checkpoint_period: float = 0.0) -> LiveSettings:
+        """The live part of a stream configuration, with the engine's own settings."""
         return cls(config.system_prompt, config.max_new_tokens, MappingProxyType(dict(config.policy_settings)),
-                   frame_period, checkpoint_period)
+                   frame_period, max_text_delay, checkpoint_period)
 
     def changed(self, config: StreamConfig, **changes) -> LiveSettings:
         """A new snapshot with `changes` (`policy_settings`: the knobs that change, others kept), checked as the
@@ -51,7 +54,7 @@ class LiveSettings:
                                   **changes)
         if new.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {new.max_new_tokens}")
-        for name in ("frame_period", "checkpoint_period"):
+        for name in ("frame_period", "max_text_delay", "checkpoint_period"):
             if getattr(new, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(new, name)}")
         return new

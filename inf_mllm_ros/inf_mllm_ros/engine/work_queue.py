@@ -3,21 +3,19 @@
 Each time the worker is free it takes, in this order:
 
 1. control (a reset or a save), at once;
-2. the waiting camera frame, if it is due and no question waits: the previous job was not a frame and at
-   least three quarters of `frame_period` have passed since the last frame was taken (`frame_period` 0:
-   frames and other work alternate);
-3. otherwise the oldest message: a question alone, or the texts waiting in a row before the next
-   question, pushed together in one model call: all of them while a question waits; else up to about a
-   cache's worth of characters, and while a camera is live one block of the model's until its speed is
-   measured, then what the model takes, by its measured speed, in a quarter of a frame period or what a
-   frame leaves of it;
+2. the waiting camera frame, unless the previous job was a frame or a question waits;
+3. otherwise the oldest message: a question alone, or the texts waiting in a row before the next question,
+   pushed together in one model call: all of them while a question waits; else, while a camera is live, what the
+   model takes at its measured pace in what a frame leaves of `frame_period` (a quarter of it at least), and
+   always at least one block's worth of tokens (a call has a cost of its own beside its length: fewer would
+   only slow the model down); else up to about a cache's worth of characters;
 4. otherwise the frame.
 
-So a question sees every text submitted before it, and waits for the job in progress and one batch of those
-texts; under a flood of texts a frame still goes in every `frame_period` seconds (a text call then lasts a
-quarter of a period at most) or every other job, and under a camera faster than the model texts and
-questions still get every other job. Frames are kept one deep: a frame that arrives while another waits
-replaces it, so a camera faster than the model never builds a backlog.
+Which frames come is decided once, before the queue (the node's `frame_rate` gate); here a waiting frame waits for
+one other job at most, and `frame_period` only bounds how long that job may be. The texts that may wait are bounded
+in number and in the model's time (`text_room`, `max_text_delay`), so a question sees every text taken before it
+and waits for the job in progress and one batch of them. Frames are kept one deep: a frame that arrives while
+another waits replaces it, so a camera faster than the model never builds a backlog.
 """
 
 from __future__ import annotations
@@ -53,10 +51,11 @@ class WorkQueue:
         self.messages: deque[Job] = deque()  # texts and queries in arrival order
         self.frame: Job | None = None  # the newest frame only
         self.texts = 0  # texts waiting
+        self.text_chars = 0  # their characters
         self.queries = 0  # questions waiting
-        self.last_frame_taken = float("-inf")
         self.last_frame_offered = float("-inf")
         self.seconds_per_char: float | None = None  # the model's time per character of text, measured
+        self.chars_per_token = 4.0  # of the texts taken, measured (a short message with its turn's markers: about 2)
         self.seconds_per_frame: float | None = None  # the model's time per frame, measured
         self.last_kind: str | None = None
 
@@ -70,6 +69,7 @@ class WorkQueue:
         else:
             self.messages.append(job)
             self.texts += job.kind == "text"
+            self.text_chars += len(job.text[0]) if job.kind == "text" else 0
             self.queries += job.kind == "query"
         return job.future
 
@@ -93,62 +93,72 @@ class WorkQueue:
         waiting = list(self.control) + list(self.messages) + ([self.frame] if self.frame else [])
         self.control.clear()
         self.messages.clear()
-        self.texts = self.queries = 0
+        self.texts = self.text_chars = self.queries = 0
         self.frame = None
         return waiting
 
-    def took_texts(self, chars: int, seconds: float) -> None:
-        """The model took `chars` characters of text in `seconds`: its measured speed (a moving average)."""
+    def took_texts(self, chars: int, seconds: float, tokens: int | None = None) -> None:
+        """The model took `chars` characters of text (`tokens` tokens) in `seconds`: its measured speed (moving
+        averages)."""
         self.seconds_per_char = _moving_average(self.seconds_per_char, seconds / max(chars, 1))
+        if tokens:
+            self.chars_per_token = _moving_average(self.chars_per_token, chars / tokens)
+
+    def block_chars(self, block: int) -> int:
+        """Characters of text in one block of tokens, as measured: a call costs about the same for any length up to
+        a block, so no call is made shorter."""
+        return max(int(block * self.chars_per_token), 1)
 
     def took_frame(self, seconds: float) -> None:
         """The model took a frame in `seconds` (a moving average)."""
         self.seconds_per_frame = _moving_average(self.seconds_per_frame, seconds)
 
-    def text_batch_chars(self, now: float, frame_period: float, capacity: int, block: int) -> int:
-        """The most characters of text one model call takes: a cache's worth (4 characters a token), and while a
-        camera is live (a frame offered within two frame periods) one `block`'s worth until the model's speed is
-        measured (a first batch of a cache's worth held frames and a question for seconds under a flood), then
-        what the model takes, by its measured speed, in a quarter of a frame period, or in what a frame leaves of
-        a period where that is less (a tenth at least). A frame that comes while texts go in waits at most that: its
-        turn comes every period however many texts wait, even when the frames reach the queue out of step with the
-        worker's period."""
+    def text_call_chars(self, capacity: int, block: int, frame_period: float) -> float:
+        """The most characters of text one model call takes (see the module docstring, 3)."""
+        if self.queries:
+            return float("inf")
         limit = 4 * capacity
-        if frame_period > 0 and now - self.last_frame_offered <= 2 * frame_period:
-            if self.seconds_per_char is None:
-                return max(4 * min(block, capacity), 1)
-            left = frame_period - (self.seconds_per_frame or 0.0)
-            seconds = max(min(left, 0.25 * frame_period), 0.1 * frame_period)
+        camera_live = frame_period > 0 and time.monotonic() - self.last_frame_offered <= 2 * frame_period
+        if camera_live and self.seconds_per_char is not None:
+            seconds = max(frame_period - (self.seconds_per_frame or 0.0), 0.25 * frame_period)
             limit = min(limit, int(seconds / self.seconds_per_char))
-        return max(limit, 1)
+        return max(limit, self.block_chars(min(block, capacity)))
 
-    def next_jobs(self, frame_period: float, capacity: int, block: int) -> list[Job]:
+    def text_room(self, chars: int, max_texts: int, max_delay: float, block: int) -> str | None:
+        """Why a text of `chars` characters cannot wait now, or None: `max_texts` wait already, or with it the waiting
+        texts would take the model longer than `max_delay` seconds at its measured pace (0: no time bound). One
+        block's worth of text may always wait, measured or not (`block_chars`)."""
+        if self.texts >= max_texts:
+            return f"{max_texts} waiting"
+        waiting = self.text_chars + chars
+        if max_delay <= 0 or waiting <= self.block_chars(block):
+            return None
+        if self.seconds_per_char is None:
+            return f"{self.texts} waiting, the model's pace not yet measured"
+        if waiting * self.seconds_per_char > max_delay:
+            return f"{self.texts} waiting, {self.text_chars * self.seconds_per_char:.1f} s of the model's time"
+        return None
+
+    def next_jobs(self, capacity: int, block: int, frame_period: float = 0.0) -> list[Job]:
         """The next job, or the batch of texts that go in together (see the module docstring)."""
         if self.control:
             return [self.control.popleft()]
-        now = time.monotonic()
-        # Due after three quarters of a period: frames that a rate gate upstream (the node's frame_rate) lets
-        # through once a period reach the queue out of step with the worker, and a whole period here would
-        # hold some of them for another text call, slowing frames below the rate.
-        frame_due = self.last_kind != "frame" and now - self.last_frame_taken >= 0.75 * frame_period
-        # A waiting question goes before the frame, and the texts ahead of it go in as one batch: it waits for
-        # the job in progress and one batch, not for a backlog taken a quarter period at a time between frames.
-        if self.frame is not None and (not self.messages or (frame_due and not self.queries)):
+        # A waiting question goes before the frame, and the texts ahead of it go in as one batch first.
+        if self.frame is not None and (not self.messages or (self.last_kind != "frame" and not self.queries)):
             job, self.frame = self.frame, None
-            self.last_frame_taken, self.last_kind = now, "frame"
+            self.last_kind = "frame"
             return [job]
         if self.messages[0].kind == "query":
             self.queries -= 1
             self.last_kind = "query"
             return [self.messages.popleft()]
-        # Waiting texts go in together, so that a long backlog does not hold a question or a frame for many
-        # blocks of the model.
         batch, chars = [], 0
-        limit = self.text_batch_chars(now, frame_period, capacity, block) if not self.queries else float("inf")
+        limit = self.text_call_chars(capacity, block, frame_period)
         while self.messages and self.messages[0].kind == "text" and (not batch or chars < limit):
             chars += len(self.messages[0].text[0])
             batch.append(self.messages.popleft())
         self.texts -= len(batch)
+        self.text_chars -= chars
         self.last_kind = "text"
         return batch
 

@@ -119,7 +119,7 @@ class EngineWorker:
                 if board.closed:
                     break
                 settings = board.settings
-                jobs = (board.work.next_jobs(settings.frame_period, self.config.capacity, self.config.chunk_size)
+                jobs = (board.work.next_jobs(self.config.capacity, self.config.chunk_size, settings.frame_period)
                         if board.work else [])
             try:
                 self._take(jobs, settings)
@@ -198,7 +198,7 @@ class EngineWorker:
                 future.set_exception(exc)
             return False
         with self.board.lock:
-            self.board.work.took_texts(sum(len(item[0]) for item, _ in live), time.monotonic() - start)
+            self.board.work.took_texts(sum(len(item[0]) for item, _ in live), time.monotonic() - start, sum(counts))
         self._snapshot_stats()
         for (_, future), n in zip(live, counts):
             future.set_result(n)
