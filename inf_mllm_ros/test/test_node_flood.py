@@ -13,8 +13,6 @@ the node 45% to 57% of the texts a second of one process, 22 to 24 frames in 30 
 2.7 to 3.6 s (docs/node.md, "Order of work").
 """
 
-# The share of the pace in one process below which the test fails (see the docstring).
-PACE_SHARE = 0.4
 
 from __future__ import annotations
 
@@ -41,6 +39,8 @@ REFERENCE_S = 15.0  # the in-process run under the same traffic
 NODE_PARAMS = {"cache_size": 256, "torch_threads": 1, "frame_rate": FRAME_RATE, "stats_period": 0.5,
                "description_period": 0.0}
 MAX_TEXT_DELAY = BY_NAME["max_text_delay"].default
+# The share of the pace in one process below which the test fails (see the docstring).
+PACE_SHARE = 0.4
 
 
 def text(n: int) -> str:
