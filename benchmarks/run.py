@@ -39,6 +39,7 @@ BENCHMARKS = {
     "gpu_speed": "decode and ingest steps eager, static and compiled; bandwidth floor",
     "scoring_bench": "retrieval-window scoring, blocked PyTorch against Triton",
     "soak": "the installed node for an hour under a camera, texts and questions over DDS",
+    "node_flood": "the installed node under a flood of texts and frames over DDS, from the first message",
     "summarize": "markdown tables of the recorded results",
 }
 

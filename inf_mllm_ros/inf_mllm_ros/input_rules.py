@@ -1,5 +1,5 @@
 """How the node takes its inputs, in one place for the node and the offline runner: the stream time of
-an input, which texts are accepted, and which frames pass `frame_rate`.
+an input, which text messages are taken (checked once, here), and which frames pass `frame_rate`.
 
 Both apply these to the same messages in the same order, so a bag replayed into the node and the same
 bag run offline build the same prompts. No ROS import: a header stamp is anything with `sec` and
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .engine.text_rules import is_blank, is_undecodable, text_problem
+from .engine.text_rules import CheckedText, TextRefused, checked_text
 
 
 def stamp_seconds(header_stamp: Any | None, now_ns: int) -> float:
@@ -34,24 +34,17 @@ class StreamClock:
         return seconds - self.origin
 
 
-def text_refusal(text: Any, max_text_chars: int) -> tuple[str, str] | None:
-    """(kind, reason) when a text message is refused, else None."""
-    # The length first: the blank check reads up to the first visible character, which may be the last.
-    too_long = isinstance(text, str) and length_refusal("text", text, max_text_chars)
-    if too_long:
-        return "text_too_long", f"{too_long}; split it into shorter messages"
-    if is_blank(text):
-        return "text_empty", "empty text message refused (no visible character)"
-    if is_undecodable(text):
-        return "text_undecodable", text_problem(text, "text message")
-    return None
+# What the node adds to a refused text message's reason, by its kind.
+TEXT_ADVICE = {"text_too_long": "; split it into shorter messages", "text_empty": " refused (no visible character)"}
 
 
-def length_refusal(what: str, text: str, max_text_chars: int) -> str | None:
-    """Why a text or a question is too long for the model to take in bounded time, or None."""
-    if len(text) > max_text_chars:
-        return f"{what} of {len(text)} characters refused: longer than max_text_chars ({max_text_chars})"
-    return None
+def text_message(text: Any, max_text_chars: int) -> CheckedText:
+    """A text message as the node and the offline runner take it, checked once (engine/text_rules.py): the engine
+    and the stream take the CheckedText as it is. Raises TextRefused with its kind and reason."""
+    try:
+        return checked_text(text, "text message", max_text_chars)
+    except TextRefused as exc:
+        raise TextRefused(exc.kind, f"{exc}{TEXT_ADVICE.get(exc.kind, '')}") from None
 
 
 class FrameGate:
@@ -88,4 +81,4 @@ class FrameGate:
         return True
 
 
-__all__ = ["FrameGate", "StreamClock", "length_refusal", "stamp_seconds", "text_refusal"]
+__all__ = ["FrameGate", "StreamClock", "stamp_seconds", "text_message"]

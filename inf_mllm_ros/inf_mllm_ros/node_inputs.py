@@ -25,7 +25,8 @@ from inf_mllm_interfaces.msg import Description
 from .engine.adapters import FramesNotSupportedError
 from .engine.engine import EngineBusyError, EngineNotReadyError, FrameDroppedError
 from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
-from .input_rules import FrameGate, StreamClock, stamp_seconds, text_refusal
+from .engine.text_rules import TextRefused
+from .input_rules import FrameGate, StreamClock, stamp_seconds, text_message
 from .node_health import NodeCounters
 from .node_poses import PoseInput
 
@@ -71,12 +72,14 @@ class Inputs:
                                self.refuse_pose)
 
     def open_descriptions(self) -> None:
+        # A lifecycle publisher: it publishes while the node is active only (a description finished after a
+        # deactivate is dropped), as a lifecycle manager expects of a node's outputs.
         if self._description_pub is None:
-            self._description_pub = self.node.create_publisher(Description, "~/description", LATCHED_QOS)
+            self._description_pub = self.node.create_lifecycle_publisher(Description, "~/description", LATCHED_QOS)
 
     def close_descriptions(self) -> None:
         if self._description_pub is not None:
-            self.node.destroy_publisher(self._description_pub)
+            self.node.destroy_lifecycle_publisher(self._description_pub)
         self._description_pub = None
 
     def subscribe(self) -> None:
@@ -130,10 +133,10 @@ class Inputs:
         future.add_done_callback(lambda f: self.post("frame_done", f))
 
     def _on_text(self, msg: String, pin: bool = False) -> None:
-        text = msg.data
-        refusal = text_refusal(text, self.node.param("max_text_chars"))
-        if refusal is not None:
-            self.reject(*refusal)
+        try:
+            text = text_message(msg.data, self.node.param("max_text_chars"))
+        except TextRefused as exc:
+            self.reject(exc.kind, str(exc))
             return
         pose = self.poses.at(stamp_seconds(None, self.node.get_clock().now().nanoseconds))
         engine = self.node.engine

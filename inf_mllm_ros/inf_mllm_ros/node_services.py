@@ -27,9 +27,9 @@ from inf_mllm_interfaces.srv import Query, Recall
 
 from .engine.engine import EngineBusyError, EngineNotReadyError
 from .engine.answering import AnswerCancelledError
-from .engine.text_rules import text_problem
+from .engine.text_rules import TextRefused, checked_text
 from .engine_interface import EngineLike
-from .input_rules import length_refusal, stamp_seconds
+from .input_rules import stamp_seconds
 from .node_health import NodeCounters
 from .node_inputs import Inputs
 from .node_poses import evidence_msgs, pose_msg
@@ -74,7 +74,7 @@ class Services:
         node.create_service(Recall, "~/recall", lambda req, res: self._served(self._recall, req, res),
                             callback_group=waiting, qos_profile=SERVICE_QOS)
         # The last answer's evidence poses, heaviest first, for RViz.
-        self._evidence_pub = node.create_publisher(PoseArray, "~/evidence", 10)
+        self._evidence_pub = node.create_lifecycle_publisher(PoseArray, "~/evidence", 10)  # while active only
         node.create_service(Trigger, "~/reset", self._on_reset, callback_group=waiting, qos_profile=SERVICE_QOS)
         node.create_service(Trigger, "~/save_memory", self._on_save_memory, callback_group=waiting,
                             qos_profile=SERVICE_QOS)
@@ -135,14 +135,11 @@ class Services:
         unusable = self._lifecycle_refusal(engine, ask=True)
         if unusable:
             return self._query_failed(response, unusable)
-        question = request.question.strip()
         max_new = request.max_new_tokens or self.node.param("max_new_tokens")
-        too_long = length_refusal("question", question, self.node.param("max_text_chars"))
-        if too_long:  # a kept question goes in whole before its answer: it must be short enough to stop soon
-            return self._query_failed(response, too_long)
-        problem = text_problem(question, "question")  # after the length: it reads up to the first visible character
-        if problem:
-            return self._query_failed(response, problem)
+        try:  # bounded in length too: a kept question goes in whole before its answer, and must stop soon
+            question = checked_text(request.question.strip(), "question", self.node.param("max_text_chars"))
+        except TextRefused as exc:
+            return self._query_failed(response, str(exc))
         if max_new > MAX_NEW_TOKENS_LIMIT:
             return self._query_failed(response, f"max_new_tokens {max_new} is above the limit {MAX_NEW_TOKENS_LIMIT}")
         timeout = self.node.param("query_timeout")
@@ -213,9 +210,12 @@ class Services:
         start = time.monotonic()
         engine = self.node.engine
         unusable = self._lifecycle_refusal(engine, ask=True)
-        text = request.text.strip()
-        problem = unusable or length_refusal("recall text", text, self.node.param("max_text_chars")) or text_problem(
-            text, "recall text")
+        problem = unusable
+        if not problem:
+            try:
+                text = checked_text(request.text.strip(), "recall text", self.node.param("max_text_chars"))
+            except TextRefused as exc:
+                problem = str(exc)
         if not problem and request.max_results > MAX_RECALL_RESULTS:
             problem = f"max_results {request.max_results} is above the limit {MAX_RECALL_RESULTS}"
         place = (request.x, request.y, request.radius)

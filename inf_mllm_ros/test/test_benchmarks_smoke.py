@@ -1,6 +1,6 @@
 """Every benchmark runs to the end on the small embedded models (`benchmarks/run.py --smoke`), so that none rots
-between the runs whose figures the docs report. The soak's and the GPU benchmark's smoke runs are their own tests
-(test_soak.py, test_gpu_speed_benchmark.py), which also check what they write."""
+between the runs whose figures the docs report. The soak's, the flood's and the GPU benchmark's smoke runs are their
+own tests (test_soak.py, test_node_flood.py, test_gpu_speed_benchmark.py), which also check what they measure."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO_ROOT
 
-OWN_TESTS = {"soak", "gpu_speed"}
+OWN_TESTS = {"soak", "gpu_speed", "node_flood"}
 
 
 def benchmark_names() -> list[str]:

@@ -15,7 +15,8 @@ from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
 from inf_mllm_ros.engine.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.engine.text_rules import is_blank, is_undecodable
-from inf_mllm_ros.input_rules import text_refusal
+from inf_mllm_ros.engine.text_rules import TextRefused
+from inf_mllm_ros.input_rules import text_message
 
 # Control strings of the supported families' templates (ChatML/Qwen/SmolLM2, Idefics3/SmolVLM, Llama 2/3,
 # Mistral, LLaVA) and image placeholders.
@@ -162,10 +163,12 @@ def test_text_of_replacement_characters_only_is_refused_and_some_among_real_ones
     """Bytes that were not UTF-8 reach the node as U+FFFD: nothing to read, refused with the reason."""
     for text in ("\ufffd", "\ufffd\ufffd \ufffd\n", "\u200b\ufffd"):
         assert is_undecodable(text) and not is_blank(text), repr(text)
-        kind, reason = text_refusal(text, 4000)
+        with pytest.raises(TextRefused) as refused:
+            text_message(text, 4000)
+        kind, reason = refused.value.kind, str(refused.value)
         assert kind == "text_undecodable" and "not valid UTF-8" in reason
     for text in ("caf\ufffd au lait", "\ufffd7", "a"):
-        assert not is_undecodable(text) and text_refusal(text, 4000) is None, repr(text)
+        assert not is_undecodable(text) and text_message(text, 4000) == text, repr(text)
     stream = KVStream(adapters["smollm2"], StreamConfig(capacity=256))
     with pytest.raises(ValueError, match="replacement characters"):
         stream.push_text("\ufffd\ufffd")

@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..engine.text_rules import is_blank
 from ..image_conversion import ImageConversionError, msg_to_rgb
-from ..input_rules import FrameGate, StreamClock, stamp_seconds, text_refusal
+from ..engine.text_rules import TextRefused
+from ..input_rules import FrameGate, StreamClock, stamp_seconds, text_message
 from .bag_io import Bag, BagError, BagMessage
 
 __all__ = [
@@ -151,11 +152,12 @@ def stream_inputs(messages: Iterable[BagMessage], kinds: dict[str, str], start_n
                 continue
             yield StreamInput("frame", item.topic, bag_time, clock(msg.header.stamp, item.timestamp_ns), data)
         else:
-            refusal = text_refusal(msg.data, max_text_chars)
-            if refusal is not None:
-                yield StreamInput("rejected", item.topic, bag_time, None, refusal[1])
-            else:
-                yield StreamInput(kind, item.topic, bag_time, clock(None, item.timestamp_ns), msg.data)
+            try:
+                text = text_message(msg.data, max_text_chars)
+            except TextRefused as exc:
+                yield StreamInput("rejected", item.topic, bag_time, None, str(exc))
+                continue
+            yield StreamInput(kind, item.topic, bag_time, clock(None, item.timestamp_ns), text)
 
 
 # --- questions at bag times -------------------------------------------------------------------

@@ -33,7 +33,7 @@ from .live_settings import LiveSettings
 from .answering import Answer
 from .stream_config import StreamConfig
 from .stream import StreamStats
-from .text_rules import text_problem
+from .text_rules import TextRefused, checked_text
 from .checkpoints import Checkpointer
 from .work_queue import Job
 from .worker import EngineCounters, EngineWorker, WorkBoard
@@ -137,9 +137,10 @@ class StreamingEngine:
         """Queue a message for the memory (`pin`: keep it ahead of what attention chooses; `pose`: where the robot
         was at `stamp`; see `KVStream.push_text`). The future gives its token count."""
         # Refused at the door: queued texts go into the model together, and one bad text would fail them all.
-        problem = text_problem(text)
-        if problem:
-            return _failed(ValueError(problem))
+        try:
+            text = checked_text(text)
+        except TextRefused as exc:
+            return _failed(exc)
         try:
             check_stamp(stamp, "text")
         except ValueError as exc:
@@ -167,11 +168,12 @@ class StreamingEngine:
     def submit_ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
                    on_token=None, cancel: threading.Event | None = None) -> Future:
         """Queue a question; `on_token` and `cancel` as in KVStream.ask (on_token runs on the worker thread)."""
-        problem = text_problem(question, "question")
-        if problem:
+        try:
+            question = checked_text(question, "question")
+        except TextRefused as exc:
             with self._board.lock:
                 self.counters.queries_failed += 1
-            return _failed(ValueError(problem))
+            return _failed(exc)
         return self._submit_query(lambda s: s.ask(question, max_new_tokens=max_new_tokens,
                                                   keep_in_memory=keep_in_memory,
                                                   on_token=on_token, cancel=cancel))
@@ -182,9 +184,10 @@ class StreamingEngine:
     def submit_recall(self, text: str, *, limit: int = 5, since: float | None = None, until: float | None = None,
                       near: tuple[float, float, float] | None = None) -> Future:
         """Queue a recall (`KVStream.recall`): the moments `text` points to most, as evidence, without an answer."""
-        problem = text_problem(text, "recall text")
-        if problem:
-            return _failed(ValueError(problem))
+        try:
+            text = checked_text(text, "recall text")
+        except TextRefused as exc:
+            return _failed(exc)
         return self._submit_query(lambda s: s.recall(text, limit=limit, since=since, until=until, near=near))
 
     def submit_reset(self) -> Future:

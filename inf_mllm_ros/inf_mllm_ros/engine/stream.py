@@ -42,7 +42,7 @@ from .evidence import Evidence
 from .poses import Pose
 from .retrieval_heads import retrieval_heads
 from .retriever import Retrieval, Retriever
-from .text_rules import text_problem
+from .text_rules import checked_text
 
 
 
@@ -208,10 +208,7 @@ class KVStream:
                  for text, stamp, *rest in items]
         if not items:
             return []
-        for text, _, _, _ in items:
-            problem = text_problem(text)
-            if problem:
-                raise ValueError(problem)
+        items = [(checked_text(text), stamp, pin, pose) for text, stamp, pin, pose in items]
         for _, stamp, _, _ in items:
             check_stamp(stamp, "text")
         self._ensure_started()
@@ -376,9 +373,7 @@ class KVStream:
         headroom and has to be pushed into the memory before the answer: it then stays, with the answer so
         far and its turn closed.
         """
-        problem = text_problem(question, "question")
-        if problem:
-            raise ValueError(problem)
+        question = checked_text(question, "question")
         return self._exchange(self.adapter.chat.question_parts(question), max_new_tokens, keep_in_memory,
                               AnswerTurn(on_token, cancel, self._stopped, self._answer_text), retrieve=True)
 
@@ -393,9 +388,7 @@ class KVStream:
         the cache or not) scored as a question scores them, those stamped between `since` and `until` (stream
         time) and, with `near` (x, y, radius), those whose pose lies within the radius. ValueError for an
         unusable argument."""
-        problem = text_problem(text, "recall text")
-        if problem:
-            raise ValueError(problem)
+        text = checked_text(text, "recall text")
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
         if since is not None and until is not None and until < since:

@@ -8,13 +8,17 @@ control and format characters (zero-width space, joiners, word joiner, byte orde
 hyphen, bidirectional marks...) and the other code points Unicode marks as ignorable by default
 (variation selectors, Hangul fillers, tags). ``str.strip`` alone keeps a text of zero-width
 characters, which tokenizes into tokens that say nothing.
+
+A text is checked once, where it first comes in (`checked_text`: the node's topic or service, the offline runner,
+the engine's or the stream's own caller); it then travels as a `CheckedText`, which the engine and the stream
+take as it is.
 """
 
 from __future__ import annotations
 
 import unicodedata
 
-__all__ = ["is_blank", "is_undecodable", "text_problem"]
+__all__ = ["CheckedText", "TextRefused", "checked_text", "is_blank", "is_undecodable", "text_problem"]
 
 # What a decoder puts where bytes were not valid UTF-8 (the ROS layer does so for a string message).
 REPLACEMENT = "\ufffd"
@@ -64,3 +68,34 @@ def text_problem(text: object, what: str = "text") -> str | None:
     if is_undecodable(text):
         return f"{what} refused: only replacement characters (U+FFFD), its bytes were not valid UTF-8"
     return None
+
+
+class TextRefused(ValueError):
+    """A text or a question refused, with its reason and its kind: `<what>_too_long`, `<what>_empty` or
+    `<what>_undecodable` (`what`'s first word: text, question, recall)."""
+
+    def __init__(self, kind: str, reason: str):
+        super().__init__(reason)
+        self.kind = kind
+
+
+class CheckedText(str):
+    """A text that passed `checked_text`."""
+
+    __slots__ = ()
+
+
+def checked_text(text: object, what: str = "text", max_chars: int | None = None) -> CheckedText:
+    """`text` once checked (a `CheckedText` is returned as it is): not longer than `max_chars` (None: no bound),
+    not blank, not only invalid UTF-8. Raises TextRefused with the reason otherwise."""
+    if isinstance(text, CheckedText):
+        return text
+    kind = what.split()[0]
+    # The length first: the blank check reads up to the first visible character, which may be the last.
+    if isinstance(text, str) and max_chars is not None and len(text) > max_chars:
+        raise TextRefused(f"{kind}_too_long", f"{what} of {len(text)} characters refused: longer than "
+                                              f"max_text_chars ({max_chars})")
+    problem = text_problem(text, what)
+    if problem:
+        raise TextRefused(f"{kind}_empty" if is_blank(text) else f"{kind}_undecodable", problem)
+    return CheckedText(text)

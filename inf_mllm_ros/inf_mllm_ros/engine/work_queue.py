@@ -105,8 +105,8 @@ class WorkQueue:
             self.chars_per_token = _moving_average(self.chars_per_token, chars / tokens)
 
     def block_chars(self, block: int) -> int:
-        """Characters of text in one block of tokens, as measured: a call costs about the same for any length up to
-        a block, so no call is made shorter."""
+        """Characters of text in one block of tokens, as measured: a call has a cost of its own beside its length
+        (docs/node.md, "Order of work"), so no call is made shorter."""
         return max(int(block * self.chars_per_token), 1)
 
     def took_frame(self, seconds: float) -> None:
