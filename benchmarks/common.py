@@ -121,16 +121,10 @@ def matrix(settings: list[str], caches: list[int], policies: list[str]):
 def tile_archive(stream, tokens: int) -> None:
     """Write the stream's archived blocks again, as newer blocks, until the archive holds `tokens` (scoring costs
     the same whatever the blocks hold): an archive of any size without streaming that many tokens."""
-    from inf_mllm_ros.engine.archive import ArchivedBlock
-
     archive, seq = stream.archive, stream.tokens_seen
     copies = list(archive.blocks)
     while copies:
         for block in copies:
             if archive.tokens + block.length > tokens:
                 return
-            k, v, s, e = archive.block_tensors(block)
-            archive._place(ArchivedBlock(archive._next_index, 0, block.length, seq, block.extent, block.frame,
-                                         block.stamp, -1 - archive._next_index), k.clone(), v.clone(), s.int(),
-                           e.int())
-            seq += block.length
+            seq += archive.append_copy(block, seq).length

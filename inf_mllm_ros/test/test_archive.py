@@ -10,7 +10,8 @@ import torch
 
 from inf_mllm_ros.engine import retrieval_heads as retrieval_heads_module
 from inf_mllm_ros.engine.retriever import best_last
-from inf_mllm_ros.engine.archive import BOOKKEEPING_BYTES, ArchivedBlock, KVArchive, _cut
+from inf_mllm_ros.engine.archive import BOOKKEEPING_BYTES, ArchivedBlock, KVArchive
+from inf_mllm_ros.engine.archive_blocks import cut_turns
 from inf_mllm_ros.engine.rotary import shift_rotary
 from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.engine.retrieval_index import RetrievalIndex
@@ -62,8 +63,8 @@ def assert_same_state(before: dict, after: dict) -> None:
     ([10, 70, 3, 4], 32, [(10, -1), (24, 1), (23, 1), (23, 1), (7, -1)]),  # not merged with whole messages
 ])
 def test_blocks_follow_messages(turns, block, expected):
-    assert _cut(turns, block) == expected
-    assert sum(n for n, _ in _cut(turns, block)) == sum(turns)
+    assert cut_turns(turns, block) == expected
+    assert sum(n for n, _ in cut_turns(turns, block)) == sum(turns)
 
 
 def test_the_archive_drops_its_oldest_blocks_at_its_bound_and_its_bytes_match_the_formula(adapters):

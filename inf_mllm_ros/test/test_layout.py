@@ -144,3 +144,26 @@ def test_objects_own_their_state_no_class_is_a_part_of_another():
         for base in bases:
             if base in classes:
                 assert base in kinds or base.endswith("Error"), f"{name} inherits {base}: a part, not a kind"
+
+
+def test_no_private_name_is_imported_or_reached_for_from_another_package():
+    """A private name (`_x`) stays in its package: no `from m import _x` across packages, and no `obj._x` of the
+    package's objects from the tests' or benchmarks' code (they use what the package offers)."""
+    crossing = []
+    for path in sorted(REPO_ROOT.glob("inf_mllm_ros/**/*.py")) + sorted(REPO_ROOT.glob("benchmarks/*.py")):
+        tree = ast.parse(path.read_text())
+        own = path.parent.relative_to(REPO_ROOT).as_posix().replace("/", ".")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module.rpartition(".")[0] != own.removeprefix("inf_mllm_ros."):
+                    crossing += [f"{path.name}: from {node.module} import {a.name}" for a in node.names
+                                 if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not crossing, crossing
+    outside = sorted(REPO_ROOT.glob("benchmarks/*.py"))
+    reached = []
+    for path in outside:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                reached.append(f"{path.name}:{node.lineno} .{node.attr}")
+    assert not reached, reached

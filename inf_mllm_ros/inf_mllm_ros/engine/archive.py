@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -44,9 +44,6 @@ from .rotary import shift_rotary
 # Bookkeeping per archived token: relative position start and end (int32 each), its block's index (int64) and
 # its token (int32).
 BOOKKEEPING_BYTES = 20
-# The block-cutting helper under the name it had here (engine/archive_blocks.py).
-_cut = cut_turns
-
 
 @dataclass
 class ArchivedBlock:
@@ -401,6 +398,15 @@ class KVArchive:
     def block_token_ids(self, block: ArchivedBlock) -> list[int]:
         """The block's tokens, where it is text (a frame's are -1)."""
         return self.token_ids[block.slot : block.slot + block.length].tolist()
+
+    def append_copy(self, block: ArchivedBlock, first_seq: int) -> ArchivedBlock:
+        """Write a held block again as the newest, its tokens numbered from `first_seq`: an archive of any size
+        without streaming that many tokens (scoring costs the same whatever the blocks hold), for benchmarks."""
+        k, v, s, e = self.block_tensors(block)
+        copy = replace(block, index=self._next_index, slot=0, first_seq=first_seq,
+                                   message=-1 - self._next_index)
+        self._place(copy, k.clone(), v.clone(), s.int(), e.int())
+        return copy
 
     def block_tensors(self, block: ArchivedBlock) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """A block's keys and values ([layers, heads, n, dim], rotated as if it began at position 0) and its

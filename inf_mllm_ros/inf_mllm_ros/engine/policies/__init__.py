@@ -23,7 +23,7 @@ from .base import (
 )
 from .full import FullPolicy
 from .h2o import H2OPolicy
-from .inf_mllm import InfMLLMPolicy, _lift_first
+from .inf_mllm import InfMLLMPolicy
 from .streaming_llm import StreamingLLMPolicy
 from .window import WindowPolicy
 
@@ -37,7 +37,6 @@ __all__ = [
     "StreamingLLMPolicy",
     "WindowPolicy",
     "_keep_ends_and_best",
-    "_lift_first",
     "knob",
     "make_policy",
     "policy_defaults",
