@@ -1,9 +1,12 @@
 """Recall of facts told long ago, with and without the KV archive, and what the archive costs.
 
-Two data sets, one to choose defaults on and one to report on (never tuned on):
+Data sets, one to choose defaults on and the others to report on (never tuned on):
 - tuning: the Gutenberg novel beside the repository and fact set A (access codes of lockers and cabinets);
 - report: Python's own documentation topics (`pydoc_data.topics`, shipped with every Python) and fact set B
-  (wifi passwords of rooms), with other mention sentences.
+  (wifi passwords of rooms), with other mention sentences;
+- wide: the report seeds of `inf_mllm_ros.testing.recall_facts`: five kinds of value (codes, people's names,
+  places, colours, counts) in turn, several phrasings, a mention style and a filler genre (documentation, an
+  operations log, small talk) per trial.
 
 `recall`: each stream tells one fact (`--facts-at-once 1`) or twelve, then narration paragraphs as text
 messages, the fact's subject named again in every third message (`--mention`) or never; at each distance
@@ -75,12 +78,28 @@ def paragraphs(data_set: str, chars: int = 260) -> list[str]:
 FACTS = {"tuning": "A", "report": "B"}
 
 
+def wide_facts(trial: int, n: int) -> tuple[list[dict], list[str]]:
+    """The wide report set's facts and filler for one trial (report seeds only)."""
+    from inf_mllm_ros.testing.recall_facts import GENRES, KINDS, MENTIONS, REPORT_SEED_BASE, facts, filler
+
+    seed = REPORT_SEED_BASE + trial
+    genre = GENRES[trial % len(GENRES)]
+    style = trial // len(GENRES) % len(MENTIONS)
+    return ([{"subject": f.subject, "value": f.value, "message": f.message, "question": f.question,
+              "mention": f.mentions[style], "kind": f.kind, "genre": genre}
+             for f in facts(seed, n, kinds=tuple(KINDS[(trial + i) % len(KINDS)] for i in range(len(KINDS))))],
+            filler(genre, seed))
+
+
 def run_stream(adapter, paras, args, policy: str, cache: int, trial: int) -> list[dict]:
     from inf_mllm_ros.engine.stream import KVStream
     from inf_mllm_ros.engine.stream_config import StreamConfig
 
     rng = random.Random(f"{args.set}-{trial}-{args.facts_at_once}")
-    facts = fact_set(FACTS[args.set], rng, args.facts_at_once)
+    if args.set == "wide":
+        facts, paras = wide_facts(trial, args.facts_at_once)
+    else:
+        facts = fact_set(FACTS[args.set], rng, args.facts_at_once)
     distances = [d for d in DISTANCES if d <= args.max_distance]
     settings = {"chunk_size": 128}
     if args.retrieve_tokens is not None:
@@ -113,7 +132,8 @@ def run_stream(adapter, paras, args, policy: str, cache: int, trial: int) -> lis
                              "policy": policy, "cache": cache, "trial": trial, "distance": distance,
                              "archive": archive, "retrieve_tokens": budget,
                              "archive_block": stream.config.archive_block,
-                             "recalled": fact["value"] in answer.text, "answer": answer.text,
+                             "recalled": fact["value"].lower() in answer.text.lower(), "answer": answer.text,
+                             "kind": fact.get("kind", "code"), "genre": fact.get("genre"),
                              "retrieved_tokens": answer.retrieved_tokens, "latency_s": round(answer.latency, 3)})
         stream.config.retrieve_tokens = budget
     print(f"{policy}@{cache} trial {trial}: {sum(r['recalled'] for r in rows if r['archive'])}/"
@@ -134,7 +154,7 @@ def recall(args) -> None:
     done = {(r["set"], r["facts_at_once"], r["mention"], r["policy"], r["cache"], r["trial"], r["retrieve_tokens"],
              r["archive_block"]) for r in rows}
     adapter = load_model(args.model, device="cpu", dtype="float32")
-    paras = paragraphs(args.set)
+    paras = paragraphs(args.set) if args.set != "wide" else []
     for trial in range(args.first_trial, args.first_trial + args.trials):
         for policy in args.policy:
             for cache in args.cache:
@@ -327,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("recall")
-    r.add_argument("--set", choices=("tuning", "report"), default="report")
+    r.add_argument("--set", choices=("tuning", "report", "wide"), default="report")
     r.add_argument("--policy", nargs="+", default=["inf_mllm"])
     r.add_argument("--cache", nargs="+", type=int, default=[512])
     r.add_argument("--facts-at-once", type=int, default=1)
