@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from inf_mllm_ros.testing.recall_facts import GENRES, KINDS, MENTIONS, REPORT_SEED_BASE, facts, filler
+from inf_mllm_ros.testing.recall_facts import GENRES, KINDS, MENTIONS, REPORT_SEED_BASE, facts, filler, told_again
 
 
 @pytest.mark.parametrize("seed", [REPORT_SEED_BASE, REPORT_SEED_BASE + 7, REPORT_SEED_BASE + 123])
@@ -28,3 +28,10 @@ def test_every_genre_fills_a_long_stream(genre):
     paragraphs = filler(genre, REPORT_SEED_BASE)
     assert len(paragraphs) >= 400 and all(len(p) >= 100 for p in paragraphs[:400])
     assert filler(genre, REPORT_SEED_BASE) == paragraphs and filler(genre, REPORT_SEED_BASE + 1)[0] != paragraphs[0]
+
+
+def test_a_fact_told_again_keeps_its_subject_and_words_with_a_new_value():
+    for fact in facts(REPORT_SEED_BASE + 3, len(KINDS)):
+        again = told_again(fact, 1)
+        assert (again.kind, again.subject, again.question) == (fact.kind, fact.subject, fact.question)
+        assert again.value != fact.value and again.recalled(again.message) and not fact.recalled(again.message)

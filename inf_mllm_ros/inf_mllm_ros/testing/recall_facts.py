@@ -12,7 +12,7 @@ several is a test of telling siblings apart.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 KINDS = ("code", "person", "place", "colour", "count")
 MENTIONS = ("checked", "log", "asked", "meeting")
@@ -44,56 +44,69 @@ class Fact:
     message: str
     question: str
     mentions: tuple[str, ...]  # the subject named again without its value, one per style
+    phrasing: str  # the message with "{v}" where the value goes (told_again)
 
     def recalled(self, answer: str) -> bool:
         return self.value.lower() in answer.lower()
 
 
+def _value(kind: str, rng: random.Random, room: str) -> tuple[str, str]:
+    """A value of `kind`: (as the message says it, as an answer must hold it)."""
+    if kind == "code":
+        value = str(rng.randint(1000, 9999))
+    elif kind == "person":
+        value = f"{rng.choice(FIRST)} {rng.choice(LAST)}"
+    elif kind == "place":
+        place = rng.choice([r for r in ROOMS if r != room])
+        return place, place.removeprefix("the ")
+    elif kind == "colour":
+        value = rng.choice(COLOURS)
+    elif kind == "count":
+        value = str(rng.randint(13, 97))
+    else:
+        raise ValueError(f"unknown kind of fact {kind!r}; choose one of {KINDS}")
+    return value, value
+
+
 def _fact(kind: str, rng: random.Random, index: int) -> Fact:
     """The `index`-th fact of a kind (its subject distinct from the others of that kind in the stream)."""
     room = ROOMS[index % len(ROOMS)]
-    if kind == "code":
-        value = str(rng.randint(1000, 9999))
-        subject = f"the door code of {room}"
-        message = rng.choice(["For the record, the door code of {r} is {v}.", "The door code of {r} was set to {v}.",
-                              "Note: {r} now opens with door code {v}."]).format(r=room, v=value)
-        question = f"What is the door code of {room}?"
-    elif kind == "person":
-        value = f"{rng.choice(FIRST)} {rng.choice(LAST)}"
-        subject = f"the person on call for {room}"
-        message = rng.choice(["The person on call for {r} today is {v}.", "{v} is on call for {r} this shift.",
-                              "If anything breaks in {r}, call {v}: on call today."]).format(r=room, v=value)
-        question = f"Who is on call for {room}?"
-    elif kind == "place":
-        item = f"{ITEMS[index % len(ITEMS)]} {chr(65 + index % 26)}{rng.randint(2, 9)}"
-        value = rng.choice([r for r in ROOMS if r != room])
-        subject = item
-        message = rng.choice(["{i} is stored in {v}.", "Someone moved {i} to {v}.",
-                              "You will find {i} in {v} from now on."]).format(i=item, v=value)
-        message = message[0].upper() + message[1:]
-        question = f"Where is {item}?"
-        value = value.removeprefix("the ")
-    elif kind == "colour":
-        item = f"pallet {rng.randint(10, 99)}"
-        value = rng.choice(COLOURS)
-        subject = f"the tag on {item}"
-        message = rng.choice(["The tag on {i} is {v}.", "{I} carries a {v} tag.",
-                              "Mark it down: {i} got a {v} tag."]).format(i=item, I=item.capitalize(), v=value)
-        question = f"What colour is the tag on {item}?"
-    elif kind == "count":
-        things = THINGS[index % len(THINGS)]
-        value = str(rng.randint(13, 97))
-        subject = f"the {things} in {room}"
-        message = rng.choice(["There are {v} {t} in {r}.", "Inventory: {r} holds {v} {t}.",
-                              "We counted {v} {t} in {r} today."]).format(v=value, t=things, r=room)
-        message = message[0].upper() + message[1:]
-        question = f"How many {things} are in {room}?"
-    else:
+    item = f"{ITEMS[index % len(ITEMS)]} {chr(65 + index % 26)}{rng.randint(2, 9)}"
+    pallet = f"pallet {rng.randint(10, 99)}"
+    things = THINGS[index % len(THINGS)]
+    subject, question, phrasings = {
+        "code": (f"the door code of {room}", f"What is the door code of {room}?",
+                 ["For the record, the door code of {r} is {v}.", "The door code of {r} was set to {v}.",
+                  "Note: {r} now opens with door code {v}."]),
+        "person": (f"the person on call for {room}", f"Who is on call for {room}?",
+                   ["The person on call for {r} today is {v}.", "{v} is on call for {r} this shift.",
+                    "If anything breaks in {r}, call {v}: on call today."]),
+        "place": (item, f"Where is {item}?",
+                  ["{I} is stored in {v}.", "Someone moved {i} to {v}.", "You will find {i} in {v} from now on."]),
+        "colour": (f"the tag on {pallet}", f"What colour is the tag on {pallet}?",
+                   ["The tag on {p} is {v}.", "{P} carries a {v} tag.", "Mark it down: {p} got a {v} tag."]),
+        "count": (f"the {things} in {room}", f"How many {things} are in {room}?",
+                  ["There are {v} {t} in {r}.", "Inventory: {r} holds {v} {t}.", "We counted {v} {t} in {r} today."]),
+    }.get(kind) or (None, None, None)
+    if subject is None:
         raise ValueError(f"unknown kind of fact {kind!r}; choose one of {KINDS}")
+    phrasing = rng.choice(phrasings).format(r=room, i=item, I=item[0].upper() + item[1:], p=pallet,
+                                            P=pallet.capitalize(), t=things, v="{v}")
+    phrasing = phrasing[0].upper() + phrasing[1:] if not phrasing.startswith("{v}") else phrasing
+    said, value = _value(kind, rng, room)
     mentions = (f"A technician checked {subject} again.", f"Log entry: checked on {subject}, nothing changed.",
                 f"Someone asked about {subject} earlier.", f"{subject[0].upper() + subject[1:]} came up in the "
                                                            "morning meeting.")
-    return Fact(kind, subject, value, message, question, mentions)
+    return Fact(kind, subject, value, phrasing.format(v=said), question, mentions, phrasing)
+
+
+def told_again(fact: Fact, seed: int) -> Fact:
+    """The same subject with a new value of its kind, told in the same words: a value that changed since."""
+    rng = random.Random(f"again-{seed}-{fact.subject}")
+    while True:
+        said, value = _value(fact.kind, rng, "")
+        if value.lower() != fact.value.lower():
+            return replace(fact, value=value, message=fact.phrasing.format(v=said))
 
 
 def facts(seed: int, n: int, kinds: tuple[str, ...] = KINDS) -> list[Fact]:
