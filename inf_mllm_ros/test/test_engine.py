@@ -375,7 +375,7 @@ def test_a_waiting_question_takes_the_texts_ahead_of_it_in_one_call_then_goes_be
     def queue(question: bool) -> WorkQueue:
         work = WorkQueue()
         if measured:
-            work.took_texts(100, 1.0)  # 10 ms a character: a quarter period holds 25 characters
+            work.took_texts(100, 25, 1.0, 128)  # a second a block: a period holds one block
         work.offer_frame(Job("frame"))
         for i in range(texts):
             work.add(Job("text", text=(f"Conveyor {i} moved crate {i} past the scanner.", None, False)))
@@ -397,20 +397,22 @@ def test_a_waiting_question_takes_the_texts_ahead_of_it_in_one_call_then_goes_be
 def test_waiting_texts_are_bounded_in_number_and_in_the_models_time():
     work = WorkQueue()
     text = "Conveyor 4 carried another box past the scanner."  # 49 characters
-    block = 16  # 64 characters always wait (4 a token until measured)
+    block = 16  # 64 characters (4 a token until measured)
 
     def add(n):
         for _ in range(n):
             work.add(Job("text", text=(text, None, False)))
 
-    assert work.text_room(len(text), 64, 1.0, block) is None
-    add(1)
-    assert "not yet measured" in work.text_room(len(text), 64, 1.0, block)  # beyond a block before a measure
-    assert work.text_room(len(text), 64, 0.0, block) is None  # no time bound: the number alone
-    work.took_texts(1000, 1.0)  # 1 ms a character: a second holds 1000 characters, 20 such texts
-    add(19)
-    assert work.text_chars == 20 * len(text) and work.text_room(len(text), 64, 1.0, block) is not None
+    add(30)
+    assert work.text_room(len(text), 64, 1.0, block) is None  # before the pace is measured, the number alone
+    work.next_jobs(1024, block)
+    work.took_texts(490, 140, 0.5, block)  # 3.5 characters a token; 9 blocks took 0.5 s
+    assert 50 <= work.block_chars(block) <= 64  # the measured characters a token, averaged with the 4 assumed
+    assert work.text_room(len(text), 64, 0.01, block) is None  # one block's worth may always wait
+    add(20)  # 980 characters: 16 or more blocks, over 0.8 s of the model's time
+    assert work.text_chars == 20 * len(text) and work.text_room(len(text), 64, 0.5, block) is not None
     assert work.text_room(len(text), 64, 2.0, block) is None
+    assert work.text_room(len(text), 64, 0.0, block) is None  # no time bound: the number alone
     assert work.text_room(len(text), 20, 2.0, block) == "20 waiting"
     assert len(work.next_jobs(1024, block)) == 20 and work.texts == work.text_chars == 0
 

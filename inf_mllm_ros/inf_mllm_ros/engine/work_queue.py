@@ -20,6 +20,7 @@ another waits replaces it, so a camera faster than the model never builds a back
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -54,7 +55,7 @@ class WorkQueue:
         self.text_chars = 0  # their characters
         self.queries = 0  # questions waiting
         self.last_frame_offered = float("-inf")
-        self.seconds_per_char: float | None = None  # the model's time per character of text, measured
+        self.seconds_per_block: float | None = None  # the model's time per block of text, measured
         self.chars_per_token = 4.0  # of the texts taken, measured (a short message with its turn's markers: about 2)
         self.seconds_per_frame: float | None = None  # the model's time per frame, measured
         self.last_kind: str | None = None
@@ -97,16 +98,15 @@ class WorkQueue:
         self.frame = None
         return waiting
 
-    def took_texts(self, chars: int, seconds: float, tokens: int | None = None) -> None:
-        """The model took `chars` characters of text (`tokens` tokens) in `seconds`: its measured speed (moving
-        averages)."""
-        self.seconds_per_char = _moving_average(self.seconds_per_char, seconds / max(chars, 1))
+    def took_texts(self, chars: int, tokens: int, seconds: float, block: int) -> None:
+        """The model took `chars` characters of text, `tokens` tokens, in `seconds`: its measured pace (moving
+        averages), by the block, as a call has a cost of its own beside its length (docs/node.md, "Order of work")."""
+        self.seconds_per_block = _moving_average(self.seconds_per_block, seconds / max(math.ceil(tokens / block), 1))
         if tokens:
             self.chars_per_token = _moving_average(self.chars_per_token, chars / tokens)
 
     def block_chars(self, block: int) -> int:
-        """Characters of text in one block of tokens, as measured: a call has a cost of its own beside its length
-        (docs/node.md, "Order of work"), so no call is made shorter."""
+        """Characters of text in one block of tokens, as measured: no call is made shorter."""
         return max(int(block * self.chars_per_token), 1)
 
     def took_frame(self, seconds: float) -> None:
@@ -118,25 +118,25 @@ class WorkQueue:
         if self.queries:
             return float("inf")
         limit = 4 * capacity
+        per_block = self.block_chars(min(block, capacity))
         camera_live = frame_period > 0 and time.monotonic() - self.last_frame_offered <= 2 * frame_period
-        if camera_live and self.seconds_per_char is not None:
+        if camera_live and self.seconds_per_block is not None:
             seconds = max(frame_period - (self.seconds_per_frame or 0.0), 0.25 * frame_period)
-            limit = min(limit, int(seconds / self.seconds_per_char))
-        return max(limit, self.block_chars(min(block, capacity)))
+            limit = min(limit, int(seconds / self.seconds_per_block) * per_block)
+        return max(limit, per_block)
 
     def text_room(self, chars: int, max_texts: int, max_delay: float, block: int) -> str | None:
         """Why a text of `chars` characters cannot wait now, or None: `max_texts` wait already, or with it the waiting
-        texts would take the model longer than `max_delay` seconds at its measured pace (0: no time bound). One
-        block's worth of text may always wait, measured or not (`block_chars`)."""
+        texts would take the model longer than `max_delay` seconds at its measured pace (0, or not yet measured: no
+        time bound). One block's worth of text may always wait (`block_chars`)."""
         if self.texts >= max_texts:
             return f"{max_texts} waiting"
-        waiting = self.text_chars + chars
-        if max_delay <= 0 or waiting <= self.block_chars(block):
+        if max_delay <= 0 or self.seconds_per_block is None:
             return None
-        if self.seconds_per_char is None:
-            return f"{self.texts} waiting, the model's pace not yet measured"
-        if waiting * self.seconds_per_char > max_delay:
-            return f"{self.texts} waiting, {self.text_chars * self.seconds_per_char:.1f} s of the model's time"
+        blocks = math.ceil((self.text_chars + chars) / self.block_chars(block))
+        if blocks > 1 and blocks * self.seconds_per_block > max_delay:
+            waiting_s = math.ceil(self.text_chars / self.block_chars(block)) * self.seconds_per_block
+            return f"{self.texts} waiting, {waiting_s:.1f} s of the model's time"
         return None
 
     def next_jobs(self, capacity: int, block: int, frame_period: float = 0.0) -> list[Job]:

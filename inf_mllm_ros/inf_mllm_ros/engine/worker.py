@@ -198,7 +198,8 @@ class EngineWorker:
                 future.set_exception(exc)
             return False
         with self.board.lock:
-            self.board.work.took_texts(sum(len(item[0]) for item, _ in live), time.monotonic() - start, sum(counts))
+            self.board.work.took_texts(sum(len(item[0]) for item, _ in live), sum(counts), time.monotonic() - start,
+                                       self.config.chunk_size)
         self._snapshot_stats()
         for (_, future), n in zip(live, counts):
             future.set_result(n)
