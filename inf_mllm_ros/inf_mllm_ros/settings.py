@@ -156,7 +156,7 @@ PARAMETERS = (
     Param("max_decoded_pixels", DEFAULT_MAX_DECODED_PIXELS, "Largest compressed frame accepted, in pixels "
           "(width x height read from its header before decoding); default: a 4K frame.",
           read_only=False, low=1, high=1 << 26),
-    Param("max_text_delay", 4.0, "Seconds of the model's time (at its measured pace) the texts waiting for it may "
+    Param("max_text_delay", 2.0, "Seconds of the model's time (at its measured pace) the texts waiting for it may "
           "take; a text beyond is refused with a log, so that a question waits for the job in progress and at most "
           "this long for the texts ahead of it. One block's worth of text may always wait; 0: max_pending_texts "
           "alone bounds them.", read_only=False, low=0.0, high=3600.0),
