@@ -156,10 +156,10 @@ PARAMETERS = (
     Param("max_decoded_pixels", DEFAULT_MAX_DECODED_PIXELS, "Largest compressed frame accepted, in pixels "
           "(width x height read from its header before decoding); default: a 4K frame.",
           read_only=False, low=1, high=1 << 26),
-    Param("max_text_delay", 2.0, "Seconds of the model's time (at its measured pace) the texts waiting for it may "
-          "take; a text beyond is refused with a log, so that a question waits for the job in progress and at most "
-          "this long for the texts ahead of it. One block's worth of text may always wait; 0: max_pending_texts "
-          "alone bounds them.", read_only=False, low=0.0, high=3600.0),
+    Param("max_text_delay", 1.0, "Seconds of the model's time (at its measured pace) a question waits for the texts "
+          "that came before it; it then goes ahead of the rest, which go in right after its answer (no text is "
+          "refused for it: max_pending_texts bounds how many wait). At least one block of text goes first; 0: the "
+          "question waits for all of them.", read_only=False, low=0.0, high=3600.0),
     Param("query_timeout", 120.0, "Seconds a query or reset waits for the model before answering success=false.",
           read_only=False, low=1.0, high=3600.0),
     Param("stats_period", 1.0, f"Seconds between ~/cache_stats messages; 0: only after each input, else at least "

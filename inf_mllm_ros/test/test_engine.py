@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import concurrent.futures
+import math
+import random
 import threading
 import time
 
@@ -394,27 +396,47 @@ def test_a_waiting_question_takes_the_texts_ahead_of_it_in_one_call_then_goes_be
     assert 1 <= len(batch) < texts or texts * 48 <= 4 * 128  # a quarter period's worth, or one block at first
 
 
-def test_waiting_texts_are_bounded_in_number_and_in_the_models_time():
-    work = WorkQueue()
+def test_waiting_texts_are_bounded_in_number_and_a_question_waits_for_a_bounded_batch_of_them():
     text = "Conveyor 4 carried another box past the scanner."  # 49 characters
     block = 16  # 64 characters (4 a token until measured)
+    for seed in range(5):
+        rng = random.Random(seed)
+        work = WorkQueue()
 
-    def add(n):
-        for _ in range(n):
-            work.add(Job("text", text=(text, None, False)))
+        def add(n, kind="text"):
+            for _ in range(n):
+                work.add(Job(kind, text=(text, None, False)) if kind == "text" else Job(kind))
 
-    add(30)
-    assert work.text_room(len(text), 64, 1.0, block) is None  # before the pace is measured, the number alone
-    work.next_jobs(1024, block)
-    work.took_texts(490, 140, 0.5, block)  # 3.5 characters a token; 9 blocks took 0.5 s
-    assert 50 <= work.block_chars(block) <= 64  # the measured characters a token, averaged with the 4 assumed
-    assert work.text_room(len(text), 64, 0.01, block) is None  # one block's worth may always wait
-    add(20)  # 980 characters: 16 or more blocks, over 0.8 s of the model's time
-    assert work.text_chars == 20 * len(text) and work.text_room(len(text), 64, 0.5, block) is not None
-    assert work.text_room(len(text), 64, 2.0, block) is None
-    assert work.text_room(len(text), 64, 0.0, block) is None  # no time bound: the number alone
-    assert work.text_room(len(text), 20, 2.0, block) == "20 waiting"
-    assert len(work.next_jobs(1024, block)) == 20 and work.texts == work.text_chars == 0
+        ahead = rng.randint(20, 40)
+        add(ahead)
+        assert work.text_room(64) is None
+        add(1, "query")
+        # Before the pace is measured the question waits for every text ahead of it.
+        assert [job.kind for job in work.next_jobs(1024, block, 0.0, 1.0)] == ["text"] * ahead
+        assert [job.kind for job in work.next_jobs(1024, block, 0.0, 1.0)] == ["query"]
+        per_block = rng.uniform(0.1, 0.4)
+        work.took_texts(490, 140, 9 * per_block, block)  # 3.5 characters a token: 9 blocks
+        assert 50 <= work.block_chars(block) <= 64  # the measured characters a token, averaged with the 4 assumed
+        add(ahead)
+        add(1, "query")
+        add(3)
+        max_delay = rng.uniform(0.5, 1.5)
+        batch = work.next_jobs(1024, block, 0.0, max_delay)
+        blocks = math.ceil(sum(len(job.text[0]) for job in batch[:-1]) / work.block_chars(block))
+        assert 1 <= len(batch) < ahead and blocks * per_block <= max_delay, (seed, len(batch))
+        # The question overtakes the rest, which go in after it, with the texts that came after it.
+        assert [job.kind for job in work.next_jobs(1024, block, 0.0, max_delay)] == ["query"]
+        rest = work.next_jobs(1024, block, 0.0, max_delay)
+        assert len(batch) + len(rest) == ahead + 3 and work.texts == work.text_chars == 0
+        # A very slow model still takes one block of text before the question; none is refused for it.
+        add(ahead)
+        add(1, "query")
+        work.took_texts(490, 140, 90.0, block)
+        assert all(work.text_room(64) is None for _ in range(3))
+        assert 1 <= len(work.next_jobs(1024, block, 0.0, max_delay)) <= 2
+        assert [job.kind for job in work.next_jobs(1024, block, 0.0, max_delay)] == ["query"]
+        add(64 - work.texts)
+        assert work.text_room(64) == "64 waiting"
 
 
 def test_under_a_flood_of_texts_a_frame_goes_in_every_frame_period(smollm2):

@@ -10,7 +10,7 @@ job in progress.
 
 The bounds are 40% of the frames and 30% of the texts of one process, where the aim is 50%: on this project's 2-core
 machine the node's executor and the flood's own publisher share the cores with the model (results/node_flood.json:
-40% to 58% of the texts; docs/node.md, "Order of work").
+58% to 62% of the texts as shipped; docs/node.md, "Order of work").
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Order of work: see work_queue.py. A question sees every text taken before it and waits for the job in progress
 and one batch of them; a waiting frame waits for one other job at most; frames are kept one deep (a frame that
 arrives while another waits replaces it and the older one counts as dropped). Texts and questions have bounded
-queues (texts in number and in the model's time, `max_text_delay`); when one is full the call is refused at once
-with a reason. Texts waiting in a row go into the model
-together (`KVStream.push_texts`: each text still its own user turn with its own time marker, counted one by
+queues; when one is full the call is refused at once with a reason. A question waits for at most
+`max_text_delay` of the model's time of the texts ahead of it, then overtakes the rest. Texts waiting in a row go
+into the model together (`KVStream.push_texts`: each text still its own user turn with its own time marker, counted one by
 one in `texts_ingested`, its future resolved with its own token count).
 
 Memory file. With `memory_file` set, the worker restores the memory from it once the model is loaded
@@ -147,8 +147,7 @@ class StreamingEngine:
             return _failed(exc)
         with self._board.lock:
             self._check_open()
-            full = self._board.work.text_room(len(text), self.max_pending_texts, self._board.settings.max_text_delay,
-                                              self.config.chunk_size)
+            full = self._board.work.text_room(self.max_pending_texts)
             if full:
                 self.counters.texts_refused += 1
                 return _failed(EngineBusyError(f"text queue full ({full}); message refused"))

@@ -27,7 +27,7 @@ class LiveSettings:
     max_new_tokens: int = StreamConfig.max_new_tokens
     policy_settings: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
     frame_period: float = 0.0  # seconds between the frames that come (1 / the node's frame_rate); 0: no camera bound
-    max_text_delay: float = 0.0  # the model's seconds the waiting texts may take (WorkQueue.text_room); 0: no bound
+    max_text_delay: float = 0.0  # the model's seconds of texts a question waits for (WorkQueue.next_jobs); 0: all
     checkpoint_period: float = 0.0  # seconds between saves of a changed memory; 0: on request and at close
 
     @classmethod

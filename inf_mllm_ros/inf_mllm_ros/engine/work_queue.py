@@ -5,17 +5,21 @@ Each time the worker is free it takes, in this order:
 1. control (a reset or a save), at once;
 2. the waiting camera frame, unless the previous job was a frame or a question waits;
 3. otherwise the oldest message: a question alone, or the texts waiting in a row before the next question,
-   pushed together in one model call: all of them while a question waits; else, while a camera is live, what the
-   model takes at its measured pace in what a frame leaves of `frame_period` (a quarter of it at least), and
-   always at least one block's worth of tokens (a call has a cost of its own beside its length: fewer would
-   only slow the model down); else up to about a cache's worth of characters;
+   pushed together in one model call: while a question waits, those ahead of it up to `max_text_delay` of the
+   model's time at its measured pace (all of them until the pace is measured, or with no bound), and then the
+   question goes ahead of the rest; else, while a camera is live, what the model takes at its measured pace in what
+   a frame leaves of `frame_period` (a quarter of it at least); else up to about a cache's worth of characters; and
+   always at least one block's worth of tokens (a call has a cost of its own beside its length: fewer would only
+   slow the model down);
 4. otherwise the frame.
 
 Which frames come is decided once, before the queue (the node's `frame_rate` gate); here a waiting frame waits for
-one other job at most, and `frame_period` only bounds how long that job may be. The texts that may wait are bounded
-in number and in the model's time (`text_room`, `max_text_delay`), so a question sees every text taken before it
-and waits for the job in progress and one batch of them. Frames are kept one deep: a frame that arrives while
-another waits replaces it, so a camera faster than the model never builds a backlog.
+one other job at most, and `frame_period` only bounds how long that job may be. Texts wait in number only
+(`max_texts` in `text_room`): a question waits for the job in progress and one batch of the texts ahead of it, and
+sees every text taken before it unless the model is more than `max_text_delay` behind them; those it overtook go
+in right after its answer, with their own stamps, so a slow model delays texts but loses none below the bound.
+Frames are kept one deep: a frame that arrives while another waits replaces it, so a camera faster than the model
+never builds a backlog.
 """
 
 from __future__ import annotations
@@ -113,33 +117,25 @@ class WorkQueue:
         """The model took a frame in `seconds` (a moving average)."""
         self.seconds_per_frame = _moving_average(self.seconds_per_frame, seconds)
 
-    def text_call_chars(self, capacity: int, block: int, frame_period: float) -> float:
+    def text_call_chars(self, capacity: int, block: int, frame_period: float, max_delay: float = 0.0) -> float:
         """The most characters of text one model call takes (see the module docstring, 3)."""
-        if self.queries:
-            return float("inf")
-        limit = 4 * capacity
         per_block = self.block_chars(min(block, capacity))
+        if self.queries:
+            if max_delay <= 0 or self.seconds_per_block is None:
+                return float("inf")
+            return max(int(max_delay / self.seconds_per_block), 1) * per_block
+        limit = 4 * capacity
         camera_live = frame_period > 0 and time.monotonic() - self.last_frame_offered <= 2 * frame_period
         if camera_live and self.seconds_per_block is not None:
             seconds = max(frame_period - (self.seconds_per_frame or 0.0), 0.25 * frame_period)
             limit = min(limit, int(seconds / self.seconds_per_block) * per_block)
         return max(limit, per_block)
 
-    def text_room(self, chars: int, max_texts: int, max_delay: float, block: int) -> str | None:
-        """Why a text of `chars` characters cannot wait now, or None: `max_texts` wait already, or with it the waiting
-        texts would take the model longer than `max_delay` seconds at its measured pace (0, or not yet measured: no
-        time bound). One block's worth of text may always wait (`block_chars`)."""
-        if self.texts >= max_texts:
-            return f"{max_texts} waiting"
-        if max_delay <= 0 or self.seconds_per_block is None:
-            return None
-        blocks = math.ceil((self.text_chars + chars) / self.block_chars(block))
-        if blocks > 1 and blocks * self.seconds_per_block > max_delay:
-            waiting_s = math.ceil(self.text_chars / self.block_chars(block)) * self.seconds_per_block
-            return f"{self.texts} waiting, {waiting_s:.1f} s of the model's time"
-        return None
+    def text_room(self, max_texts: int) -> str | None:
+        """Why one more text cannot wait now (`max_texts` wait already), or None."""
+        return f"{max_texts} waiting" if self.texts >= max_texts else None
 
-    def next_jobs(self, capacity: int, block: int, frame_period: float = 0.0) -> list[Job]:
+    def next_jobs(self, capacity: int, block: int, frame_period: float = 0.0, max_delay: float = 0.0) -> list[Job]:
         """The next job, or the batch of texts that go in together (see the module docstring)."""
         if self.control:
             return [self.control.popleft()]
@@ -153,14 +149,24 @@ class WorkQueue:
             self.last_kind = "query"
             return [self.messages.popleft()]
         batch, chars = [], 0
-        limit = self.text_call_chars(capacity, block, frame_period)
+        limit = self.text_call_chars(capacity, block, frame_period, max_delay)
         while self.messages and self.messages[0].kind == "text" and (not batch or chars < limit):
             chars += len(self.messages[0].text[0])
             batch.append(self.messages.popleft())
         self.texts -= len(batch)
         self.text_chars -= chars
         self.last_kind = "text"
+        if self.queries and self.messages[0].kind == "text":
+            self._question_first()
         return batch
+
+    def _question_first(self) -> None:
+        """The first waiting question overtakes the texts ahead of it (they go in right after its answer)."""
+        for i, queued in enumerate(self.messages):
+            if queued.kind == "query":
+                del self.messages[i]
+                self.messages.appendleft(queued)
+                return
 
 
 def _moving_average(average: float | None, sample: float) -> float:

@@ -119,8 +119,8 @@ class EngineWorker:
                 if board.closed:
                     break
                 settings = board.settings
-                jobs = (board.work.next_jobs(self.config.capacity, self.config.chunk_size, settings.frame_period)
-                        if board.work else [])
+                jobs = (board.work.next_jobs(self.config.capacity, self.config.chunk_size, settings.frame_period,
+                                             settings.max_text_delay) if board.work else [])
             try:
                 self._take(jobs, settings)
             except Exception as exc:  # the worker's own bookkeeping, not a job, failed: it must not end the worker
