@@ -5,8 +5,8 @@ and one batch of them; a waiting frame waits for one other job at most; frames a
 arrives while another waits replaces it and the older one counts as dropped). Texts and questions have bounded
 queues; when one is full the call is refused at once with a reason. A question waits for at most
 `max_text_delay` of the model's time of the texts ahead of it, then overtakes the rest. Texts waiting in a row go
-into the model together (`KVStream.push_texts`: each text still its own user turn with its own time marker, counted one by
-one in `texts_ingested`, its future resolved with its own token count).
+into the model together (`KVStream.push_texts`: each text still its own user turn with its own time marker,
+counted one by one in `texts_ingested`, its future resolved with its own token count).
 
 Memory file. With `memory_file` set, the worker restores the memory from it once the model is loaded
 (a file that cannot be used is renamed aside with the reason in `memory_status`, and the stream starts
