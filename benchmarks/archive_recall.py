@@ -34,7 +34,7 @@ import random
 import statistics
 import time
 
-from common import RESULTS, machine, peak_rss_bytes, read_text, synchronize, tile_archive
+from common import RESULTS, machine, peak_rss_bytes, read_text, synchronize, tile_archive, wilson
 
 DISTANCES = (1000, 2000, 4000, 8000, 16000)
 COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple"]
@@ -297,17 +297,6 @@ def perplexity(args) -> None:
             nll = {archive: [] for archive in streams}
             print(record["bins"][-1], record["largest_logit_difference"], flush=True)
             (RESULTS / "archive_perplexity.json").write_text(json.dumps(record, indent=1) + "\n")
-
-
-def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95 % Wilson score interval of a rate of `hits` in `n` trials (sound near 0 and 1, unlike the normal
-    approximation)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = hits / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def summary(args) -> None:

@@ -81,6 +81,17 @@ def load_records(name: str) -> list[dict]:
     return json.loads(path.read_text()) if path.exists() else []
 
 
+def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % Wilson score interval of a rate of `hits` in `n` trials (sound near 0 and 1, unlike the normal
+    approximation)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def add_matrix_options(parser, *, out: str, setting: str) -> None:
     """The options every matrix benchmark shares: its result file, resuming, plotting only, threads and
     seed, and the hidden ones by which it runs one of its streams in a child process."""

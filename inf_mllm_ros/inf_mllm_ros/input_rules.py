@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .engine.poses import Pose
 from .engine.text_rules import CheckedText, TextRefused, checked_text
 
 
@@ -45,6 +46,19 @@ def text_message(text: Any, max_text_chars: int) -> CheckedText:
         return checked_text(text, "text message", max_text_chars)
     except TextRefused as exc:
         raise TextRefused(exc.kind, f"{exc}{TEXT_ADVICE.get(exc.kind, '')}") from None
+
+
+# The pose messages a robot publishes, by type name: where the pose is in each.
+POSE_MESSAGE_TYPES = ("nav_msgs/msg/Odometry", "geometry_msgs/msg/PoseStamped",
+                      "geometry_msgs/msg/PoseWithCovarianceStamped")
+
+
+def pose_message(msg: Any, msgtype: str) -> tuple[Pose, str]:
+    """A pose message (a type in POSE_MESSAGE_TYPES, from rclpy or from a bag) as the pose and its frame: the node
+    and the offline runner read poses alike (their time: `stamp_seconds` of the header's stamp)."""
+    pose = msg.pose if msgtype == "geometry_msgs/msg/PoseStamped" else msg.pose.pose
+    p, q = pose.position, pose.orientation
+    return Pose(p.x, p.y, p.z, q.x, q.y, q.z, q.w), msg.header.frame_id
 
 
 class FrameGate:

@@ -21,13 +21,9 @@ from inf_mllm_interfaces.msg import Evidence as EvidenceMsg
 
 from .engine.evidence import Evidence
 from .engine.poses import Pose, PoseHistory, PoseRefusedError
-from .input_rules import stamp_seconds
+from .input_rules import POSE_MESSAGE_TYPES, pose_message, stamp_seconds
 
-POSE_TYPES = {
-    "nav_msgs/msg/Odometry": Odometry,
-    "geometry_msgs/msg/PoseStamped": PoseStamped,
-    "geometry_msgs/msg/PoseWithCovarianceStamped": PoseWithCovarianceStamped,
-}
+POSE_TYPES = dict(zip(POSE_MESSAGE_TYPES, (Odometry, PoseStamped, PoseWithCovarianceStamped)))
 # Best effort takes a reliable publisher's poses too; a robot's odometry comes at tens of Hz.
 POSE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=50, reliability=ReliabilityPolicy.BEST_EFFORT)
 # Seconds between looks at the graph for the pose topic's type while it is not published yet.
@@ -68,18 +64,20 @@ class PoseInput:
     def _subscribe(self) -> bool:
         name = self._resolved()
         types = dict(self._node.get_topic_names_and_types()).get(name, [])
-        known = [POSE_TYPES[t] for t in types if t in POSE_TYPES]
+        known = [t for t in types if t in POSE_TYPES]
         if not known:
             if types and not self._wrong_type_said:
                 self._wrong_type_said = True
                 self._on_refused("pose_topic_type", f"pose topic {name} has type {', '.join(types)}; it must be one of "
                                  + ", ".join(POSE_TYPES))
             return False
-        self._subscription = self._node.create_subscription(known[0], name, self._on_pose, POSE_QOS)
+        msgtype = known[0]
+        self._subscription = self._node.create_subscription(POSE_TYPES[msgtype], name,
+                                                            lambda msg: self._on_pose(msg, msgtype), POSE_QOS)
         if self._timer is not None:
             self._node.destroy_timer(self._timer)
             self._timer = None
-        self._node.get_logger().info(f"poses from {name} ({known[0].__name__}), tolerance {self.history.tolerance} s")
+        self._node.get_logger().info(f"poses from {name} ({msgtype}), tolerance {self.history.tolerance} s")
         return True
 
     def _resolved(self) -> str:
@@ -88,13 +86,12 @@ class PoseInput:
         namespace = self._node.get_namespace().rstrip("/")
         return f"{namespace}/{self.topic}"
 
-    def _on_pose(self, msg) -> None:
-        pose = msg.pose.pose if isinstance(msg, (Odometry, PoseWithCovarianceStamped)) else msg.pose
-        p, q = pose.position, pose.orientation
+    def _on_pose(self, msg, msgtype: str) -> None:
+        pose, frame_id = pose_message(msg, msgtype)
         stamp = stamp_seconds(msg.header.stamp, self._node.get_clock().now().nanoseconds)
         try:
             with self._lock:
-                self.history.add(stamp, Pose(p.x, p.y, p.z, q.x, q.y, q.z, q.w), msg.header.frame_id)
+                self.history.add(stamp, pose, frame_id)
         except PoseRefusedError as exc:
             self._on_refused("pose", f"pose refused: {exc}")
 

@@ -3,6 +3,7 @@ the committed demo bag matches its scenario, and broken bags fail with clear Bag
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 from pathlib import Path
@@ -19,6 +20,7 @@ from inf_mllm_ros.bags.sample_bag import (
     CAMERA_TOPIC_COMPRESSED,
     CAMERA_TOPIC_RAW,
     NARRATION_TOPIC,
+    ODOMETRY_TOPIC,
     START_NS,
     build_scenario,
     main,
@@ -57,8 +59,9 @@ def test_generated_bag_reads_back_message_for_message(small_bags, storage: str) 
         assert {t: (i.msgtype, i.count) for t, i in bag.topics.items()} == {
             CAMERA_TOPIC_COMPRESSED: ("sensor_msgs/msg/CompressedImage", 12),
             NARRATION_TOPIC: ("std_msgs/msg/String", 2),
+            ODOMETRY_TOPIC: ("nav_msgs/msg/Odometry", 60),
         }
-        assert bag.start_ns == START_NS and bag.message_count == 14
+        assert bag.start_ns == START_NS and bag.message_count == 74
         items = list(bag.messages())
     assert [(m.topic, m.timestamp_ns, m.rawdata) for m in items] == _raw_reference(path)
     stamps = [m.timestamp_ns for m in items]
@@ -72,7 +75,7 @@ def test_mcap_and_sqlite3_hold_the_same_messages(small_bags) -> None:
         return [(m.topic, m.msgtype, m.timestamp_ns, m.rawdata) for m in iter_messages(path)]
 
     mcap, sqlite = read(small_bags["mcap"]), read(small_bags["sqlite3"])
-    assert mcap == sqlite and len(mcap) == 14
+    assert mcap == sqlite and len(mcap) == 74
 
 
 def test_generated_frames_and_narration_decode(small_bags) -> None:
@@ -81,6 +84,8 @@ def test_generated_frames_and_narration_decode(small_bags) -> None:
     for item in iter_messages(small_bags["mcap"]):
         if item.topic == NARRATION_TOPIC:
             texts.append((item.timestamp_ns / 1e9, item.msg.data))
+        elif item.topic == ODOMETRY_TOPIC:
+            assert item.msg.header.frame_id == "map" and item.msg.child_frame_id == "base_link"
         else:
             rgb = msg_to_rgb(item.msg)
             assert rgb.shape == (72, 96, 3) and rgb.dtype == np.uint8
@@ -103,7 +108,7 @@ def test_raw_frames_are_exactly_the_rendered_scene(tmp_path: Path) -> None:
     summary = write_sample_bag(tmp_path / "raw", raw=True, storage="sqlite3",
                                duration_s=2.0, fps=1.0, size=(80, 60), seed=5)
     assert summary.topics == {CAMERA_TOPIC_RAW: "sensor_msgs/msg/Image",
-                              NARRATION_TOPIC: "std_msgs/msg/String"}
+                              NARRATION_TOPIC: "std_msgs/msg/String", ODOMETRY_TOPIC: "nav_msgs/msg/Odometry"}
     scenario = build_scenario(2.0, 5)
     rng = np.random.default_rng(5)  # the generator draws frame noise in frame order
     frames = [m for m in iter_messages(summary.path, [CAMERA_TOPIC_RAW])]
@@ -143,12 +148,38 @@ def test_long_scenario_stays_consistent_with_its_frames() -> None:
     assert build_scenario(400.0, seed=8).events != scenario.events
 
 
+@pytest.mark.parametrize("seed", [0, 3, 11, 1000])
+def test_the_patrol_robot_reports_where_its_odometry_puts_it(tmp_path: Path, seed: int) -> None:
+    from inf_mllm_ros.bags.warehouse_layout import PLACES_M
+    from inf_mllm_ros.bags.warehouse_patrol import ROBOT_SPEED
+
+    scenario = build_scenario(600.0, seed)
+    reports = [e for e in scenario.events if e.text.startswith("Patrol robot")]
+    assert len(reports) >= 4, reports
+    for event in reports:
+        place = event.text.rstrip(".").split(" at ", 1)[1]
+        assert math.dist(scenario.robot_xy(event.time_s), PLACES_M[place]) < 1e-6, event
+    by_kind = {}
+    for probe in scenario.probes:
+        by_kind.setdefault(probe.kind, []).append(probe)
+    assert len(by_kind["temporal"]) == len(by_kind["spatial"]) + 1 >= 5  # and the script's temporal question
+    for probe in by_kind["spatial"]:
+        assert probe.expected == probe.place and probe.time_s > probe.about_s
+        said = [e for e in reports if e.time_s == probe.about_s]
+        assert said and probe.place in said[0].text
+    # The odometry drives at the robot's speed (within a step's rounding) and stays on the floor.
+    poses = list(scenario.robot_poses(10.0))
+    steps = [math.dist(a[1:3], b[1:3]) * 10.0 for a, b in zip(poses, poses[1:])]
+    assert max(steps) <= ROBOT_SPEED * 1.01 and sum(s > 0 for s in steps) > len(steps) / 3
+    assert all(0 <= x <= 40 and 0 <= y <= 30 for _, x, y, _, _ in poses)
+
+
 # --- the committed demo bag ------------------------------------------------------------------
 
 def test_demo_bag_reads_and_matches_its_scenario() -> None:
     with open_bag(DEMO_BAG) as bag:
         assert {t: i.count for t, i in bag.topics.items()} == {
-            CAMERA_TOPIC_COMPRESSED: 40, NARRATION_TOPIC: 8}
+            CAMERA_TOPIC_COMPRESSED: 40, NARRATION_TOPIC: 8, ODOMETRY_TOPIC: 400}
         items = list(bag.messages())
     texts = [m.msg.data for m in items if m.topic == NARRATION_TOPIC]
     assert texts == [e.text for e in scenario_events(40.0)]
@@ -167,8 +198,10 @@ def test_demo_bag_reads_and_matches_its_scenario() -> None:
 
 def test_demo_questions_file_matches_the_scenario() -> None:
     listed = yaml.safe_load((DEMO_BAG / "questions.yaml").read_text())
-    assert [(q["time_s"], q["question"], q["expected"], q.get("needs_vision", False)) for q in listed] == [
-        tuple(p) for p in probe_questions(40.0)]
+    assert [(q["time_s"], q["question"], q["expected"], q.get("needs_vision", False), q.get("kind", "descriptive"),
+             q.get("about_s"), q.get("place")) for q in listed] == [tuple(p) for p in probe_questions(40.0)]
+    [when] = [q for q in load_questions(DEMO_BAG / "questions.yaml") if q.kind == "temporal"]
+    assert (when.expected, when.about_s) == ("08:00:31", 31.0)
     first = {"time_s": 8.0, "question": "Where did forklift F2 park?", "expected": "dock 3"}
     assert first in listed
     # The forklift's colour is drawn, never narrated: only a model that sees can answer it.

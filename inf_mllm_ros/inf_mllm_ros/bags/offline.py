@@ -7,7 +7,9 @@ Messages are taken in bag-time order and mapped to the model exactly as the node
 the bag is replayed into it in lockstep (see :mod:`inf_mllm_ros.bags.stream_inputs`), so with the same
 settings (``--params`` reads the node's own parameters file) the greedy answers are the node's.
 Writes ``log.jsonl`` (one record per input and per answer, with cache figures), ``report.md``
-(answers against the expected words, memory, settings) and ``plot.png`` into ``--out``.
+(answers against the expected words, memory, settings) and ``plot.png`` into ``--out``; with a `pose_topic` in the
+bag (the sample bags' ``/odom`` with ``pose_topic: /odom``), each input carries the robot's pose at its time, as in
+the node, and ``map.png`` shows the route and where each answer's heaviest evidence was.
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ from ..input_rules import StreamClock
 from ..settings import BY_NAME, DEFAULTS, PARAMETERS, load_settings, model_threads, value_problem
 from ..settings import stream_config
 from .bag_io import BagError
-from .report import RunResult, mib, write_plot, write_report
+from .report import RunResult, mib, write_map, write_plot, write_report
 from .stream_inputs import (
     Question,
     chosen_questions,
     node_namespace,
     open_selected,
     parse_remaps,
+    pose_source,
     questions_due,
     stream_inputs,
 )
@@ -103,6 +106,20 @@ def checked_config(settings: dict):
 
 # --- the run --------------------------------------------------------------------------------------
 
+def evidence_errors(question: Question, evidence: list, offset_s: float) -> dict:
+    """How far an answer's heaviest evidence is from the moment and the place the question is about, where it
+    says: seconds (`offset_s`: the stream's time 0 from the bag's start) and metres in the plane."""
+    out = {}
+    top = evidence[0] if evidence else None
+    if question.about_s is not None:
+        out["evidence_time_error_s"] = (None if top is None or top.stamp is None
+                                        else round(abs(top.stamp + offset_s - question.about_s), 3))
+    if question.place_xy is not None:
+        out["evidence_distance_m"] = (None if top is None or top.pose is None
+                                      else round(top.pose.distance_to(*question.place_xy), 3))
+    return out
+
+
 def memory_now() -> dict:
     """Resident memory of this process now and at its peak, in bytes."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
@@ -125,6 +142,7 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
     called with a line for each answer and notice. Raises BagError, ModelLoadError, UsageError.
     """
     from ..engine.adapters import FramesNotSupportedError
+    from ..engine.poses import PoseHistory, PoseRefusedError
     from ..engine.stream import KVStream
 
     echo = echo or (lambda line: None)
@@ -137,7 +155,15 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
     for line in skipped:
         echo(f"note: {line}")
     counts = result.counts = {"frames": 0, "texts": 0, "rejected": 0, "frames_skipped": 0, "frames_dropped": 0,
-                              "answers": 0}
+                              "answers": 0, "poses": 0, "poses_refused": 0}
+    try:
+        pose_topic = pose_source(topic_types, remaps or parse_remaps([]), str(settings.get("pose_topic") or ""),
+                                 node_namespace(node))
+    except BagError:
+        bag.close()
+        raise
+    # The node's pose rules (node_poses.PoseInput): one frame, a bounded history, the pose at an input's time.
+    poses = PoseHistory(str(settings.get("pose_frame") or ""), float(settings.get("pose_tolerance", 0.5)))
     log = open(log_path, "w", encoding="utf-8") if log_path else None
 
     def emit(record: dict) -> None:
@@ -160,7 +186,8 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
         duration = (bag.end_ns - 1 - bag.start_ns) / 1e9 if bag.message_count else 0.0
         result.bag = {"path": str(bag.path), "duration_s": duration, "messages": bag.message_count,
                       "topics": {t: {"type": topic_types[t], "count": bag.topics[t].count,
-                                     "input": kinds.get(t, "")} for t in topic_types}}
+                                     "input": "pose" if t == pose_topic else kinds.get(t, "")}
+                                 for t in topic_types}}
         emit({"type": "settings", "bag": result.bag, "settings": result.settings, "model": result.model,
               "config": asdict(config), "questions": [asdict(q) for q in questions]})
 
@@ -171,8 +198,9 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
         def answer(q: Question, bag_time: float) -> None:
             ans = stream.ask(q.question, max_new_tokens=config.max_new_tokens)
             record = {"type": "answer", "bag_time": bag_time, "time_s": q.time_s, "question": q.question,
-                      "expected": q.expected, "needs_vision": q.needs_vision, "answer": ans.text,
+                      "expected": q.expected, "needs_vision": q.needs_vision, "kind": q.kind, "answer": ans.text,
                       "correct": q.matches(ans.text), "retrieved_tokens": ans.retrieved_tokens,
+                      **evidence_errors(q, ans.evidence, (clock.origin or 0.0) - bag.start_ns / 1e9),
                       "evidence": [{"stamp": e.stamp, "kind": e.kind, "source": e.source, "text": e.text,
                                     "weight": round(e.weight, 3),
                                     "pose": None if e.pose is None else list(e.pose.as_tuple())}
@@ -191,7 +219,7 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
             counts["answers"] += 1
             echo(f"[{q.time_s:6.1f} s] Q: {q.question}\n           A: {ans.text}{q.mark(record['correct'])}")
 
-        total = sum(bag.topics[t].count for t in kinds)
+        total = sum(bag.topics[t].count for t in kinds)  # the bar counts inputs, not poses
         bar = None
         if progress:
             from tqdm import tqdm
@@ -202,10 +230,20 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
         frames_ok = True
         clock = StreamClock()
         emit({"type": "start", "bag_time": 0.0, **stats()})
-        for item in stream_inputs(bag.messages(list(kinds)), kinds, bag.start_ns,
-                                  max_text_chars=int(settings["max_text_chars"]),
+        for item in stream_inputs(bag.messages(list(kinds) + ([pose_topic] if pose_topic else [])), kinds,
+                                  bag.start_ns, max_text_chars=int(settings["max_text_chars"]),
                                   max_decoded_pixels=int(settings["max_decoded_pixels"]),
-                                  frame_rate=float(settings["frame_rate"]), clock=clock):
+                                  frame_rate=float(settings["frame_rate"]), clock=clock, pose_topic=pose_topic):
+            if item.kind == "pose":
+                try:
+                    poses.add(item.clock_s, *item.data)
+                    counts["poses"] += 1
+                    result.route.append((item.bag_time, item.data[0].x, item.data[0].y))
+                    result.route_frame = poses.frame_id
+                except PoseRefusedError as exc:
+                    counts["poses_refused"] += 1
+                    emit({"type": "pose_refused", "bag_time": item.bag_time, "reason": str(exc)})
+                continue
             for q in questions_due(questions, asked, item.bag_time):
                 answer(q, bag_time)
                 asked += 1
@@ -225,7 +263,7 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
                 record["type"] = "frame_skipped"
             elif item.kind == "frame":
                 try:
-                    record["tokens"] = stream.push_frame(item.data, item.stamp)
+                    record["tokens"] = stream.push_frame(item.data, item.stamp, pose=poses.at(item.clock_s))
                     counts["frames"] += 1
                 except FramesNotSupportedError as exc:
                     frames_ok = False
@@ -239,7 +277,7 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
                 if pin:
                     record.update(type="text", pinned=True)
                 try:
-                    record["tokens"] = stream.push_text(item.data, item.stamp, pin=pin)
+                    record["tokens"] = stream.push_text(item.data, item.stamp, pin=pin, pose=poses.at(item.clock_s))
                     counts["texts"] += 1
                 except ValueError as exc:
                     counts["rejected"] += 1
@@ -345,7 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              echo=lambda line: print(line, flush=True))
     except (UsageError, BagError, ModelLoadError) as exc:
         return fail(str(exc))
-    write_report(result, out / "report.md")
+    with_map = write_map(result, out / "map.png")
+    write_report(result, out / "report.md", with_map=with_map)
     write_plot(result, out / "plot.png")
     c = result.counts
     last = next((r for r in reversed(result.records) if "fill" in r), {})
@@ -355,6 +394,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{PROG}: log    {out / 'log.jsonl'}")
     print(f"{PROG}: report {out / 'report.md'}")
     print(f"{PROG}: plot   {out / 'plot.png'}")
+    if with_map:
+        print(f"{PROG}: map    {out / 'map.png'}")
     return 0
 
 

@@ -22,6 +22,8 @@ class RunResult:
     bag: dict = field(default_factory=dict)
     model: dict = field(default_factory=dict)
     seconds: float = 0.0
+    route: list[tuple[float, float, float]] = field(default_factory=list)  # the robot's poses: (bag time, x, y)
+    route_frame: str = ""  # the frame they are in
 
 
 def mib(n: float) -> str:
@@ -33,7 +35,8 @@ def _evidence(evidence: list[dict]) -> str:
         return ""
     top = evidence[0]
     when = f"{top['stamp']:.1f} s" if top.get("stamp") is not None else "no time"
-    return f"{when}, {top['kind']} ({top['source']})" + (f": {top['text'][:80]}" if top.get("text") else "")
+    where = f" at ({top['pose'][0]:.1f}, {top['pose'][1]:.1f}) m" if top.get("pose") else ""
+    return f"{when}{where}, {top['kind']} ({top['source']})" + (f": {top['text'][:80]}" if top.get("text") else "")
 
 
 def _cell(text: Any) -> str:
@@ -86,7 +89,44 @@ def write_plot(result: RunResult, path: str | Path) -> None:
     plt.close(fig)
 
 
-def write_report(result: RunResult, path: str | Path) -> None:
+def write_map(result: RunResult, path: str | Path) -> bool:
+    """The robot's route and, numbered as in the report's answers, each answer's heaviest evidence where it has a
+    pose; False (nothing written) without a route."""
+    if not result.route:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 6.5))
+    _, xs, ys = zip(*result.route)
+    ax.plot(xs, ys, color="grey", alpha=0.5, linewidth=1, label="route")
+    ax.plot(xs[0], ys[0], "s", color="grey", label="start")
+    shown = False
+    for number, answer in enumerate(result.answers, 1):
+        top = (answer.get("evidence") or [{}])[0]
+        if not top.get("pose"):
+            continue
+        colour = {True: "tab:green", False: "tab:red"}.get(answer.get("correct"), "tab:blue")
+        ax.plot(top["pose"][0], top["pose"][1], "o", color=colour, markersize=9, alpha=0.8,
+                label=None if shown else "an answer's heaviest evidence (green: right, red: wrong)")
+        ax.annotate(str(number), (top["pose"][0], top["pose"][1]), textcoords="offset points", xytext=(6, 4),
+                    fontsize=8)
+        shown = True
+    ax.set_xlabel("x (m)")
+    ax.set_ylabel("y (m)")
+    ax.set_aspect("equal")
+    ax.legend(loc="best", fontsize=8)
+    ax.set_title(f"{Path(result.bag.get('path', 'bag')).name}: the route and where the answers rest "
+                 f"(frame {result.route_frame!r})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def write_report(result: RunResult, path: str | Path, *, with_map: bool = False) -> None:
     """The run's report in Markdown, beside the plot (`write_plot`'s plot.png)."""
     s, c = result.settings, result.counts
     rows = [r for r in result.records if "fill" in r]
@@ -102,13 +142,13 @@ def write_report(result: RunResult, path: str | Path) -> None:
         lines += ["An answer that used the archive (tokens retrieved) is shown from the cache alone too. Its "
                   "heaviest evidence is the input the question pointed to most (its stream time, and a text's "
                   "words).", "",
-                  "| Bag time (s) | Question | Expected | Answer | Right | Needs vision | Retrieved | "
+                  "| # | Bag time (s) | Question | Expected | Answer | Right | Needs vision | Retrieved | "
                   "Without the archive | Right | Heaviest evidence |",
-                  "|---:|---|---|---|---|---|---:|---|---|---|"]
+                  "|---:|---:|---|---|---|---|---|---:|---|---|---|"]
         marks = {True: "yes", False: "no", None: ""}
-        for a in result.answers:
+        for number, a in enumerate(result.answers, 1):
             alone = a.get("answer_without_archive")
-            lines.append(f"| {a['time_s']:.1f} | {_cell(a['question'])} | {_cell(a['expected'])} | "
+            lines.append(f"| {number} | {a['time_s']:.1f} | {_cell(a['question'])} | {_cell(a['expected'])} | "
                          f"{_cell(a['answer'])} | {marks[a['correct']]} | {'yes' if a.get('needs_vision') else ''} | "
                          f"{a.get('retrieved_tokens', 0)} | {_cell(alone) if alone is not None else ''} | "
                          f"{marks[a.get('correct_without_archive')] if alone is not None else ''} | "
@@ -147,7 +187,8 @@ def write_report(result: RunResult, path: str | Path) -> None:
         "",
         f"Frames ingested {c['frames']} (mean {mean(frame_times)}), skipped {c['frames_skipped']}, "
         f"dropped by frame_rate {c['frames_dropped']}; texts ingested {c['texts']} (mean {mean(text_times)}); "
-        f"refused {c['rejected']}; answers {c['answers']} (mean {mean(answer_times)}). "
+        f"refused {c['rejected']}; answers {c['answers']} (mean {mean(answer_times)}); poses {c.get('poses', 0)}"
+        f" (refused {c.get('poses_refused', 0)}). "
         f"Whole run {result.seconds:.1f} s.",
         "", "## Settings", "", "| Setting | Value |", "|---|---|",
     ]
@@ -156,4 +197,7 @@ def write_report(result: RunResult, path: str | Path) -> None:
     for key, value in result.model.items():
         lines.append(f"| model {key} | {_cell(value)} |")
     lines += ["", "## Cache fill, evictions and memory over the run", "", "![cache over the run](plot.png)"]
+    if with_map:
+        lines += ["", "## Where the answers rest", "", "The robot's route and each answer's heaviest evidence, "
+                  "numbered as in the answers above.", "", "![route and evidence](map.png)"]
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from ..engine.text_rules import is_blank
 from ..image_conversion import ImageConversionError, msg_to_rgb
 from ..engine.text_rules import TextRefused
-from ..input_rules import FrameGate, StreamClock, stamp_seconds, text_message
+from ..input_rules import POSE_MESSAGE_TYPES, FrameGate, StreamClock, pose_message, stamp_seconds, text_message
 from .bag_io import Bag, BagError, BagMessage
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "open_selected",
     "parse_ask",
     "parse_remaps",
+    "pose_source",
     "questions_due",
     "resolve",
     "select_inputs",
@@ -111,23 +112,40 @@ def select_inputs(topics: dict[str, str], remaps: dict[str, str], namespace: str
     return out
 
 
+def pose_source(topics: dict[str, str], remaps: dict[str, str], pose_topic: str, namespace: str = "") -> str | None:
+    """The bag topic that reaches a node's `pose_topic` after remapping (None: no pose topic, or none reaches it);
+    BagError where it is not of a pose type."""
+    if not pose_topic:
+        return None
+    wanted = resolve(pose_topic, namespace)
+    for topic, msgtype in topics.items():
+        if resolve(remaps.get(topic, topic), namespace) == wanted:
+            if msgtype not in POSE_MESSAGE_TYPES:
+                raise BagError(f"topic {topic!r} ({msgtype}) reaches pose_topic {pose_topic!r}, which takes "
+                               f"{', '.join(POSE_MESSAGE_TYPES)}")
+            return topic
+    return None
+
+
 @dataclass
 class StreamInput:
     """One bag message as the node takes it: 'frame' (RGB array), 'text', 'pinned' (a text to keep), 'rejected'
-    (data: the reason) or 'frame_dropped' (held back by frame_rate; data None)."""
+    (data: the reason), 'frame_dropped' (held back by frame_rate; data None) or 'pose' (data: the pose and its
+    frame)."""
 
     kind: str
     topic: str
     bag_time: float  # seconds since the bag's first message
-    stamp: float | None  # stream time the node gives it; None when rejected
-    data: Any  # RGB array, text, or the reason it was refused
+    stamp: float | None  # stream time the node gives it; None when rejected, and for a pose
+    data: Any  # RGB array, text, the reason it was refused, or (Pose, frame_id)
+    clock_s: float | None = None  # its time on the node's clock (header stamp or arrival): where a pose is looked up
 
 
 def stream_inputs(messages: Iterable[BagMessage], kinds: dict[str, str], start_ns: int, *,
                   max_text_chars: int, max_decoded_pixels: int, frame_rate: float,
-                  clock: StreamClock | None = None) -> Iterator[StreamInput]:
-    """The node's inputs from bag messages in bag order, by the node's rules (input_rules) and settings;
-    messages on other topics are skipped.
+                  clock: StreamClock | None = None, pose_topic: str | None = None) -> Iterator[StreamInput]:
+    """The node's inputs from bag messages in bag order, by the node's rules (input_rules) and settings, with
+    the poses of `pose_topic` (a bag topic, `pose_source`); messages on other topics are skipped.
 
     A frame first passes `frame_rate` (by its time, before decoding), then is refused if it does not
     decode or declares more than ``max_decoded_pixels``; a text is refused if empty or longer than
@@ -137,12 +155,16 @@ def stream_inputs(messages: Iterable[BagMessage], kinds: dict[str, str], start_n
     gate = FrameGate(frame_rate)
     for item in messages:
         kind = kinds.get(item.topic)
-        if kind is None:
+        if kind is None and item.topic != pose_topic:
             continue
         bag_time = (item.timestamp_ns - start_ns) / 1e9
         msg = item.msg
-        if kind == "frame":
-            if not gate.admit(stamp_seconds(msg.header.stamp, item.timestamp_ns)):
+        if kind is None:
+            yield StreamInput("pose", item.topic, bag_time, None, pose_message(msg, item.msgtype),
+                              stamp_seconds(msg.header.stamp, item.timestamp_ns))
+        elif kind == "frame":
+            seconds = stamp_seconds(msg.header.stamp, item.timestamp_ns)
+            if not gate.admit(seconds):
                 yield StreamInput("frame_dropped", item.topic, bag_time, None, None)
                 continue
             try:
@@ -150,14 +172,16 @@ def stream_inputs(messages: Iterable[BagMessage], kinds: dict[str, str], start_n
             except ImageConversionError as exc:
                 yield StreamInput("rejected", item.topic, bag_time, None, f"{exc.kind}: {exc}")
                 continue
-            yield StreamInput("frame", item.topic, bag_time, clock(msg.header.stamp, item.timestamp_ns), data)
-        else:
+            yield StreamInput("frame", item.topic, bag_time, clock(msg.header.stamp, item.timestamp_ns), data,
+                              seconds)
+        elif kind is not None:
             try:
                 text = text_message(msg.data, max_text_chars)
             except TextRefused as exc:
                 yield StreamInput("rejected", item.topic, bag_time, None, str(exc))
                 continue
-            yield StreamInput(kind, item.topic, bag_time, clock(None, item.timestamp_ns), text)
+            yield StreamInput(kind, item.topic, bag_time, clock(None, item.timestamp_ns), text,
+                              stamp_seconds(None, item.timestamp_ns))
 
 
 # --- questions at bag times -------------------------------------------------------------------
@@ -170,6 +194,9 @@ class Question:
     question: str
     expected: str = ""
     needs_vision: bool = False  # answerable only from what the frames show, not from any text
+    kind: str = "descriptive"  # or "temporal" (expected: a time of day) or "spatial" (expected: a place)
+    about_s: float | None = None  # the moment the answer rests on, seconds from the bag's start, where known
+    place_xy: tuple[float, float] | None = None  # where the robot was then (the pose topic's frame), where known
 
     def matches(self, answer: str) -> bool | None:
         """Whether the answer holds the expected words (None when nothing is expected)."""
@@ -196,7 +223,8 @@ def parse_ask(text: str) -> Question:
 
 
 def load_questions(path: str | Path) -> list[Question]:
-    """A questions YAML (a list of {time_s, question, expected, needs_vision}), as the sample bags carry."""
+    """A questions YAML (a list of {time_s, question, expected, needs_vision, kind, about_s, place_xy}), as the
+    sample bags carry."""
     import yaml
 
     path = Path(path)
@@ -216,7 +244,13 @@ def load_questions(path: str | Path) -> list[Question]:
             raise ValueError(f"{path}: entry {i} needs a number time_s and a question") from None
         if is_blank(question) or not math.isfinite(time_s) or time_s < 0:
             raise ValueError(f"{path}: entry {i} needs a time_s >= 0 and a non-empty question")
-        out.append(Question(time_s, question, str(entry.get("expected") or ""), bool(entry.get("needs_vision"))))
+        try:
+            about = None if entry.get("about_s") is None else float(entry["about_s"])
+            place = None if entry.get("place_xy") is None else tuple(float(v) for v in entry["place_xy"][:2])
+        except (TypeError, ValueError):
+            raise ValueError(f"{path}: entry {i}: about_s must be a number and place_xy [x, y]") from None
+        out.append(Question(time_s, question, str(entry.get("expected") or ""), bool(entry.get("needs_vision")),
+                            str(entry.get("kind") or "descriptive"), about, place))
     return sorted(out, key=lambda q: q.time_s)
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .warehouse_scenario import AISLE_X, COLOURS, DOCK_X, PLACES, SHELF_X, SHIFT_START, Scenario, clock_text
+from .warehouse_layout import AISLE_X, COLOURS, DOCK_X, PLACES, SHELF_X, SHIFT_START, clock_text
+from .warehouse_scenario import Scenario
 
 
 def _px(xy: tuple[float, float], width: int, height: int) -> tuple[int, int]:
@@ -91,6 +92,16 @@ def _draw_cone(img: np.ndarray, at: tuple[int, int], colour: tuple[int, int, int
     _label(img, "CONE", (x + s + 2, y + s), 0.3 * scale)
 
 
+def _draw_robot(img: np.ndarray, at: tuple[int, int], name: str, scale: float) -> None:
+    import cv2
+
+    h, w = img.shape[:2]
+    r = max(3, int(0.022 * w))
+    cv2.circle(img, at, r, (60, 64, 72), -1)
+    cv2.circle(img, at, max(1, r // 3), (120, 220, 255), -1)  # its sensor
+    _label(img, name, (at[0] + r + 1, at[1] - r), 0.3 * scale, (40, 40, 60))
+
+
 def render_frame(scenario: Scenario, t: float, width: int = 320, height: int = 240,
                  rng: np.random.Generator | None = None, noise: float = 2.0) -> np.ndarray:
     """Draw the scene at ``t`` seconds as an (height, width, 3) RGB uint8 array.
@@ -111,8 +122,8 @@ def render_frame(scenario: Scenario, t: float, width: int = 320, height: int = 2
         cv2.circle(img, (int(0.025 * width), int(0.34 * height)), max(3, int(6 * scale)),
                    (20, 20, 20), 1)
 
-    # Cones and forklifts first, pallets last: a carried pallet is drawn on the forklift.
-    order = {"cone": 0, "forklift": 1, "pallet": 2}
+    # Cones, the robot and forklifts first, pallets last: a carried pallet is drawn on the forklift.
+    order = {"cone": 0, "robot": 1, "forklift": 2, "pallet": 3}
     for track in sorted((tr for tr in scenario.tracks.values() if tr.kind in order),
                         key=lambda tr: order[tr.kind]):
         xy, colour = track.state(t)
@@ -123,6 +134,8 @@ def render_frame(scenario: Scenario, t: float, width: int = 320, height: int = 2
             _draw_forklift(img, at, COLOURS[colour], track.name, scale)
         elif track.kind == "pallet":
             _draw_pallet(img, at, COLOURS[colour], track.name, scale)
+        elif track.kind == "robot":
+            _draw_robot(img, at, track.name, scale)
         else:
             _draw_cone(img, at, COLOURS[colour], scale)
 

@@ -4,22 +4,21 @@ A `Scenario` holds keyframed tracks of the things in the scene (a red forklift, 
 signal light above a door) in fractions of the image, the narration that states each fact
 (`Event`, e.g. ``"[08:00:05] Forklift F2 parked at dock 3."``) and questions about them (`Probe`).
 The first 40 s are scripted (the committed demo bag); longer shifts continue with seeded, randomly
-drawn work cycles. The drawing of the scene is in bags/warehouse_frames.py, the bag writer in
-bags/sample_bag.py.
+drawn work cycles; a patrol robot drives through the places all along and, past the script, reports what it sees
+at some of them (bags/warehouse_patrol.py). The places are in bags/warehouse_layout.py, the drawing of the scene
+in bags/warehouse_frames.py, the bag writer in bags/sample_bag.py.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import NamedTuple
 
 import numpy as np
 
-# A fixed epoch makes the bag byte-for-byte reproducible for a given seed.
-SHIFT_START = datetime(2024, 6, 3, 8, 0, 0, tzinfo=timezone.utc)
-START_NS = int(SHIFT_START.timestamp()) * 1_000_000_000
+from .warehouse_layout import AISLE_X, DOCK_X, PALLET_COLOURS, PLACES, SHELF_X, clock_text, lane_route, to_metres
+from .warehouse_patrol import ROBOT, START_PLACE, plan_patrol
 
 SCRIPT_END_S = 40.0
 CYCLE_S = 30.0
@@ -33,54 +32,25 @@ class Event(NamedTuple):
 
 
 class Probe(NamedTuple):
-    """A question to ask once the stream has reached ``time_s``, and the key answer words."""
+    """A question to ask once the stream has reached ``time_s``, and the key answer words.
+
+    kind: "descriptive" (what), "temporal" (when: `expected` is a time of day) or "spatial" (where: `expected` is
+    a place); about_s: the moment the answer rests on, where one does; place: where the robot was at that moment,
+    where the question is about a place it reported from (its position: `place_xy`).
+    """
 
     time_s: float
     question: str
     expected: str
     needs_vision: bool = False  # only the frames show it (the forklift's colour), no narration says it
+    kind: str = "descriptive"
+    about_s: float | None = None
+    place: str | None = None
 
-
-def clock_text(time_s: float) -> str:
-    """The wall clock at ``time_s`` into the shift, e.g. ``"08:00:12"``."""
-    total = int(SHIFT_START.hour * 3600 + SHIFT_START.minute * 60 + math.floor(time_s))
-    return f"{total // 3600 % 24:02d}:{total // 60 % 60:02d}:{total % 60:02d}"
-
-
-# --- layout, in fractions of the image width and height --------------------------------------
-
-COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (205, 35, 35),
-    "green": (40, 175, 70),
-    "blue": (40, 85, 220),
-    "yellow": (235, 200, 30),
-    "purple": (140, 60, 185),
-    "white": (240, 240, 240),
-    "orange": (250, 130, 20),
-}
-PALLET_COLOURS = ("blue", "green", "yellow", "purple", "white")
-
-DOCK_X = {1: 0.30, 2: 0.48, 3: 0.66, 4: 0.84}
-SHELF_X = {"B1": 0.36, "B2": 0.54, "B3": 0.72, "B4": 0.90}
-AISLE_X = {1: 0.35, 2: 0.55, 3: 0.75}
-
-PLACES: dict[str, tuple[float, float]] = {
-    "charging station": (0.13, 0.82),
-    **{f"dock {n}": (x, 0.31) for n, x in DOCK_X.items()},
-    **{f"shelf {name}": (x, 0.86) for name, x in SHELF_X.items()},
-    **{f"aisle {n}": (x, 0.58) for n, x in AISLE_X.items()},
-}
-
-
-LANE_Y = 0.68  # the driving lane between the aisles and the shelf row
-
-
-def _route(start: tuple[float, float], end: tuple[float, float]) -> list[tuple[float, float]]:
-    """Waypoints from start to end: trips to or from the shelf row go by the lane."""
-    if max(start[1], end[1]) <= LANE_Y:
-        return [start, end]
-    points = [start, (start[0], LANE_Y), (end[0], LANE_Y), end]
-    return [p for i, p in enumerate(points) if i == 0 or math.dist(p, points[i - 1]) > 1e-9]
+    @property
+    def place_xy(self) -> tuple[float, float] | None:
+        """The place's position in the map frame, metres."""
+        return None if self.place is None else to_metres(PLACES[self.place])
 
 
 # --- scenario as keyframed tracks --------------------------------------------------------------
@@ -96,7 +66,7 @@ class _Key:
 @dataclass
 class _Track:
     name: str
-    kind: str  # "forklift", "pallet", "cone", "light"
+    kind: str  # "forklift", "pallet", "cone", "light", "robot"
     keys: list[_Key] = field(default_factory=list)
 
     def add(self, key: _Key) -> None:
@@ -138,9 +108,9 @@ class Scenario:
 
     def move(self, name: str, t0: float, t1: float, place: str, cargo: str | None = None) -> None:
         start = self.tracks[name].state(t0)[0]
-        route = _route(start, PLACES[place])
-        # Time along the route is shared by length, so the speed is constant.
-        lengths = [math.dist(a, b) for a, b in zip(route, route[1:])]
+        route = lane_route(start, PLACES[place])
+        # Time along the route is shared by its length on the floor (metres), so the speed is constant.
+        lengths = [math.dist(to_metres(a), to_metres(b)) for a, b in zip(route, route[1:])]
         total = sum(lengths) or 1.0
         for moved in (name, cargo) if cargo else (name,):
             track = self.tracks[moved]
@@ -159,9 +129,28 @@ class Scenario:
         if t < self.duration_s:
             self.events.append(Event(float(t), text))
 
-    def ask(self, t: float, question: str, expected: str, needs_vision: bool = False) -> None:
+    def ask(self, t: float, question: str, expected: str, needs_vision: bool = False, *, kind: str = "descriptive",
+            about_s: float | None = None, place: str | None = None) -> None:
         if t <= self.duration_s:
-            self.probes.append(Probe(float(t), question, expected, needs_vision))
+            self.probes.append(Probe(float(t), question, expected, needs_vision, kind, about_s, place))
+
+    def robot_xy(self, t: float) -> tuple[float, float]:
+        """Where the patrol robot is at `t`, in metres of the map frame (`MAP_FRAME`)."""
+        return to_metres(self.tracks[ROBOT].state(t)[0])
+
+    def robot_poses(self, rate: float):
+        """(t, x, y, yaw, speed) at `rate` Hz over the shift, as odometry gives them in `MAP_FRAME`: the heading
+        follows the last move and holds while the robot waits."""
+        yaw, last = 0.0, None
+        for i in range(int(math.ceil(self.duration_s * rate - 1e-9))):
+            t = i / rate
+            x, y = self.robot_xy(t)
+            speed = 0.0
+            if last is not None and math.dist(last, (x, y)) > 1e-6:
+                yaw = math.atan2(y - last[1], x - last[0])
+                speed = math.dist(last, (x, y)) * rate
+            last = (x, y)
+            yield t, x, y, yaw, speed
 
     def place_of(self, name: str, t: float) -> str | None:
         xy = self.tracks[name].state(t)[0]
@@ -195,7 +184,7 @@ def _script(s: Scenario) -> None:
     s.ask(22, "What colour is pallet A17?", "blue")
     s.ask(29, "What was placed in aisle 2?", "cone")
     s.ask(33, "What colour is the light above door D1?", "red")
-    s.ask(40, "At what time did the light of door D1 turn red?", "08:00:31")
+    s.ask(40, "At what time did the light of door D1 turn red?", "08:00:31", kind="temporal", about_s=31)
     s.ask(40, "Where is forklift F2 now?", "charging station")
     # Told at 9 s: at 40 s more than four caches back in the demo (config/demo.yaml), so the archive's to answer.
     s.ask(40, "Which dock did pallet A17 arrive at?", "dock 2")
@@ -249,6 +238,24 @@ def _cycle(s: Scenario, start: float, index: int, rng: np.random.Generator,
         s.ask(start + 28, "In which aisle is the orange cone?", f"aisle {aisle}")
 
 
+def _patrol(s: Scenario, seed: int) -> None:
+    """The patrol robot's drives, and from the end of the script on its reports and their questions."""
+    plan = plan_patrol(s.duration_s, seed, reports_from=SCRIPT_END_S)
+    s.put(ROBOT, "robot", 0.0, START_PLACE, "")
+    for drive in plan.drives:
+        s.move(ROBOT, drive.start, drive.end, drive.place)
+    for report in plan.reports:
+        s.say(report.said, report.text)
+        if report.asked < report.said + 10.0:
+            continue
+        facts = {"about_s": report.said, "place": report.place}
+        s.ask(report.asked, f"What colour was the {report.thing} that the patrol robot saw?", report.colour, **facts)
+        s.ask(report.asked, f"At what time did the patrol robot see the {report.thing}?", clock_text(report.said),
+              kind="temporal", **facts)
+        s.ask(report.asked, f"Where did the patrol robot see the {report.thing}?", report.place, kind="spatial",
+              **facts)
+
+
 def build_scenario(duration_s: float = SCRIPT_END_S, seed: int = 0) -> Scenario:
     """The scenario of a shift of ``duration_s`` seconds (seed only matters past 40 s)."""
     if duration_s <= 0:
@@ -263,6 +270,7 @@ def build_scenario(duration_s: float = SCRIPT_END_S, seed: int = 0) -> Scenario:
         _cycle(scenario, start, index, rng, shelves)
         start += CYCLE_S
         index += 1
+    _patrol(scenario, seed)
     scenario.events.sort(key=lambda e: e.time_s)
     scenario.probes.sort(key=lambda p: p.time_s)
     return scenario
