@@ -24,7 +24,7 @@ from std_srvs.srv import Trigger
 
 from inf_mllm_interfaces.msg import CacheStats
 from inf_mllm_ros.bags.bag_io import iter_messages
-from inf_mllm_ros.bags.sample_bag import write_sample_bag
+from inf_mllm_ros.bags.sample_bag import build_scenario, write_sample_bag
 from inf_mllm_ros.engine.loading import SMALL_MODEL
 from inf_mllm_ros.bags.stream_inputs import Question, input_kind, parse_ask, questions_due, stream_inputs
 from inf_mllm_ros.input_rules import FrameGate, StreamClock
@@ -49,6 +49,7 @@ PARAMS = {
     "frame_rate": 0.4,  # frames 2.5 s apart at most: of the bag's frames at 0, 2 and 4 s, the one at 2 s is held back
     "description_period": 0.0,
     "max_new_tokens": 12,
+    "pose_topic": "/odom",  # the bag's patrol robot: the replay publishes it as it is, the offline runner reads it
 }
 
 
@@ -100,7 +101,7 @@ def test_lockstep_replay_answers_as_the_offline_runner(node, short_bag, params, 
     replay = run([exe("inf_mllm_replay"), short_bag, "--lockstep", "--node", FQN, "--ask", ASK,
                   "--answers-out", answers, "--timeout", "180"], ros_env)
     assert replay.returncode == 0, f"{replay.stdout}\n{replay.stderr}\nnode log:\n{node.log()[-3000:]}"
-    assert "5 messages played" in replay.stdout
+    assert "65 messages played" in replay.stdout  # 3 frames, 2 texts and 60 poses (10 Hz)
     [from_node] = json.loads(answers.read_text())
     assert from_node["success"] and from_node["answer"], from_node
 
@@ -119,9 +120,22 @@ def test_lockstep_replay_answers_as_the_offline_runner(node, short_bag, params, 
     # The node held back the same frame: what it took in is what the offline runner took in.
     assert "frames 2 ingested, 1 dropped" in replay.stdout, replay.stdout
     assert offline_answer["tokens_evicted"] > 0  # the bag is longer than the cache
+    # Both stamped each input with the robot's pose at its time (the node from /odom over DDS, the offline runner
+    # from the bag): the same heaviest evidence, at the same place, where the scenario put the robot.
+    top_node, top_offline = from_node["evidence"][0], offline_answer["evidence"][0]
+    assert top_node["text"] == top_offline["text"] and top_node["frame_id"] == "map", (top_node, top_offline)
+    # (the node looks a text's pose up at its arrival on the /clock it has heard: at most one pose, 0.1 m, apart)
+    assert top_node["pose"] == pytest.approx(top_offline["pose"][:3], abs=0.15)
+    scenario = build_scenario(SHORT["duration_s"], SHORT["seed"])
+    for entry in offline_answer["evidence"]:
+        assert entry["pose"] is not None, entry
+        if entry["kind"] == "text":
+            [said] = [e.time_s for e in scenario.events if e.text in entry["text"]]
+            assert entry["pose"][:2] == pytest.approx(scenario.robot_xy(said), abs=0.2), entry
     assert (out / "plot.png").stat().st_size > 10_000
     report = (out / "report.md").read_text()
     assert "Where did forklift F2 park?" in report and "Cache capacity | 256 tokens" in report
+    assert "poses 60 (refused 0)" in report and (out / "map.png").stat().st_size > 10_000
     assert str(out / "report.md") in offline.stdout
 
 

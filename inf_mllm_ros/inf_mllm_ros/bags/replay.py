@@ -22,7 +22,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -83,6 +83,9 @@ class AnswerRecord:
     tokens_seen: int
     cache_fill: int
     needs_vision: bool = False
+    # Heaviest first: {stamp (seconds, the input's own), kind, source, pose [x, y, z] or None, frame_id, text,
+    # weight}, as ~/query gave them.
+    evidence: list = field(default_factory=list)
 
 
 class Player:
@@ -192,9 +195,13 @@ class Player:
                                                                 keep_in_memory=False))
         self.wait(future.done, timeout, f"an answer to {q.question!r}")
         r = future.result()
+        evidence = [{"stamp": e.stamp.sec + e.stamp.nanosec * 1e-9 if e.has_stamp else None, "kind": e.kind,
+                     "source": e.source, "pose": [e.pose.position.x, e.pose.position.y, e.pose.position.z]
+                     if e.has_pose else None, "frame_id": e.frame_id, "text": e.text, "weight": e.weight}
+                    for e in r.evidence]
         return AnswerRecord(q.time_s, q.question, q.expected, bool(r.success), r.answer, r.message,
                             q.matches(r.answer) if r.success else None, float(r.latency), int(r.tokens_seen),
-                            int(r.cache_fill), q.needs_vision)
+                            int(r.cache_fill), q.needs_vision, evidence)
 
     def close(self) -> None:
         self.executor.shutdown(timeout_sec=1.0)
