@@ -8,7 +8,7 @@ the model itself on a synthetic stream: machine serial numbers (a form used by n
 archive's defaults were chosen or reported on) between generated log lines, the subjects named again
 now and then; each is asked about, every layer-head scores the archived blocks as retrieval does, and
 the heads that rank the asked fact's block highest are kept (a tenth of them, at least MIN_HEADS).
-About 1,500 tokens through the model, once per model (its time: docs/archive.md): the heads
+About 1,500 tokens through the model, once per model (a few seconds to a minute on a CPU, by the model): the heads
 are kept in a small file named by the model's fingerprint (`$INF_MLLM_CACHE_DIR`, default
 ~/.cache/inf_mllm_ros), so that a restarted node does not find them again.
 """
