@@ -124,12 +124,15 @@ def test_lockstep_replay_answers_as_the_offline_runner(node, short_bag, params, 
     # from the bag): the same heaviest evidence, at the same place, where the scenario put the robot.
     top_node, top_offline = from_node["evidence"][0], offline_answer["evidence"][0]
     assert top_node["text"] == top_offline["text"] and top_node["frame_id"] == "map", (top_node, top_offline)
-    # (the node looks a text's pose up at its arrival on the /clock it has heard: at most one pose, 0.1 m, apart)
-    assert top_node["pose"] == pytest.approx(top_offline["pose"][:3], abs=0.15)
+    # The node looks a text's pose up at its arrival, on the /clock and among the poses it has heard by then: over
+    # DDS a few poses (0.1 s, 0.1 m apart at the robot's 1 m/s) may be behind the bag's order.
+    assert top_node["pose"] == pytest.approx(top_offline["pose"][:3], abs=0.5)
     scenario = build_scenario(SHORT["duration_s"], SHORT["seed"])
     for entry in offline_answer["evidence"]:
-        assert entry["pose"] is not None, entry
-        if entry["kind"] == "text":
+        # The bag's messages of one time come by topic name: the inputs at 0 s come before the first pose (and the
+        # system prompt has neither stamp nor pose).
+        assert (entry["pose"] is None) == (entry["stamp"] in (None, 0.0)), entry
+        if entry["kind"] == "text" and entry["pose"] is not None:
             [said] = [e.time_s for e in scenario.events if e.text in entry["text"]]
             assert entry["pose"][:2] == pytest.approx(scenario.robot_xy(said), abs=0.2), entry
     assert (out / "plot.png").stat().st_size > 10_000
@@ -231,7 +234,7 @@ def test_the_offline_runner_pins_texts_on_text_pinned(short_bag, tmp_path, ros_e
 
 def test_stream_clock_and_questions_follow_the_node(short_bag) -> None:
     clock = StreamClock()
-    items = list(iter_messages(short_bag))
+    items = [m for m in iter_messages(short_bag) if m.topic != "/odom"]
     stamps = [clock(m.msg.header.stamp if m.msgtype.startswith("sensor_msgs") else None, m.timestamp_ns)
               for m in items]
     assert stamps == pytest.approx([0.0, 0.0, 2.0, 4.0, 5.0])  # from the first input, as the node stamps
