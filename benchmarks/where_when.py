@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import time
 
@@ -43,20 +42,16 @@ REPORT_SEEDS = [100001, 100002, 100003]
 SETTINGS = {"archive": {}, "no_archive": {"archive_size": 0}, "full": {"cache_size": 16384}}
 SPATIAL_M = 1.0
 TEMPORAL_S = 2.0
-TIME_OF_DAY = re.compile(r"\b(\d{1,2}):(\d{2})(?::(\d{2}))?")
 
 # The options of a short run on the small models (run.py --smoke).
 SMOKE = ["--model", "smollm2", "--duration", "120", "--seeds", "0", "--settings", "archive", "--cache", "128",
          "--max-new-tokens", "8"]
 
 
-def times_of_day(text: str) -> list[float]:
-    """Every time of day written in `text` ("08:01:16", "8:01"), as seconds since midnight."""
-    return [int(h) * 3600 + int(m) * 60 + int(s or 0) for h, m, s in TIME_OF_DAY.findall(text)]
-
-
 def judged(probe, answer, evidence, recalled, start_s: float) -> dict:
     """A probe's answer and evidence against its truth (see the module docstring)."""
+    from inf_mllm_ros.bags.stream_inputs import times_of_day
+
     top = evidence[0] if evidence else None
     first = recalled[0] if recalled else None
     said = start_s + probe.about_s  # seconds since midnight of the report

@@ -202,6 +202,9 @@ def test_demo_questions_file_matches_the_scenario() -> None:
              q.get("about_s"), q.get("place")) for q in listed] == [tuple(p) for p in probe_questions(40.0)]
     [when] = [q for q in load_questions(DEMO_BAG / "questions.yaml") if q.kind == "temporal"]
     assert (when.expected, when.about_s) == ("08:00:31", 31.0)
+    # A time of day holds however it is written, within 2 s; another time does not.
+    assert [when.matches(a) for a in ("At 8:00:31.", "at 08:00:32 UTC", "08:00:05", "at 8:00", "half past eight")] \
+        == [True, True, False, False, False]
     first = {"time_s": 8.0, "question": "Where did forklift F2 park?", "expected": "dock 3"}
     assert first in listed
     # The forklift's colour is drawn, never narrated: only a model that sees can answer it.

@@ -17,6 +17,7 @@ from the bag's first message, once every message up to that time has been taken 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -43,6 +44,7 @@ __all__ = [
     "resolve",
     "select_inputs",
     "stream_inputs",
+    "times_of_day",
 ]
 
 # Bag topics of the sample bags (and common camera drivers) -> the node's input names.
@@ -186,6 +188,16 @@ def stream_inputs(messages: Iterable[BagMessage], kinds: dict[str, str], start_n
 
 # --- questions at bag times -------------------------------------------------------------------
 
+TIME_OF_DAY = re.compile(r"\b(\d{1,2}):(\d{2})(?::(\d{2}))?")
+# How far a time of day in an answer may be from the expected one for the answer to hold it.
+TIME_TOLERANCE_S = 2.0
+
+
+def times_of_day(text: str) -> list[int]:
+    """Every time of day written in `text` ("08:01:16", "8:01"), as seconds since midnight."""
+    return [int(h) * 3600 + int(m) * 60 + int(s or 0) for h, m, s in TIME_OF_DAY.findall(text)]
+
+
 @dataclass(frozen=True)
 class Question:
     """Ask ``question`` once the stream has passed ``time_s`` seconds from the bag's start."""
@@ -199,9 +211,13 @@ class Question:
     place_xy: tuple[float, float] | None = None  # where the robot was then (the pose topic's frame), where known
 
     def matches(self, answer: str) -> bool | None:
-        """Whether the answer holds the expected words (None when nothing is expected)."""
+        """Whether the answer holds the expected words (None when nothing is expected); for a time of day, a time
+        within TIME_TOLERANCE_S of it however written ("8:00:31" holds "08:00:31")."""
         if not self.expected:
             return None
+        expected = times_of_day(self.expected)
+        if self.kind == "temporal" and expected:
+            return any(abs(t - expected[0]) <= TIME_TOLERANCE_S for t in times_of_day(answer))
         return self.expected.lower() in answer.lower()
 
     def mark(self, correct: bool | None) -> str:
