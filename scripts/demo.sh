@@ -127,6 +127,7 @@ EOF
 say "done in $((SECONDS - START)) s"
 echo "report: $OUT/offline/report.md"
 echo "plot:   $OUT/offline/plot.png"
+if [[ -f "$OUT/offline/map.png" ]]; then echo "map:    $OUT/offline/map.png (the route and where each answer rests)"; fi
 echo "log:    $OUT/offline/log.jsonl, node answers $OUT/node_answers.json, node log $OUT/node.log"
 if ((node_rc != 0)); then
     echo "[demo] error: the node did not shut down cleanly (status $node_rc, log $OUT/node.log)" >&2
