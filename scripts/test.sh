@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the workspace (scripts/setup.sh) and runs the tests against the installed packages.
-#   scripts/test.sh           the suite, less the tests marked slow (about 7 minutes on 2 CPU cores)
+#   scripts/test.sh           the suite, less the tests marked slow (about 11 minutes on 2 CPU cores)
 #   scripts/test.sh --slow    the tests marked slow only: recall on the 0.5B evaluation model over long
 #                             streams, the soak of the node, the default model among frames
 #   scripts/test.sh --all     both (what CI runs)

@@ -42,6 +42,8 @@ from .stream_inputs import (
 
 PROG = "inf_mllm_replay"
 CLOCK_HZ = 20.0
+# Lockstep: seconds between the last message the node does not count (a pose) and the next input.
+LOCKSTEP_SETTLE_S = 0.05
 
 
 class ReplayError(Exception):
@@ -254,6 +256,7 @@ def replay(args: argparse.Namespace, questions: Sequence[Question], out=print) -
             asked = 0
             sent = 0
             passes = 0
+            others_since_input = False
             while True:
                 passes += 1
                 anchor_wall, anchor_ns = time.monotonic(), None
@@ -275,9 +278,15 @@ def replay(args: argparse.Namespace, questions: Sequence[Question], out=print) -
                                      anchor_wall, anchor_ns, args.rate)
                     player.publish_clock(item.timestamp_ns)
                     if args.lockstep and item.topic in player.inputs:
+                        if others_since_input:
+                            # Messages the node does not count (a pose topic's) went out just before: let them
+                            # reach it first, so that the input is stamped with the pose they carry.
+                            _pause(player, LOCKSTEP_SETTLE_S)
+                            others_since_input = False
                         _send_in_lockstep(player, item, args.timeout)
                     else:
                         player.publishers[item.topic].publish(item.rawdata)
+                        others_since_input = True
                     sent += 1
                 if not args.loop:
                     break
@@ -331,6 +340,13 @@ def _send_in_lockstep(player: Player, item, timeout: float) -> None:
     player.wait(taken, timeout, (
         f"{player.node_name} to take in the {item.topic} message at bag time {item.timestamp_ns / 1e9:.3f} "
         "(lockstep needs use_sim_time:=true for bag-time stamps)"))
+
+
+def _pause(player: Player, seconds: float) -> None:
+    """Let `seconds` pass while the player's own callbacks run."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        player.spin(left)
 
 
 def _ask(player: Player, q: Question, args, out) -> AnswerRecord:
