@@ -78,16 +78,19 @@ def paragraphs(data_set: str, chars: int = 260) -> list[str]:
 FACTS = {"tuning": "A", "report": "B"}
 
 
-def wide_facts(trial: int, n: int) -> tuple[list[dict], list[str]]:
-    """The wide report set's facts and filler for one trial (report seeds only)."""
-    from inf_mllm_ros.testing.recall_facts import GENRES, KINDS, MENTIONS, REPORT_SEED_BASE, facts, filler
+def wide_facts(trial: int, n: int, tuning: bool = False) -> tuple[list[dict], list[str]]:
+    """The wide set's facts and filler for one trial: report seeds, or with `tuning` the tuning seeds below them.
+    Each fact also carries the message that tells it again with a new value (`again`, `new_value`)."""
+    from inf_mllm_ros.testing.recall_facts import GENRES, KINDS, MENTIONS, REPORT_SEED_BASE, facts, filler, told_again
 
-    seed = REPORT_SEED_BASE + trial
+    seed = trial if tuning else REPORT_SEED_BASE + trial
     genre = GENRES[trial % len(GENRES)]
     style = trial // len(GENRES) % len(MENTIONS)
+    told = facts(seed, n, kinds=tuple(KINDS[(trial + i) % len(KINDS)] for i in range(len(KINDS))))
+    again = [told_again(f, seed) for f in told]
     return ([{"subject": f.subject, "value": f.value, "message": f.message, "question": f.question,
-              "mention": f.mentions[style], "kind": f.kind, "genre": genre}
-             for f in facts(seed, n, kinds=tuple(KINDS[(trial + i) % len(KINDS)] for i in range(len(KINDS))))],
+              "mention": f.mentions[style], "kind": f.kind, "genre": genre, "again": a.message,
+              "new_value": a.value} for f, a in zip(told, again)],
             filler(genre, seed))
 
 
@@ -96,11 +99,11 @@ def run_stream(adapter, paras, args, policy: str, cache: int, trial: int) -> lis
     from inf_mllm_ros.engine.stream_config import StreamConfig
 
     rng = random.Random(f"{args.set}-{trial}-{args.facts_at_once}")
-    if args.set == "wide":
-        facts, paras = wide_facts(trial, args.facts_at_once)
+    if args.set.startswith("wide"):
+        facts, paras = wide_facts(trial, args.facts_at_once, tuning=args.set == "wide-tuning")
     else:
         facts = fact_set(FACTS[args.set], rng, args.facts_at_once)
-    distances = [d for d in DISTANCES if d <= args.max_distance]
+    distances = [d for d in args.distances if d <= args.max_distance]
     settings = {"chunk_size": 128}
     if args.retrieve_tokens is not None:
         settings["retrieve_tokens"] = args.retrieve_tokens
@@ -116,23 +119,41 @@ def run_stream(adapter, paras, args, policy: str, cache: int, trial: int) -> lis
             stream.push_text(next(source))
         stream.push_text(fact["message"])
     told = stream.tokens_seen
-    rows, k, start = [], 0, time.monotonic()
-    for distance in distances:
-        while stream.tokens_seen - told < distance:
+    k = 0
+
+    def bury(tokens: int) -> None:
+        nonlocal k
+        while stream.tokens_seen - told < tokens:
             k += 1
             if args.mention and k % 3 == 0:
                 stream.push_text(facts[(k // 3) % len(facts)]["mention"])
             else:
                 stream.push_text(next(source))
+
+    if args.told_again:
+        # The old values two caches and more back, then each told again with a new value: distances count
+        # from the new one, and only the new value without the old counts as recalled.
+        bury(args.told_again)
         for fact in facts:
-            for archive in (True, False) if policy != "full" else (True,):
+            stream.push_text(next(source))
+            stream.push_text(fact["again"])
+        told = stream.tokens_seen
+    rows, start = [], time.monotonic()
+    for distance in distances:
+        bury(distance)
+        for fact in facts:
+            for archive in (True, False) if policy != "full" and args.baseline else (True,):
                 stream.config.retrieve_tokens = budget if archive else 0
                 answer = stream.ask(fact["question"], max_new_tokens=24)
+                text = answer.text.lower()
+                recalled = (fact["new_value"].lower() in text and fact["value"].lower() not in text
+                            if args.told_again else fact["value"].lower() in text)
                 rows.append({"set": args.set, "facts_at_once": args.facts_at_once, "mention": args.mention,
+                             "told_again": args.told_again,
                              "policy": policy, "cache": cache, "trial": trial, "distance": distance,
                              "archive": archive, "retrieve_tokens": budget,
                              "archive_block": stream.config.archive_block,
-                             "recalled": fact["value"].lower() in answer.text.lower(), "answer": answer.text,
+                             "recalled": recalled, "answer": answer.text,
                              "kind": fact.get("kind", "code"), "genre": fact.get("genre"),
                              "retrieved_tokens": answer.retrieved_tokens, "latency_s": round(answer.latency, 3)})
         stream.config.retrieve_tokens = budget
@@ -152,9 +173,9 @@ def recall(args) -> None:
     out = RESULTS / args.out
     rows = json.loads(out.read_text()) if out.exists() else []
     done = {(r["set"], r["facts_at_once"], r["mention"], r["policy"], r["cache"], r["trial"], r["retrieve_tokens"],
-             r["archive_block"]) for r in rows}
+             r["archive_block"]) for r in rows if r.get("told_again", 0) == args.told_again}
     adapter = load_model(args.model, device="cpu", dtype="float32")
-    paras = paragraphs(args.set) if args.set != "wide" else []
+    paras = paragraphs(args.set) if not args.set.startswith("wide") else []
     for trial in range(args.first_trial, args.first_trial + args.trials):
         for policy in args.policy:
             for cache in args.cache:
@@ -305,22 +326,25 @@ def summary(args) -> None:
     rows = json.loads((RESULTS / args.out).read_text())
     groups: dict[tuple, dict] = {}
     for r in rows:
-        key = (r["facts_at_once"], r["mention"], r["policy"], r["cache"] if r["policy"] != "full" else "-")
+        key = (r["facts_at_once"], r["mention"], r["policy"], r["cache"] if r["policy"] != "full" else "-",
+               r.get("told_again", 0))
         cell = groups.setdefault(key, {}).setdefault((r["distance"], r["archive"]), [0, 0])
         cell[0] += r["recalled"]
         cell[1] += 1
     distances = sorted({r["distance"] for r in rows})
-    print("| Facts at once | Subject named again | Policy | Cache | Archive | "
-          + " | ".join(f"{d // 1000}K back" for d in distances) + " |")
-    print("|---|---|---|---|---|" + "---:|" * len(distances))
-    for key in sorted(groups, key=lambda k: (k[0], not k[1], k[2] != "full", k[2], str(k[3]))):
+    print("| Facts at once | Subject named again | Told again | Policy | Cache | Archive | "
+          + " | ".join(f"{d / 1000:g}K back" for d in distances) + " |")
+    print("|---|---|---|---|---|---|" + "---:|" * len(distances))
+    for key in sorted(groups, key=lambda k: (k[4], k[0], not k[1], k[2] != "full", k[2], str(k[3]))):
         for archive in (True, False):
             cells = [groups[key].get((d, archive)) for d in distances]
             if not any(cells):
                 continue
             text = [f"{c[0]}/{c[1]} ({wilson(*c)[0]:.0%}-{wilson(*c)[1]:.0%})" if c else "" for c in cells]
             label = "-" if key[2] == "full" else ("on" if archive else "off")
-            print(f"| {key[0]} | {'yes' if key[1] else 'no'} | {key[2]} | {key[3]} | {label} | " + " | ".join(text) + " |")
+            again = f"{key[4]} tokens later" if key[4] else "no"
+            print(f"| {key[0]} | {'yes' if key[1] else 'no'} | {again} | {key[2]} | {key[3]} | {label} | "
+                  + " | ".join(text) + " |")
 
 
 def _rss() -> int:
@@ -336,14 +360,19 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("recall")
-    r.add_argument("--set", choices=("tuning", "report", "wide"), default="report")
+    r.add_argument("--set", choices=("tuning", "report", "wide", "wide-tuning"), default="report")
     r.add_argument("--policy", nargs="+", default=["inf_mllm"])
     r.add_argument("--cache", nargs="+", type=int, default=[512])
     r.add_argument("--facts-at-once", type=int, default=1)
     r.add_argument("--mention", action=argparse.BooleanOptionalAction, default=True)
+    r.add_argument("--told-again", type=int, default=0, metavar="TOKENS",
+                   help="tell each fact again with a new value this many tokens after the first; ask for the new one")
+    r.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
+                   help="ask each question without the archive too")
     r.add_argument("--trials", type=int, default=4)
     r.add_argument("--first-trial", type=int, default=0)
     r.add_argument("--max-distance", type=int, default=16000)
+    r.add_argument("--distances", type=int, nargs="+", default=list(DISTANCES), help="tokens back to ask at")
     r.add_argument("--retrieve-tokens", type=int, default=None, help="default: the shipped setting")
     r.add_argument("--archive-block", type=int, default=None, help="default: the shipped setting")
     r.add_argument("--out", default="archive_recall.json")

@@ -13,6 +13,8 @@ import torch
 from inf_mllm_ros.engine.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 
+from inf_mllm_ros.testing.recall_facts import GENRES, KINDS, MENTIONS, facts, filler, told_again
+
 from conftest import SHARED_TEXT, load_prepared
 
 CACHE = 512
@@ -68,58 +70,61 @@ def recall(adapter, paragraphs: list[str], policy: str, trial: int) -> tuple[boo
 
 
 FACTS_AT_ONCE = 6
+STREAM_SEEDS = (0, 1, 2)  # tuning seeds: a genre, a mention style and a first kind each
 
 
 UPDATED = 2
 
 
-def told_long_ago(adapter, paragraphs: list[str], seed: int) -> tuple[list, list]:
-    """One stream on the shipped settings: six facts of one form ("The code of the red locker is 4821.") at
-    different offsets (after a random number of paragraphs, at a random point of a paragraph), then
-    paragraphs with a subject named in every third message, until the newest fact is more than four caches
-    back. Every fact is asked with the archive's retrieval and without it: (recalled with, recalled without,
-    answer with, retrieved) per fact. Then two of the subjects are told a new code inside a paragraph, one paragraph
-    follows, and both are asked with the archive, whose old codes must not displace what the cache holds:
-    (new code given, old code given, answer) per subject."""
+def told_long_ago(adapter, seed: int) -> tuple[list, list]:
+    """One stream on the shipped settings, drawn from a tuning seed of testing/recall_facts.py: six facts, of every
+    kind in turn from one the seed picks (codes, people's names, places, colours, counts), each at a random point
+    of a paragraph of the filler genre the seed picks, after a random number of paragraphs; then paragraphs with a
+    subject named again (in the style the seed picks) in every third message, until the newest fact is more than
+    four caches back. Every fact is asked with the archive's retrieval and without it: (recalled with, recalled
+    without, answer with, retrieved) per fact. Then two of the subjects are told a new value inside a paragraph,
+    one paragraph follows, and both are asked with the archive, whose old values must not displace the new:
+    (new value given, old value given, answer) per subject."""
     rng = random.Random(300 + seed)
-    subjects = rng.sample([f"the {c} {o}" for c in COLOURS for o in ("locker", "cabinet")], FACTS_AT_ONCE)
-    values = [str(rng.randint(1000, 9999)) for _ in subjects]
+    told = facts(seed, FACTS_AT_ONCE, kinds=KINDS[seed % len(KINDS):] + KINDS[: seed % len(KINDS)])
+    style = seed % len(MENTIONS)
+    source = iter(filler(GENRES[seed % len(GENRES)], seed))
     stream = KVStream(adapter, StreamConfig())
-    source = iter(paragraphs[rng.randint(0, len(paragraphs) - 400):])
-    for subject, value in zip(subjects, values):
+
+    def inside_a_paragraph(message: str) -> None:
+        words = next(source).split()
+        stream.push_text(" ".join(words[: rng.randint(0, len(words))] + [message]))
+
+    for fact in told:
         for _ in range(rng.randint(1, 6)):
             stream.push_text(next(source))
-        words = next(source).split()
-        stream.push_text(" ".join(words[: rng.randint(0, len(words))] + [f"The code of {subject} is {value}."]))
-    told, message = stream.tokens_seen, 0
-    while stream.tokens_seen - told < 4 * stream.config.capacity + 100:
+        inside_a_paragraph(fact.message)
+    told_at, message = stream.tokens_seen, 0
+    while stream.tokens_seen - told_at < 4 * stream.config.capacity + 100:
         message += 1
-        stream.push_text(f"Someone walked past {subjects[message // 3 % FACTS_AT_ONCE]}." if message % 3 == 0
-                         else next(source))
+        stream.push_text(told[message // 3 % FACTS_AT_ONCE].mentions[style] if message % 3 == 0 else next(source))
     results = []
     budget = stream.config.retrieve_tokens
-    for subject, value in zip(subjects, values):
-        with_archive = stream.ask(f"What is the code of {subject}?", max_new_tokens=16)
+    for fact in told:
+        with_archive = stream.ask(fact.question, max_new_tokens=16)
         stream.config.retrieve_tokens = 0
-        without = stream.ask(f"What is the code of {subject}?", max_new_tokens=16)
+        without = stream.ask(fact.question, max_new_tokens=16)
         stream.config.retrieve_tokens = budget
         assert without.retrieved_tokens == 0
-        results.append((value in with_archive.text, value in without.text, with_archive.text,
+        results.append((fact.recalled(with_archive.text), fact.recalled(without.text), with_archive.text,
                         with_archive.retrieved_tokens > 0))
-    updated = []
-    for subject, old in zip(subjects[:UPDATED], values):
-        new = str(rng.randint(1000, 9999))
-        words = next(source).split()
-        stream.push_text(" ".join(words[: rng.randint(0, len(words))] + [f"The code of {subject} is {new}."]))
-        updated.append((subject, old, new))
+    updated = [(fact, told_again(fact, seed)) for fact in told[:UPDATED]]
+    for _, again in updated:
+        inside_a_paragraph(again.message)
     stream.push_text(next(source))
-    answers = [stream.ask(f"What is the code of {subject}?", max_new_tokens=16).text for subject, _, _ in updated]
-    return results, [(new in answer, old in answer, answer) for (_, old, new), answer in zip(updated, answers)]
+    answers = [stream.ask(fact.question, max_new_tokens=16).text for fact, _ in updated]
+    return results, [(again.recalled(answer), old.recalled(answer), answer)
+                     for (old, again), answer in zip(updated, answers)]
 
 
 @pytest.mark.slow
-def test_facts_told_four_caches_back_are_recalled_with_the_archive(qwen, paragraphs):
-    streams = [told_long_ago(qwen, paragraphs, seed) for seed in (0, 1)]
+def test_facts_told_four_caches_back_are_recalled_with_the_archive(qwen):
+    streams = [told_long_ago(qwen, seed) for seed in STREAM_SEEDS]
     results = [r for told, _ in streams for r in told]
     updated = [r for _, new in streams for r in new]
     print(f"(with, without, answer, retrieved): {results}; updated (new, old, answer): {updated}")

@@ -4,9 +4,10 @@ A question's own words are asked of the memory for their queries (a `QueryProbe`
 over the cache and takes them away again); the archive's index scores every archived block with them on the
 model's retrieval heads, less the reference question's scores (engine/retrieval_index.py). The best blocks the
 cache no longer holds are placed after the cache's own, re-rotated to sit there, the best nearest the question;
-none where the cache holds a block the question points to about as much (its answer is the newer). The same
-scores give an answer's evidence (engine/evidence.py) and a recall's moments. Design and measurements:
-docs/archive.md.
+where the cache holds a block the question points to about as much, a copy of that block goes after them,
+nearest the question: a value told again since stays the nearest, and a block that names the subject without
+its value no longer keeps the fact out. The same scores give an answer's evidence (engine/evidence.py) and a
+recall's moments. Design and measurements: docs/archive.md.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from torch import Tensor
 
 from .evidence import Evidence, ranked
+from .naming import naming_shares
 from .retrieval_index import RetrievalIndex, middle_layers
 from .rotary import shift_rotary
 
@@ -31,11 +33,21 @@ if TYPE_CHECKING:
 # Scores the archive's blocks alongside each question, so that the blocks any question is drawn to give way
 # to those the question points to (engine/archive.py).
 REFERENCE_QUESTION = "What happened?"
-# Where a block the cache holds scores within this many standard deviations (of every block's score) of the
-# best archived one, the cache is taken to hold the answer, newer than the archive's, and nothing is
-# retrieved: placed nearer the question, an older fact of the same form (a value told again since) would
-# displace it (docs/archive.md).
+# A block the cache holds that scores within this many standard deviations (of every block's score) of the best
+# archived one may hold the answer, newer than the archive's: a copy of it is placed after the retrieved blocks,
+# nearest the question, as the model answers from the nearest of several facts of the same form; retrieval
+# still goes ahead, as the block may only name the subject (docs/archive.md).
 CACHE_ANSWERS_MARGIN = 0.35
+# A block names the question where it holds this share of the question's words, weighted by rarity
+# (engine/naming.py), and within NAMING_TOLERANCE of the block that names it most.
+NAMES_QUESTION = 0.5
+NAMING_TOLERANCE = 0.3
+# Shares this close are taken as equal when the messages nearest the question are ordered: then the newest is
+# nearest (a value told again in the same words names the question exactly as much as the old one).
+NAMING_STEP = 0.05
+# The best candidates by score among which a word's rarity is counted, with the blocks the cache holds: the words a
+# question shares with the blocks retrieval weighs (about four budgets' worth).
+AT_HAND = 32
 # A chat template's role name on a line of its own, as a decoded turn shows it.
 ROLE_LINE = re.compile(r"\n(?:user|assistant|system)\n")
 
@@ -78,6 +90,7 @@ class Retriever:
     def __init__(self, archive: KVArchive, cache: BoundedKVCache, adapter: ModelAdapter, probe: QueryProbe,
                  find_heads: Callable[[], Tensor | None]):
         self.archive, self.cache, self.adapter, self.probe, self.find_heads = archive, cache, adapter, probe, find_heads
+        self._words: dict[int, str] = {}  # token id: its word (words)
 
     @functools.cached_property
     def reference_question(self) -> tuple[Tensor, slice]:
@@ -103,20 +116,55 @@ class Retriever:
         if evidence > 0:
             out.evidence = ranked(scored, scores, [False] * len(candidates) + [True] * len(in_cache), self.quote,
                                   evidence)
-        chosen = self._choose(candidates, scores[: len(candidates)], scores, budget)
-        if chosen:
-            out.placed = best_last(chosen)
-            self._place(out.placed)
+        if candidates and budget > 0:
+            # What the question names is weighed among the blocks at hand: the best candidates and the cache's.
+            at_hand = [candidates[i] for i in torch.argsort(scores[: len(candidates)], descending=True)[:AT_HAND]]
+            names = self.naming(ids[content].tolist(), at_hand + in_cache)
+            out.placed = self._arrange(candidates, in_cache, scores, names, budget)
+            if out.placed:
+                self._place(out.placed)
         return out
 
-    def _choose(self, candidates: list, archived: Tensor, scores: Tensor, budget: int) -> list:
-        """The candidates to place, best first, up to `budget` tokens; none where a block the cache holds scores
-        about as well as the best of them (`scores`: every block's, candidates first)."""
-        if not candidates:
+    def _arrange(self, candidates: list, in_cache: list, scores: Tensor, names: dict[int, float], budget: int) -> list:
+        """The blocks to place, in placing order, up to `budget` tokens (`scores`: every block's, candidates first,
+        then `in_cache`'s; `names`: each message's share of what the question names). The candidates are chosen on
+        their scores and placed best nearest the question; nearer still the chosen messages that name what the
+        question names most, and copies of the blocks the cache holds that name it as much and are newer, or that
+        score about as well as the best candidate (a value told again since, a light that changed): these by how
+        much they name it, the most nearest, and of those that name it alike the newest nearest."""
+        count = len(candidates)
+        top = max(names.get(b.message, 0.0) for b in candidates)
+
+        def names_most(block) -> bool:
+            return top >= NAMES_QUESTION and names.get(block.message, 0.0) >= top - NAMING_TOLERANCE
+
+        newest = max((b.first_seq for b in candidates if names_most(b)), default=-1)
+        bar = scores[:count].max() - CACHE_ANSWERS_MARGIN * scores.std()
+        copies, used = [], 0
+        for i in sorted(range(len(in_cache)), key=lambda i: -in_cache[i].first_seq):  # newest first
+            block = in_cache[i]
+            if scores[count + i] >= bar or (names_most(block) and block.first_seq > newest):
+                if used + block.length > budget // 2:
+                    break
+                copies.append(block)
+                used += block.length
+        chosen = self._choose(candidates, scores[:count], budget - used)
+        if not chosen:
             return []
-        held_scores = scores[len(candidates) :]
-        if held_scores.numel() and held_scores.max() >= archived.max() - CACHE_ANSWERS_MARGIN * scores.std():
-            return []  # the cache holds an answer as good, and newer
+        return (best_last([b for b in chosen if not names_most(b)])
+                + sorted([b for b in chosen if names_most(b)] + copies,
+                         key=lambda b: (round(names.get(b.message, 0.0) / NAMING_STEP), b.first_seq)))
+
+    def naming(self, question: list[int], blocks: list[ArchivedBlock]) -> dict[int, float]:
+        """Each message's share of what the question (its token ids) names, its pieces' words taken together
+        (engine/naming.py)."""
+        words: dict[int, list[str]] = {}
+        for block in blocks:
+            words.setdefault(block.message, []).extend(self.words(self.archive.block_token_ids(block)))
+        return dict(zip(words, naming_shares(self.words(question), list(words.values()))))
+
+    def _choose(self, candidates: list, archived: Tensor, budget: int) -> list:
+        """The candidates to place, best first, up to `budget` tokens."""
         # Best first; a piece of a long message brings the rest of it, nearest pieces first, as far as the
         # budget goes (a fact cut between two blocks comes back whole).
         pieces: dict[int, list] = {}
@@ -156,6 +204,19 @@ class Retriever:
         first = torch.tensor([b.first_seq for b in blocks], dtype=torch.long)
         end = torch.tensor([b.seq_end for b in blocks], dtype=torch.long)
         return self.cache.holds(first, end).tolist()
+
+    def words(self, token_ids: list[int]) -> list[str]:
+        """Text tokens as words to compare, whatever their case and spacing ("Pallet" and " pallet" alike); a
+        frame's tokens (below 0), whitespace and punctuation are none."""
+        out = []
+        for token in token_ids:
+            if token >= 0:
+                if token not in self._words:
+                    word = self.adapter.decode([token]).strip().lower()
+                    self._words[token] = word if any(c.isalnum() for c in word) else ""
+                if self._words[token]:
+                    out.append(self._words[token])
+        return out
 
     def quote(self, block: ArchivedBlock) -> str:
         """A text block's words as the model read them, the whole message where a long one was cut into pieces,

@@ -113,7 +113,13 @@ def facts(seed: int, n: int, kinds: tuple[str, ...] = KINDS) -> list[Fact]:
     """n facts of the given kinds in turn, drawn with `seed` (report seeds: REPORT_SEED_BASE and above)."""
     rng = random.Random(f"facts-{seed}")
     offset = rng.randrange(len(ROOMS))
-    return [_fact(kinds[i % len(kinds)], rng, offset + i // len(kinds) + i) for i in range(n)]
+    told: list[Fact] = []
+    for i in range(n):
+        fact = _fact(kinds[i % len(kinds)], rng, offset + i // len(kinds) + i)
+        while any(f.subject == fact.subject for f in told):  # a pallet's number drawn twice
+            fact = _fact(kinds[i % len(kinds)], rng, offset + i // len(kinds) + i)
+        told.append(fact)
+    return told
 
 
 def _paragraphs(text: str, chars: int) -> list[str]:

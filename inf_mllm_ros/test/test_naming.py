@@ -1,0 +1,45 @@
+"""What a question names (engine/naming.py): on the recall generator's facts of every kind (tuning seeds), the
+asked fact's message and the same fact told again name the question most, its siblings of the same form less, by
+more than the retriever's tolerance; frames name nothing."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from inf_mllm_ros.engine.naming import naming_shares
+from inf_mllm_ros.engine.retriever import NAMES_QUESTION, NAMING_STEP, NAMING_TOLERANCE
+from inf_mllm_ros.testing.recall_facts import KINDS, facts, filler, told_again
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_asked_fact_and_its_retelling_name_the_question_most(seed):
+    told = facts(seed, 12, kinds=KINDS[seed % len(KINDS):] + KINDS[: seed % len(KINDS)])
+    again = [told_again(f, seed) for f in told]
+    for style in range(len(told[0].mentions)):
+        # As retrieval weighs them (the best candidates and the cache): a little prose, each subject named again.
+        other = filler("docs", seed)[:8] + [f.mentions[style] for f in told]
+        for asked, retold in zip(told, again):
+            blocks = [f.message for f in told] + [retold.message] + other + [""]  # the last: a frame
+            shares = naming_shares(words(asked.question), [words(b) for b in blocks])
+            mine, newer, top = shares[told.index(asked)], shares[len(told)], max(shares)
+            # The asked fact is among those placed nearest the question, and its retelling ties with it (the
+            # newer goes nearer); every sibling names the question less, by a step, so goes further.
+            assert top >= NAMES_QUESTION and mine >= top - NAMING_TOLERANCE, (asked.message, mine, top)
+            assert abs(mine - newer) < 1e-9
+            siblings = [s for f, s in zip(told, shares) if f is not asked]
+            assert all(s < mine - NAMING_STEP for s in siblings), (asked.question, mine, siblings)
+            assert shares[-1] == 0.0
+
+
+def test_words_every_block_holds_count_little_and_no_block_no_share():
+    blocks = [["the", "code", "of", "the", "mail", "room"], ["the", "code", "of", "the", "wash", "bay"], ["the"]]
+    shares = naming_shares(["what", "is", "the", "code", "of", "the", "mail", "room"], blocks)
+    assert shares[0] == pytest.approx(1.0) and shares[1] < 0.5 and shares[2] < 0.1
+    assert naming_shares(["mail"], [[], []]) == [0.0, 0.0]
+    assert naming_shares([], blocks) == [0.0, 0.0, 0.0]
