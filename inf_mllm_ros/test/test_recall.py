@@ -128,19 +128,18 @@ def test_facts_told_four_caches_back_are_recalled_with_the_archive(qwen):
     results = [r for told, _ in streams for r in told]
     updated = [r for _, new in streams for r in new]
     print(f"(with, without, answer, retrieved): {results}; updated (new, old, answer): {updated}")
-    # The bounded cache alone loses them (measured: 0 of 10 in this setting at 512 tokens of cache). With the
-    # archive, six facts of one form are told apart (the retrieval heads, the best block nearest the question):
-    # measured 9 of 12 with it, 0 without.
+    # The bounded cache alone loses them. With the archive, six facts of every kind, siblings of one form among
+    # them, are told apart (the retrieval heads; the messages that name the question nearest it): measured 13 of
+    # 18 with it (the misses: a place, a count, a name and a colour given wrong or made up), 0 without.
     assert sum(without for _, without, _, _ in results) <= 2, results
-    assert sum(with_ for with_, _, _, _ in results) >= 8, results
-    assert sum(with_ and not without for with_, without, _, _ in results) >= 7, results
-    # Retrieval is skipped where a block the cache holds scores as high as the best archived one: here it
-    # should not be, as the facts are long gone from the cache (measured: one of 12 skipped).
-    assert sum(retrieved for *_, retrieved in results) >= 10, results
-    # A code told again just now is in the cache, its old one in the archive, scored alike: nothing is
-    # retrieved then, and the new code is given (measured: 3 of 4; the miss gives the other new code. Placing
-    # the best archived block nearest the question always, the tuning probe gave 0 of 6).
-    assert sum(new and not old for new, old, _ in updated) >= 3, updated
+    assert sum(with_ for with_, _, _, _ in results) >= 11, results
+    assert sum(with_ and not without for with_, without, _, _ in results) >= 10, results
+    # The facts are long gone from the cache: every question retrieves (measured: 18 of 18).
+    assert sum(retrieved for *_, retrieved in results) >= 16, results
+    # A value told again just now is held by the cache, its old one archived and retrieved: the new one, copied
+    # after the old, is nearest the question and given (measured: 6 of 6; with the rule that retrieved nothing
+    # where the cache held a block scoring as high, 3 of 4 on the codes-only streams before).
+    assert sum(new and not old for new, old, _ in updated) >= 5, updated
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from .evidence import Evidence, ranked
-from .naming import naming_shares
+from .naming import naming_shares, text_words
 from .retrieval_index import RetrievalIndex, middle_layers
 from .rotary import shift_rotary
 
@@ -45,9 +45,9 @@ NAMING_TOLERANCE = 0.3
 # Shares this close are taken as equal when the messages nearest the question are ordered: then the newest is
 # nearest (a value told again in the same words names the question exactly as much as the old one).
 NAMING_STEP = 0.05
-# The best candidates by score among which a word's rarity is counted, with the blocks the cache holds: the words a
-# question shares with the blocks retrieval weighs (about four budgets' worth).
-AT_HAND = 32
+# The best candidates by score: the question's words that their messages hold are those that count in what a message
+# names (about two budgets' worth).
+NAMING_BEST = 16
 # A chat template's role name on a line of its own, as a decoded turn shows it.
 ROLE_LINE = re.compile(r"\n(?:user|assistant|system)\n")
 
@@ -90,7 +90,7 @@ class Retriever:
     def __init__(self, archive: KVArchive, cache: BoundedKVCache, adapter: ModelAdapter, probe: QueryProbe,
                  find_heads: Callable[[], Tensor | None]):
         self.archive, self.cache, self.adapter, self.probe, self.find_heads = archive, cache, adapter, probe, find_heads
-        self._words: dict[int, str] = {}  # token id: its word (words)
+        self._words: dict[tuple[int, int], frozenset[str]] = {}  # (message, pieces): its words (naming)
 
     @functools.cached_property
     def reference_question(self) -> tuple[Tensor, slice]:
@@ -117,9 +117,8 @@ class Retriever:
             out.evidence = ranked(scored, scores, [False] * len(candidates) + [True] * len(in_cache), self.quote,
                                   evidence)
         if candidates and budget > 0:
-            # What the question names is weighed among the blocks at hand: the best candidates and the cache's.
-            at_hand = [candidates[i] for i in torch.argsort(scores[: len(candidates)], descending=True)[:AT_HAND]]
-            names = self.naming(ids[content].tolist(), at_hand + in_cache)
+            best = [candidates[i] for i in torch.argsort(scores[: len(candidates)], descending=True)[:NAMING_BEST]]
+            names = self.naming(ids[content].tolist(), scored, best)
             out.placed = self._arrange(candidates, in_cache, scores, names, budget)
             if out.placed:
                 self._place(out.placed)
@@ -155,13 +154,26 @@ class Retriever:
                 + sorted([b for b in chosen if names_most(b)] + copies,
                          key=lambda b: (round(names.get(b.message, 0.0) / NAMING_STEP), b.first_seq)))
 
-    def naming(self, question: list[int], blocks: list[ArchivedBlock]) -> dict[int, float]:
-        """Each message's share of what the question (its token ids) names, its pieces' words taken together
-        (engine/naming.py)."""
-        words: dict[int, list[str]] = {}
+    def naming(self, question: list[int], blocks: list[ArchivedBlock], best: list[ArchivedBlock]) -> dict[int, float]:
+        """Each message's share of what the question (its token ids) names, its pieces' words taken together, over
+        the words the messages of `best` share with the question (engine/naming.py)."""
+        pieces: dict[int, list[ArchivedBlock]] = {}
         for block in blocks:
-            words.setdefault(block.message, []).extend(self.words(self.archive.block_token_ids(block)))
-        return dict(zip(words, naming_shares(self.words(question), list(words.values()))))
+            pieces.setdefault(block.message, []).append(block)
+        words = {}
+        for message, parts in pieces.items():
+            key = (message, len(parts))  # a message's words, read once (fewer pieces once its oldest left)
+            if key not in self._words:
+                ids = [t for b in sorted(parts, key=lambda b: b.first_seq) for t in self.archive.block_token_ids(b)
+                       if t >= 0]
+                self._words[key] = text_words(self.adapter.decode(ids)) if ids else frozenset()
+            words[message] = self._words[key]
+        self._words = {key: w for key, w in self._words.items() if key[0] in pieces}
+        messages = list(words)
+        best_messages = {b.message for b in best}
+        shares = naming_shares(text_words(self.adapter.decode(question)), [words[m] for m in messages],
+                               [i for i, m in enumerate(messages) if m in best_messages])
+        return dict(zip(messages, shares))
 
     def _choose(self, candidates: list, archived: Tensor, budget: int) -> list:
         """The candidates to place, best first, up to `budget` tokens."""
@@ -204,19 +216,6 @@ class Retriever:
         first = torch.tensor([b.first_seq for b in blocks], dtype=torch.long)
         end = torch.tensor([b.seq_end for b in blocks], dtype=torch.long)
         return self.cache.holds(first, end).tolist()
-
-    def words(self, token_ids: list[int]) -> list[str]:
-        """Text tokens as words to compare, whatever their case and spacing ("Pallet" and " pallet" alike); a
-        frame's tokens (below 0), whitespace and punctuation are none."""
-        out = []
-        for token in token_ids:
-            if token >= 0:
-                if token not in self._words:
-                    word = self.adapter.decode([token]).strip().lower()
-                    self._words[token] = word if any(c.isalnum() for c in word) else ""
-                if self._words[token]:
-                    out.append(self._words[token])
-        return out
 
     def quote(self, block: ArchivedBlock) -> str:
         """A text block's words as the model read them, the whole message where a long one was cut into pieces,
