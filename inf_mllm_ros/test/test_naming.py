@@ -40,13 +40,13 @@ def test_the_asked_fact_and_its_retelling_name_the_question_most(seed):
 
 def test_words_most_messages_hold_count_little_and_only_the_best_messages_words_count():
     blocks = [words("The code of the mail room is 4821."), words("The code of the wash bay is 1234."),
-              words("The weather is fine."), words("You are the memory; what happened is yours to say.")]
+              words("The weather is fine."), words("Nobody was in the mail room today.")]
     question = words("What is the code of the mail room?")
+    assert question == {"code", "mail", "room"}  # the question's own form and function words name nothing
     shares = naming_shares(question, blocks, best=[0, 1])
-    assert shares[0] == pytest.approx(1.0) and shares[1] < 0.5 and shares[2] < 0.1
-    # "what" is held by the last message only, which is not among the best: it does not count.
-    assert shares[3] < 0.1
-    assert naming_shares(question, blocks, best=[3])[3] == pytest.approx(1.0)
+    assert shares[0] == pytest.approx(1.0) and shares[1] < 0.5 and shares[2] == 0.0
+    # Only the words the best messages hold count: with the wash bay's alone, "code".
+    assert naming_shares(question, blocks, best=[1]) == [1.0, 1.0, 0.0, 0.0]
     assert naming_shares(words("mail"), [frozenset(), frozenset()], best=[0]) == [0.0, 0.0]
     assert naming_shares(frozenset(), blocks, best=[0]) == [0.0] * 4
-    assert words("Pallet 44, checked.") == {"pallet", "44", "checked"}
+    assert words("What is on Pallet 44, checked?") == {"pallet", "44", "checked"}

@@ -7,8 +7,8 @@ Attention scores tell messages of one form apart less well than they find the fo
 several facts of the same form ("the door code of the paint shop", "... of the mail room") can score a sibling's
 message as high as the asked one. The words settle it, and they also find the same fact told again, which names
 the subject exactly as the old one does (engine/retriever.py places these nearest the question, the newest last).
-Only the words that the best-scored messages share with the question count: a word of the question that only
-some unrelated message holds (the system prompt's "are") must not make that message the one that names it most.
+Only the words that the best-scored messages share with the question count, and no function word: a word of the
+question that only some unrelated message holds must not make that message the one that names it most.
 """
 
 from __future__ import annotations
@@ -18,12 +18,24 @@ import re
 from collections.abc import Hashable, Sequence
 
 WORD = re.compile(r"\w+")
+# Words that name nothing: a question's own form ("what", "how many") and English's function words. A question
+# word that is rare in the memory but names nothing ("what" in the system prompt alone) would otherwise outweigh
+# the subject.
+FUNCTION_WORDS = frozenset("""
+a an the this that these those some any each every all both no not
+what which who whom whose where when why how many much
+is are was were be been being am do does did done have has had will would shall should can could may might must
+i you he she it we they me him her us them my your his its our their mine yours
+of in on at to for from by with about into onto over under after before between through during since until up
+down out off than then there here and or but if so as also too very just only
+""".split())
 
 
 def text_words(text: str) -> frozenset[str]:
-    """A text's words, whatever their case ("Pallet" and "pallet" alike), without spaces and punctuation: words,
-    not tokens, as a tokenizer cuts "Pallet 44" and " pallet 44" into different pieces."""
-    return frozenset(WORD.findall(text.lower()))
+    """A text's words that can name something, whatever their case ("Pallet" and "pallet" alike), without
+    function words, spaces and punctuation: words, not tokens, as a tokenizer cuts "Pallet 44" and " pallet 44"
+    into different pieces."""
+    return frozenset(w for w in WORD.findall(text.lower()) if w not in FUNCTION_WORDS)
 
 
 def naming_shares(question: Sequence[Hashable], messages: Sequence[Sequence[Hashable]],
