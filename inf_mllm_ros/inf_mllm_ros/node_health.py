@@ -162,6 +162,7 @@ class Health:
             # What the last save wrote (the memory file and the archive blocks new since the save before) and took.
             "last_checkpoint_bytes": str(saved.bytes if saved else 0),
             "last_checkpoint_s": f"{saved.seconds if saved else 0.0:.3f}",
+            "last_checkpoint_held_s": f"{saved.held_s if saved else 0.0:.3f}",  # the model waited this long
             "longest_text_wait_s": f"{counters.longest_text_wait_s if counters else 0.0:.2f}",
             "last_error": last_error,
         }

@@ -13,6 +13,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from inf_mllm_ros.engine import archive_log
+from inf_mllm_ros.engine import archive_log, checkpoints
 from inf_mllm_ros.engine.engine import StreamingEngine
 from inf_mllm_ros.engine.loading import load_model
 from inf_mllm_ros.engine.memory_file import MemoryFileError, load_memory, save_memory
@@ -529,3 +530,34 @@ def test_a_writer_killed_mid_write_leaves_a_loadable_file(folders, tmp_path, mod
     # The last save reported, or the next one if its rename had happened when the kill came.
     assert info.tokens_seen >= saved[-1], (info, saved)
     assert not stream.cache.fill == 0
+
+
+def test_a_periodic_checkpoint_holds_the_model_only_for_the_copy(folders, tmp_path, monkeypatch):
+    """The memory is copied on the worker and written on a thread of its own: the model goes on while the file is
+    written, and the file holds the memory as it was copied."""
+    adapter = load_model(folders["llama"], device="cpu", dtype="float32")
+    stream, path = small_archive_stream(adapter), tmp_path / "m"
+    for text in TEXTS[:4]:
+        stream.push_text(text)
+    started, release = threading.Event(), threading.Event()
+    write = checkpoints.write_memory
+
+    def slow_write(snapshot):
+        started.set()
+        assert release.wait(20)
+        return write(snapshot)
+
+    monkeypatch.setattr(checkpoints, "write_memory", slow_write)
+    saver = checkpoints.Checkpointer(str(path))
+    saver.restore(stream, 60.0)  # no file yet: starts fresh
+    copied = stream.tokens_seen
+    assert saver.checkpoint(stream, 60.0)  # back while the write waits
+    assert started.wait(20) and not path.exists()
+    stream.push_text(TEXTS[4])  # the model goes on meanwhile
+    release.set()
+    assert saver.wait() and saver.save_error is None
+    assert saver.last_saved.held_s < saver.last_saved.seconds
+    restored = small_archive_stream(adapter)
+    assert load_memory(restored, path).tokens_seen == copied < stream.tokens_seen
+    # At close the write is waited for: the file then holds everything that went in.
+    assert saver.checkpoint(stream, 60.0, wait=True) and saver.last_saved.tokens_seen == stream.tokens_seen

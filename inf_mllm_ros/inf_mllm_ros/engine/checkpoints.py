@@ -1,15 +1,19 @@
 """The engine's memory file: restored once the model is loaded, saved every `checkpoint_period` seconds when the
 memory has changed, on request and at close. `Checkpointer` is owned by `StreamingEngine` (engine.py) and called
-on its worker only, between jobs, so a file never holds half a block.
+on its worker only, between jobs, so a file never holds half a block. A periodic save holds the worker only while
+the memory is copied; the copy is written on a thread of its own while the model goes on (one write at a time:
+the next save waits for the one before).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import TYPE_CHECKING
 
-from .memory_file import MemoryFileError, MemoryFileInfo, load_memory, model_fingerprint, save_memory, set_aside
+from .memory_file import (MemoryFileError, MemoryFileInfo, MemorySnapshot, load_memory, model_fingerprint, set_aside,
+                          snapshot_memory, write_memory)
 
 if TYPE_CHECKING:
     from .stream import KVStream
@@ -34,6 +38,8 @@ class Checkpointer:
         self.next_due = float("inf")  # time.monotonic() of the next periodic save
         self._saved_state: tuple | None = None  # the memory's counters at the last save: changed since?
         self._fingerprint: str | None = None  # the model's, found once at restore
+        self._writer: threading.Thread | None = None  # the write in progress
+        self._write_failed = False  # the last write on the writer thread failed, not reported yet
 
     @property
     def due(self) -> bool:
@@ -65,31 +71,70 @@ class Checkpointer:
         self.schedule(period)
 
     def save(self, stream: KVStream, period: float) -> MemoryFileInfo:
-        """Save now; raises what failed (and keeps it in `save_error`)."""
+        """Save now and wait for the file; raises what failed (and keeps it in `save_error`)."""
+        self.wait()
+        info = self._write(self._snapshot(stream, period))
+        self._saved_state = _memory_state(stream)
+        return info
+
+    def checkpoint(self, stream: KVStream | None, period: float, *, wait: bool = False) -> bool:
+        """Save if the memory changed since the last save: the memory is copied here and written on the writer
+        thread (here too with `wait`, as at close). A failure is kept in `save_error`, never raised (a full disk
+        must not stop the robot's memory): returns False where the copy failed, or the write before this one."""
+        if stream is None or self.memory_file is None:
+            return True
+        ok = self.wait()
+        if _memory_state(stream) == self._saved_state:
+            self.schedule(period)
+            return ok
         try:
-            info = save_memory(stream, self.memory_file, self._fingerprint)
+            snapshot = self._snapshot(stream, period)
+        except Exception:
+            return False
+        self._saved_state = _memory_state(stream)  # cleared again where the write fails
+        if wait:
+            try:
+                self._write(snapshot)
+            except Exception:
+                return False
+            return ok
+        self._writer = threading.Thread(target=self._write_quietly, args=(snapshot,), name="inf_mllm_memory_writer",
+                                        daemon=True)
+        self._writer.start()
+        return ok
+
+    def wait(self) -> bool:
+        """Wait for the write in progress; whether the last write on the writer thread went through (reported once)."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        failed, self._write_failed = self._write_failed, False
+        return not failed
+
+    def _snapshot(self, stream: KVStream, period: float) -> MemorySnapshot:
+        try:
+            return snapshot_memory(stream, self.memory_file, self._fingerprint)
         except Exception as exc:
             self.save_error = f"saving to {self.memory_file} failed: {type(exc).__name__}: {exc}"
             raise
+        finally:
+            self.schedule(period)
+
+    def _write(self, snapshot: MemorySnapshot) -> MemoryFileInfo:
+        try:
+            info = write_memory(snapshot)
+        except Exception as exc:
+            self.save_error = f"saving to {self.memory_file} failed: {type(exc).__name__}: {exc}"
+            self._saved_state = None  # not saved: the next checkpoint tries again
+            raise
         self.last_saved, self.save_error = info, None
-        self._saved_state = _memory_state(stream)
-        self.schedule(period)
         return info
 
-    def checkpoint(self, stream: KVStream | None, period: float) -> bool:
-        """Save if the memory changed since the last save. A failure is kept in `save_error`, never raised (a full
-        disk must not stop the robot's memory): returns False then."""
-        if stream is None or self.memory_file is None:
-            return True
-        if _memory_state(stream) == self._saved_state:
-            self.schedule(period)
-            return True
+    def _write_quietly(self, snapshot: MemorySnapshot) -> None:
         try:
-            self.save(stream, period)
+            self._write(snapshot)
         except Exception:
-            self.schedule(period)
-            return False
-        return True
+            self._write_failed = True
 
 
 def _memory_state(stream: KVStream) -> tuple:

@@ -61,6 +61,23 @@ class MemoryFileInfo:
     tokens_seen: int
     fill: int
     blocks_lost: int = 0  # archive blocks held when saved whose record could not be read
+    held_s: float = 0.0  # of `seconds`, how long the stream was held while its memory was copied (a save)
+
+
+@dataclass
+class MemorySnapshot:
+    """A stream's memory copied for writing (`snapshot_memory`): the model can go on while `write_memory` writes it."""
+
+    path: Path
+    log: ArchiveLog  # the log the file at `path` names, to be continued
+    new_blocks: dict[str, torch.Tensor]  # the archive's blocks since the log's last one
+    held: list[int]  # the indices of the archive's blocks held
+    tensors: dict[str, torch.Tensor]  # the cache's, and the blocks held
+    header: dict[str, str]  # without the log and the checksum
+    tokens_seen: int
+    fill: int
+    started: float  # time.monotonic() when the copy began
+    held_s: float  # how long the copy took
 
 
 # Configuration entries that do not describe the model: where it was loaded from, the transformers release
@@ -110,31 +127,40 @@ def _checksum(tensors: dict[str, torch.Tensor], clock: str, log: str) -> str:
     return digest.hexdigest()
 
 
-def save_memory(stream, path: str | os.PathLike, fingerprint: str | None = None) -> MemoryFileInfo:
-    """Write the stream's memory to `path` atomically. Run it where nothing else uses the stream."""
+def snapshot_memory(stream, path: str | os.PathLike, fingerprint: str | None = None) -> MemorySnapshot:
+    """Copy what a save of the stream's memory to `path` writes: the cache, the archive's blocks new since the log
+    the file there continues, the clock. Run it where nothing else uses the stream, and where no write of the same
+    file is in progress (it reads that file's log)."""
     start = time.monotonic()
     path = Path(path).resolve()  # through a link: replace the file it names, not the link
-    archive, folder = stream.archive, folder_for(path)
+    archive = stream.archive
     log = _continued_log(path, archive.memory_id) or ArchiveLog(archive.memory_id)
-    new_blocks = archive.export_state(newer_than=log.last_block)
-    appended = log.append(folder, new_blocks) if new_blocks else 0
+    new_blocks = archive.export_state(newer_than=log.last_block)  # copies
     held = [b.index for b in archive.blocks]
-    log.retire(min(held) if held else None)
-    tensors = stream.cache.export_state()
+    tensors = {name: t.clone() for name, t in stream.cache.export_state().items()}  # a full layer's is a view
     if held:
         tensors["archive.held"] = torch.tensor(held, dtype=torch.long)
-    clock = json.dumps(stream.clock_state(), sort_keys=True)
-    described = json.dumps(log.describe(), sort_keys=True)
     header = {
         "format": FORMAT,
         "version": str(VERSION),
         "model": fingerprint or model_fingerprint(stream.adapter),
         "settings": json.dumps(required_settings(stream), sort_keys=True),
-        "stream": clock,
-        "archive_log": described,
+        "stream": json.dumps(stream.clock_state(), sort_keys=True),
         "saved_at": f"{time.time():.3f}",
-        "sha256": _checksum(tensors, clock, described),
     }
+    return MemorySnapshot(path, log, new_blocks, held, tensors, header, stream.tokens_seen, stream.cache.fill, start,
+                          time.monotonic() - start)
+
+
+def write_memory(snapshot: MemorySnapshot) -> MemoryFileInfo:
+    """Write a snapshot atomically: the log's new blocks appended and flushed, then the file that commits them."""
+    path, log, tensors = snapshot.path, snapshot.log, snapshot.tensors
+    folder = folder_for(path)
+    appended = log.append(folder, snapshot.new_blocks) if snapshot.new_blocks else 0
+    log.retire(min(snapshot.held) if snapshot.held else None)
+    described = json.dumps(log.describe(), sort_keys=True)
+    header = {**snapshot.header, "archive_log": described,
+              "sha256": _checksum(tensors, snapshot.header["stream"], described)}
     data = st_save(tensors, metadata=header)
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer that was killed (one writer per file)
@@ -151,8 +177,13 @@ def save_memory(stream, path: str | os.PathLike, fingerprint: str | None = None)
             tmp.unlink()
     fsync_dir(path.parent)
     log.remove_unnamed(folder)  # only once the file that no longer names them is in place
-    return MemoryFileInfo(str(path), len(data) + appended, time.monotonic() - start, stream.tokens_seen,
-                          stream.cache.fill)
+    return MemoryFileInfo(str(path), len(data) + appended, time.monotonic() - snapshot.started, snapshot.tokens_seen,
+                          snapshot.fill, held_s=snapshot.held_s)
+
+
+def save_memory(stream, path: str | os.PathLike, fingerprint: str | None = None) -> MemoryFileInfo:
+    """Write the stream's memory to `path` atomically. Run it where nothing else uses the stream."""
+    return write_memory(snapshot_memory(stream, path, fingerprint))
 
 
 def _continued_log(path: Path, memory_id: str) -> ArchiveLog | None:
@@ -280,4 +311,5 @@ def _read_header(data: bytes, path: Path) -> dict:
     return metadata
 
 
-__all__ = ["MemoryFileError", "MemoryFileInfo", "load_memory", "model_fingerprint", "save_memory", "set_aside"]
+__all__ = ["MemoryFileError", "MemoryFileInfo", "MemorySnapshot", "load_memory", "model_fingerprint", "save_memory",
+           "set_aside", "snapshot_memory", "write_memory"]

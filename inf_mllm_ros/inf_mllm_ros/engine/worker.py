@@ -130,7 +130,7 @@ class EngineWorker:
                     if not future.done() and (future.running() or future.set_running_or_notify_cancel()):
                         future.set_exception(exc)
         if self.checkpoints.memory_file is not None:
-            self.checkpoint()  # the last save, after the job that close() stopped or let finish
+            self.checkpoint(wait=True)  # the last save, after the job that close() stopped or let finish
 
     def _take(self, jobs: list[Job], settings: LiveSettings) -> None:
         """Apply new live settings, then run the jobs taken (or a due checkpoint, when none)."""
@@ -147,9 +147,10 @@ class EngineWorker:
         if self.checkpoints.due:
             self.checkpoint()
 
-    def checkpoint(self) -> None:
-        """Save the memory if it changed (on this thread, between jobs)."""
-        if not self.checkpoints.checkpoint(self.stream, self.board.settings.checkpoint_period):
+    def checkpoint(self, *, wait: bool = False) -> None:
+        """Save the memory if it changed: copied on this thread, between jobs, and written on the writer's (here
+        too with `wait`)."""
+        if not self.checkpoints.checkpoint(self.stream, self.board.settings.checkpoint_period, wait=wait):
             with self.board.lock:
                 self.board.counters.checkpoints_failed += 1
 
