@@ -3,11 +3,12 @@
 A question's own words are asked of the memory for their queries (a `QueryProbe`: the stream, which runs them
 over the cache and takes them away again); the archive's index scores every archived block with them on the
 model's retrieval heads, less the reference question's scores (engine/retrieval_index.py). The best blocks the
-cache no longer holds are placed after the cache's own, re-rotated to sit there, the best nearest the question;
-where the cache holds a block the question points to about as much, a copy of that block goes after them,
-nearest the question: a value told again since stays the nearest, and a block that names the subject without
-its value no longer keeps the fact out. The same scores give an answer's evidence (engine/evidence.py) and a
-recall's moments. Design and measurements: docs/archive.md.
+cache no longer holds are placed after the cache's own, re-rotated to sit there, the best nearest the question,
+and nearer still the messages that name what the question names (engine/naming.py), the newest of those alike
+last, with copies of the blocks the cache holds that name it as much and are newer or score as high: the model
+answers from the nearest of several facts of the same form, so the asked fact goes nearer than its siblings and
+a value told again since nearer than the old one. The same scores give an answer's evidence (engine/evidence.py)
+and a recall's moments. Design and measurements: docs/archive.md.
 """
 
 from __future__ import annotations
