@@ -31,6 +31,15 @@ down out off than then there here and or but if so as also too very just only
 """.split())
 
 
+# A time marker the model reads beside an input (engine/chat.py: "[0:00:31.0]", "[08:00:31]").
+TIME_MARKER = re.compile(r"\[\d+:\d\d:\d\d(?:\.\d+)?\]")
+
+
+def said_words(text: str) -> frozenset[str]:
+    """What a message says, its time markers aside: two messages with the same are the same thing said again."""
+    return text_words(TIME_MARKER.sub(" ", text))
+
+
 def text_words(text: str) -> frozenset[str]:
     """A text's words that can name something, whatever their case ("Pallet" and "pallet" alike), without
     function words, spaces and punctuation: words, not tokens, as a tokenizer cuts "Pallet 44" and " pallet 44"

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .evidence import Evidence, ranked
-from .naming import naming_shares, text_words
+from .naming import naming_shares, said_words, text_words
 from .retrieval_index import RetrievalIndex, middle_layers
 from .rotary import shift_rotary
 
@@ -91,7 +91,7 @@ class Retriever:
     def __init__(self, archive: KVArchive, cache: BoundedKVCache, adapter: ModelAdapter, probe: QueryProbe,
                  find_heads: Callable[[], Tensor | None]):
         self.archive, self.cache, self.adapter, self.probe, self.find_heads = archive, cache, adapter, probe, find_heads
-        self._words: dict[tuple[int, int], frozenset[str]] = {}  # (message, pieces): its words (naming)
+        self._texts: dict[tuple[int, int], tuple] = {}  # (message, pieces): its words and what it says
 
     @functools.cached_property
     def reference_question(self) -> tuple[Tensor, slice]:
@@ -119,16 +119,19 @@ class Retriever:
                                   evidence)
         if candidates and budget > 0:
             best = [candidates[i] for i in torch.argsort(scores[: len(candidates)], descending=True)[:NAMING_BEST]]
-            names = self.naming(ids[content].tolist(), scored, best)
-            out.placed = self._arrange(candidates, in_cache, scores, names, budget)
+            texts = self.message_texts(scored)
+            names = self.naming(ids[content].tolist(), texts, best)
+            out.placed = self._arrange(candidates, in_cache, scores, names, {m: t[1] for m, t in texts.items()}, budget)
             if out.placed:
                 self._place(out.placed)
         return out
 
-    def _arrange(self, candidates: list, in_cache: list, scores: Tensor, names: dict[int, float], budget: int) -> list:
+    def _arrange(self, candidates: list, in_cache: list, scores: Tensor, names: dict[int, float],
+                 said: dict[int, frozenset], budget: int) -> list:
         """The blocks to place, in placing order, up to `budget` tokens (`scores`: every block's, candidates first,
-        then `in_cache`'s; `names`: each message's share of what the question names). The candidates are chosen on
-        their scores and placed best nearest the question; nearer still the chosen messages that name what the
+        then `in_cache`'s; `names`: each message's share of what the question names; `said`: what each says). The
+        candidates are chosen on their scores, one of each thing said again, and placed best nearest the question;
+        nearer still the chosen messages that name what the
         question names most, and copies of the blocks the cache holds that name it as much and are newer, or that
         score about as well as the best candidate (a value told again since, a light that changed): these by how
         much they name it, the most nearest, and of those that name it alike the newest nearest."""
@@ -148,46 +151,60 @@ class Retriever:
                     break
                 copies.append(block)
                 used += block.length
-        chosen = self._choose(candidates, scores[:count], budget - used)
+        chosen = self._choose(candidates, scores[:count], said, budget - used)
         if not chosen:
             return []
         return (best_last([b for b in chosen if not names_most(b)])
                 + sorted([b for b in chosen if names_most(b)] + copies,
                          key=lambda b: (round(names.get(b.message, 0.0) / NAMING_STEP), b.first_seq)))
 
-    def naming(self, question: list[int], blocks: list[ArchivedBlock], best: list[ArchivedBlock]) -> dict[int, float]:
-        """Each message's share of what the question (its token ids) names, its pieces' words taken together, over
-        the words the messages of `best` share with the question (engine/naming.py)."""
+    def message_texts(self, blocks: list[ArchivedBlock]) -> dict[int, tuple[frozenset[str], frozenset[str]]]:
+        """Each message's words and what it says (engine/naming.py), its pieces among `blocks` taken together;
+        read once per message."""
         pieces: dict[int, list[ArchivedBlock]] = {}
         for block in blocks:
             pieces.setdefault(block.message, []).append(block)
-        words = {}
+        texts = {}
         for message, parts in pieces.items():
-            key = (message, len(parts))  # a message's words, read once (fewer pieces once its oldest left)
-            if key not in self._words:
+            key = (message, len(parts))  # fewer pieces once its oldest left the archive
+            if key not in self._texts:
                 ids = [t for b in sorted(parts, key=lambda b: b.first_seq) for t in self.archive.block_token_ids(b)
                        if t >= 0]
-                self._words[key] = text_words(self.adapter.decode(ids)) if ids else frozenset()
-            words[message] = self._words[key]
-        self._words = {key: w for key, w in self._words.items() if key[0] in pieces}
-        messages = list(words)
+                text = self.adapter.decode(ids) if ids else ""
+                self._texts[key] = (text_words(text), said_words(text))
+            texts[message] = self._texts[key]
+        self._texts = {key: t for key, t in self._texts.items() if key[0] in pieces}
+        return texts
+
+    def naming(self, question: list[int], texts: dict[int, tuple[frozenset, frozenset]],
+               best: list[ArchivedBlock]) -> dict[int, float]:
+        """Each message's share of what the question (its token ids) names, over the words the messages of `best`
+        share with the question (engine/naming.py; `texts`: message_texts)."""
+        messages = list(texts)
         best_messages = {b.message for b in best}
-        shares = naming_shares(text_words(self.adapter.decode(question)), [words[m] for m in messages],
+        shares = naming_shares(text_words(self.adapter.decode(question)), [texts[m][0] for m in messages],
                                [i for i, m in enumerate(messages) if m in best_messages])
         return dict(zip(messages, shares))
 
-    def _choose(self, candidates: list, archived: Tensor, budget: int) -> list:
-        """The candidates to place, best first, up to `budget` tokens."""
+    def _choose(self, candidates: list, archived: Tensor, said: dict[int, frozenset], budget: int) -> list:
+        """The candidates to place, best first, up to `budget` tokens; of messages that say the same (a subject
+        named again in the same words, time aside), the best-scored only: copies would crowd out what differs."""
         # Best first; a piece of a long message brings the rest of it, nearest pieces first, as far as the
         # budget goes (a fact cut between two blocks comes back whole).
         pieces: dict[int, list] = {}
         for block in candidates:
             pieces.setdefault(block.message, []).append(block)
-        chosen, taken, used = [], set(), 0
+        chosen, taken, used, messages = [], set(), 0, set()
+        sayings: set[frozenset] = set()
         for i in torch.argsort(archived, descending=True, stable=True).tolist():
             block = candidates[i]
             if block.index in taken or used + block.length > budget:
                 continue
+            saying = said.get(block.message, frozenset())
+            if block.message not in messages and saying and saying in sayings:
+                continue
+            messages.add(block.message)
+            sayings.add(saying)
             for piece in sorted(pieces[block.message], key=lambda b: abs(b.first_seq - block.first_seq)):
                 if piece.index not in taken and used + piece.length <= budget:
                     chosen.append(piece)
