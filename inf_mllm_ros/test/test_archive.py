@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from inf_mllm_ros.engine import retrieval_heads as retrieval_heads_module
+from inf_mllm_ros.engine import retriever as retriever_module
 from inf_mllm_ros.engine.retriever import best_last
 from inf_mllm_ros.engine.archive import BOOKKEEPING_BYTES, ArchivedBlock, KVArchive
 from inf_mllm_ros.engine.archive_blocks import cut_turns
@@ -224,6 +225,7 @@ def test_a_held_block_that_scores_as_high_as_the_archives_best_is_placed_again_n
         return score
 
     monkeypatch.setattr(RetrievalIndex, "scores", scores)
+    monkeypatch.setattr(retriever_module, "WORD_MATCH_WEIGHT", 0.0)  # the scores are these alone
     placed, splice = {}, stream.cache.splice
 
     def recording(keys, values, start, end, seq, frame):

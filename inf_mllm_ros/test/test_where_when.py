@@ -121,6 +121,34 @@ def test_the_planted_moment_is_an_answers_heaviest_evidence_and_a_recalls_first(
     assert stream.recall("red cone", near=(offset + 50.0, 40.0, 2.0)) == []
 
 
+THINGS = ["ladder", "toolbox", "helmet", "bucket", "tarp", "hose", "broom", "crate", "drum", "mop", "glove",
+          "dustpan"]
+PLACES = ["dock 1", "dock 2", "aisle 1", "aisle 2", "shelf B2", "charging station"]
+COLOURS = ["red", "green", "blue", "yellow", "orange", "white", "black", "grey"]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_of_reports_of_one_form_the_one_naming_the_thing_is_found(smollm2, seed):
+    """A dozen reports alike but for the thing, its colour and place ("Patrol robot R1 saw a red ladder at dock
+    1."), among filler over several caches: where each thing was seen is the report that names it, first among
+    an answer's evidence and a recall's moments, whichever report is asked of and wherever it lies."""
+    rng = random.Random(seed)
+    things = rng.sample(THINGS, len(THINGS))
+    at = sorted(rng.sample(range(4, 86), len(things)))
+    stream = KVStream(smollm2, StreamConfig(capacity=128, chunk_size=32, archive_block=32))
+    reports = iter(things)
+    for i in range(90):
+        text = (f"Patrol robot R1 saw a {rng.choice(COLOURS)} {next(reports)} at {rng.choice(PLACES)}." if i in at
+                else rng.choice(FILLER))
+        stream.push_text(text, stamp=float(i), pose=Pose(float(i), 0.0, 0.0))
+    assert stream.tokens_seen > 4 * 128
+    for k in rng.sample(range(len(things)), 4):
+        thing, stamp = things[k], float(at[k])
+        answer = stream.ask(f"Where did the patrol robot see the {thing}?", max_new_tokens=1)
+        assert (answer.evidence[0].stamp, thing) == (stamp, thing) and thing in answer.evidence[0].text
+        assert (stream.recall(f"the {thing}", limit=3)[0].stamp, thing) == (stamp, thing)
+
+
 def test_a_recall_refuses_unusable_arguments_with_a_reason(smollm2):
     stream = planted_stream(smollm2, 0, 3, messages=20)
     for kwargs, reason in [({"text": ""}, "empty"), ({"text": "cone", "limit": 0}, "limit"),

@@ -49,6 +49,11 @@ NAMING_STEP = 0.05
 # The best candidates by score: the question's words that their messages hold are those that count in what a message
 # names (about two budgets' worth).
 NAMING_BEST = 16
+# Each block's score gains this many standard deviations (of every block's score) times its message's share of the
+# question's words, over the words any message holds (engine/naming.py): attention finds a statement's form, the
+# words its subject ("the helmet" among a dozen reports "Patrol robot R1 saw a ... at ..."). What is retrieved, an
+# answer's evidence and a recall's moments are all ranked on the sum (docs/archive.md).
+WORD_MATCH_WEIGHT = 1.0
 # A chat template's role name on a line of its own, as a decoded turn shows it.
 ROLE_LINE = re.compile(r"\n(?:user|assistant|system)\n")
 
@@ -112,15 +117,16 @@ class Retriever:
             return Retrieval()
         question = self.probe.content_queries(ids, content)
         scored = candidates + in_cache
-        scores = self.index(question[0]).scores(question, scored)
+        texts = self.message_texts(scored)
+        words = text_words(self.adapter.decode(ids[content].tolist()))
+        scores = self.word_matched(self.index(question[0]).scores(question, scored), scored, words, texts)
         out = Retrieval()
         if evidence > 0:
             out.evidence = ranked(scored, scores, [False] * len(candidates) + [True] * len(in_cache), self.quote,
                                   evidence)
         if candidates and budget > 0:
             best = [candidates[i] for i in torch.argsort(scores[: len(candidates)], descending=True)[:NAMING_BEST]]
-            texts = self.message_texts(scored)
-            names = self.naming(ids[content].tolist(), texts, best)
+            names = self.naming(words, texts, best)
             out.placed = self._arrange(candidates, in_cache, scores, names, {m: t[1] for m, t in texts.items()}, budget)
             if out.placed:
                 self._place(out.placed)
@@ -176,15 +182,25 @@ class Retriever:
         self._texts = {key: t for key, t in self._texts.items() if key[0] in pieces}
         return texts
 
-    def naming(self, question: list[int], texts: dict[int, tuple[frozenset, frozenset]],
-               best: list[ArchivedBlock]) -> dict[int, float]:
-        """Each message's share of what the question (its token ids) names, over the words the messages of `best`
-        share with the question (engine/naming.py; `texts`: message_texts)."""
+    @staticmethod
+    def naming(words: frozenset[str], texts: dict[int, tuple[frozenset, frozenset]],
+               best: list[ArchivedBlock] | None = None) -> dict[int, float]:
+        """Each message's share of what the question (its `words`) names, over the words the messages of `best`
+        (None: of all) share with the question (engine/naming.py; `texts`: message_texts)."""
         messages = list(texts)
-        best_messages = {b.message for b in best}
-        shares = naming_shares(text_words(self.adapter.decode(question)), [texts[m][0] for m in messages],
+        best_messages = set(messages) if best is None else {b.message for b in best}
+        shares = naming_shares(words, [texts[m][0] for m in messages],
                                [i for i, m in enumerate(messages) if m in best_messages])
         return dict(zip(messages, shares))
+
+    def word_matched(self, scores: Tensor, blocks: list[ArchivedBlock], words: frozenset[str],
+                     texts: dict[int, tuple[frozenset, frozenset]]) -> Tensor:
+        """`scores` (of `blocks`) with each block's share of the question's words added (WORD_MATCH_WEIGHT)."""
+        if WORD_MATCH_WEIGHT <= 0 or len(blocks) < 2:
+            return scores
+        shares = self.naming(words, texts)
+        match = torch.tensor([shares.get(b.message, 0.0) for b in blocks], dtype=scores.dtype, device=scores.device)
+        return scores + WORD_MATCH_WEIGHT * scores.std() * match
 
     def _choose(self, candidates: list, archived: Tensor, said: dict[int, frozenset], budget: int) -> list:
         """The candidates to place, best first, up to `budget` tokens; of messages that say the same (a subject
@@ -226,7 +242,9 @@ class Retriever:
         if not blocks or not self.archive.enabled:
             return []
         question = self.probe.content_queries(ids, content)
-        scores = self.index(question[0]).scores(question, blocks)
+        texts = self.message_texts(list(self.archive.blocks))  # rarity over the whole memory
+        words = text_words(self.adapter.decode(ids[content].tolist()))
+        scores = self.word_matched(self.index(question[0]).scores(question, blocks), blocks, words, texts)
         return ranked(blocks, scores, self.held(blocks), self.quote, limit)
 
     def held(self, blocks: list[ArchivedBlock]) -> list[bool]:
