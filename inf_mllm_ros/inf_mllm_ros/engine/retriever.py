@@ -118,7 +118,7 @@ class Retriever:
         question = self.probe.content_queries(ids, content)
         scored = candidates + in_cache
         texts = self.message_texts(scored)
-        words = text_words(self.adapter.decode(ids[content].tolist()))
+        words = self.question_words(ids, content)
         scores = self.word_matched(self.index(question[0]).scores(question, scored), scored, words, texts)
         out = Retrieval()
         if evidence > 0:
@@ -182,6 +182,10 @@ class Retriever:
         self._texts = {key: t for key, t in self._texts.items() if key[0] in pieces}
         return texts
 
+    def question_words(self, ids: Tensor, content: slice) -> frozenset[str]:
+        """The words of a question's own text (its ids at `content`), as engine/naming.py counts them."""
+        return text_words(self.adapter.decode(ids[content].tolist()))
+
     @staticmethod
     def naming(words: frozenset[str], texts: dict[int, tuple[frozenset, frozenset]],
                best: list[ArchivedBlock] | None = None) -> dict[int, float]:
@@ -243,7 +247,7 @@ class Retriever:
             return []
         question = self.probe.content_queries(ids, content)
         texts = self.message_texts(list(self.archive.blocks))  # rarity over the whole memory
-        words = text_words(self.adapter.decode(ids[content].tolist()))
+        words = self.question_words(ids, content)
         scores = self.word_matched(self.index(question[0]).scores(question, blocks), blocks, words, texts)
         return ranked(blocks, scores, self.held(blocks), self.quote, limit)
 
