@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the workspace (scripts/setup.sh) and runs the tests against the installed packages.
-#   scripts/test.sh           the suite, less the tests marked slow (about 11 minutes on 2 CPU cores)
+#   scripts/test.sh           the suite, less the tests marked slow
 #   scripts/test.sh --slow    the tests marked slow only: recall on the 0.5B evaluation model over long
 #                             streams, the soak of the node, the default model among frames
 #   scripts/test.sh --all     both (what CI runs)
@@ -10,11 +10,22 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-marks=(-m "not slow")
+selection="not slow"
 case "${1:-}" in
-    --slow) marks=(-m slow); shift ;;
-    --all) marks=(); shift ;;
+    --slow) selection="slow"; shift ;;
+    --all) selection=""; shift ;;
 esac
+# The tests run in two passes: most on two workers side by side (pytest-xdist), a file to a worker, as the
+# tests of a file share its node or model and keep their order; then those marked serial, which measure time,
+# memory or load, alone. One torch thread a process in the first pass: two processes with a thread a core keep
+# both cores busy, where more threads than cores would spin against each other.
+WORKERS="${INF_MLLM_TEST_WORKERS:-2}"
+side_by_side="not serial"
+alone="serial"
+if [[ -n "$selection" ]]; then
+    side_by_side="($selection) and not serial"
+    alone="($selection) and serial"
+fi
 
 bash scripts/setup.sh
 
@@ -34,10 +45,16 @@ for arg in "$@"; do
     if [[ -e "$arg" || "$arg" == *::* ]]; then targets=(); fi
 done
 
-rc=0
-python -P -m pytest "${targets[@]}" -q --durations=15 "${marks[@]}" "$@" || rc=$?
-if ((rc == 5)); then
+side=0
+OMP_NUM_THREADS=1 python -P -m pytest "${targets[@]}" -q --durations=15 -n "$WORKERS" --dist loadfile \
+    -m "$side_by_side" "$@" || side=$?
+serial=0
+python -P -m pytest "${targets[@]}" -q --durations=15 -m "$alone" "$@" || serial=$?
+# pytest's code 5: a pass collected no test (a selection may leave one pass empty, not both).
+if ((side == 5 && serial == 5)); then
     echo "[test] error: pytest collected no tests" >&2
     exit 1
 fi
-exit "$rc"
+for rc in "$side" "$serial"; do
+    if ((rc != 0 && rc != 5)); then exit "$rc"; fi
+done

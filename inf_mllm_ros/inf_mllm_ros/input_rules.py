@@ -8,6 +8,7 @@ bag run offline build the same prompts. No ROS import: a header stamp is anythin
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .engine.poses import Pose
@@ -62,18 +63,20 @@ def pose_message(msg: Any, msgtype: str) -> tuple[Pose, str]:
 
 
 class FrameGate:
-    """`frame_rate`: a frame passes when at least 1 / rate seconds have passed since the last frame that
-    passed, by the frames' own times (header stamp, else arrival); rate 0 lets every frame pass.
+    """`frame_rate`: the first frame of each 1 / rate-second period passes, by the frames' own times (header stamp,
+    else arrival), the periods counted from the first frame that passed; rate 0 lets every frame pass.
 
-    A frame that passes is the newest there is at that moment, so the model sees the scene as it is
-    now, at most `rate` times a second, whatever the camera's rate. Judged before decoding, so a frame
-    that does not pass costs nothing. A time earlier than the last one (a bag started again, a clock
-    reset) starts the gate afresh.
+    A frame that passes is the newest there is at that moment, so the model sees the scene as it is now, `rate`
+    times a second whatever the camera's rate. The periods are fixed rather than restarted at each frame that
+    passes: a camera's stamps jitter by milliseconds, and a gate that waited 1 / rate from the last frame taken
+    would hold back the frame due a millisecond early and take the next one, a camera interval late, again and
+    again (a 5 Hz camera under rate 1: about 0.87 frames a second). Two frames that pass are at least 1 / rate less
+    one camera interval apart. Judged before decoding, so a frame that does not pass costs nothing. A time earlier
+    than the last one (a bag started again, a clock reset) or a new rate starts the periods afresh.
     """
 
     def __init__(self, rate: float = 0.0) -> None:
         self.rate = rate
-        self._last: float | None = None
 
     @property
     def rate(self) -> float:
@@ -84,14 +87,19 @@ class FrameGate:
         if not value >= 0.0:
             raise ValueError(f"frame_rate must be >= 0, got {value}")
         self._rate = float(value)
+        self._origin: float | None = None  # the time the periods are counted from
+        self._last = float("-inf")  # the time of the last frame that passed
+        self._last_period = -1
 
     def admit(self, seconds: float) -> bool:
-        """Whether a frame of time `seconds` goes to the model; if so, the period starts again from it."""
-        last = self._last
+        """Whether a frame of time `seconds` goes to the model: the first one seen in its period."""
+        if self._origin is None or seconds < self._last:
+            self._origin, self._last_period = seconds, -1
         # A small tolerance: a 10 Hz camera's stamps under frame_rate 5 are 0.2 s apart in decimal, not in binary.
-        if self._rate > 0.0 and last is not None and last <= seconds < last + 1.0 / self._rate - 1e-6:
+        period = math.floor((seconds - self._origin) * self._rate + 1e-6) if self._rate > 0.0 else self._last_period + 1
+        if period <= self._last_period:
             return False
-        self._last = seconds
+        self._last, self._last_period = seconds, period
         return True
 
 

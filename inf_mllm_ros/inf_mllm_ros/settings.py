@@ -139,8 +139,8 @@ PARAMETERS = (
           "checkpoint_period and at shutdown; empty: no file."),
     # Changeable at run time.
     *knob_params(live=True),
-    Param("frame_rate", 1.0, "Frames ingested per second at most: a frame goes in when 1 / frame_rate seconds (by "
-          "its stamp) have passed since the last one, the others are counted as dropped; 0: every frame.",
+    Param("frame_rate", 1.0, "Frames ingested per second at most: the first frame (by its stamp) of each "
+          "1 / frame_rate-second period goes in, the others are counted as dropped; 0: every frame.",
           read_only=False, low=0.0, high=120.0),
     Param("description_period", 10.0, f"Seconds between descriptions on ~/description; 0: off, else at least "
           f"{MIN_PERIOD}.", read_only=False, low=0.0, high=86400.0),
@@ -156,10 +156,11 @@ PARAMETERS = (
     Param("max_decoded_pixels", DEFAULT_MAX_DECODED_PIXELS, "Largest compressed frame accepted, in pixels "
           "(width x height read from its header before decoding); default: a 4K frame.",
           read_only=False, low=1, high=1 << 26),
-    Param("max_text_delay", 1.0, "Seconds of the model's time (at its measured pace) a question waits for the texts "
-          "that came before it; it then goes ahead of the rest, which go in right after its answer (no text is "
-          "refused for it: max_pending_texts bounds how many wait). At least one block of text goes first; 0: the "
-          "question waits for all of them.", read_only=False, low=0.0, high=3600.0),
+    Param("max_text_delay", 0.25, "Seconds of the model's time (at its measured pace) a question waits for the "
+          "texts that came before it, beside the job in progress; it then goes ahead of the rest, which go in right "
+          "after its answer (no text is refused for it: max_pending_texts bounds how many wait). At least one block "
+          "of text goes first, so texts sent just before a question are seen; 0: the question waits for all of "
+          "them.", read_only=False, low=0.0, high=3600.0),
     Param("query_timeout", 120.0, "Seconds a query or reset waits for the model before answering success=false.",
           read_only=False, low=1.0, high=3600.0),
     Param("stats_period", 1.0, f"Seconds between ~/cache_stats messages; 0: only after each input, else at least "

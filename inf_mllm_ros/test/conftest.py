@@ -16,8 +16,11 @@ SHARED_TEXT = REPO_ROOT.parent / "shared" / "data" / "texts" / "jack_sheppard_pg
 
 # One ROS domain per pytest run, set before any test starts rclpy, so nodes made in this
 # process and in its child processes meet each other and nothing else on the machine.
-# Derived from the pid so that two runs at the same time differ (1..100 are safe ports).
-RUN_DOMAIN_ID = str(os.getpid() % 100 + 1)
+# Derived from the pid so that two runs at the same time differ (1..100 are safe ports); each
+# pytest-xdist worker is a run of its own, numbered after its controller's pid, so that the
+# workers of one run differ from each other.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1"... under xdist
+RUN_DOMAIN_ID = str((os.getppid() * 8 + int(_WORKER[2:])) % 100 + 1 if _WORKER else os.getpid() % 100 + 1)
 os.environ["ROS_DOMAIN_ID"] = RUN_DOMAIN_ID
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 # Files the package keeps between runs (a model's retrieval heads) go to a folder of this run's, shared by
@@ -34,6 +37,8 @@ LIGHTHOUSE = (
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds (real model, long streams)")
+    config.addinivalue_line("markers", "serial: measures time or load, so runs alone: after the tests that run side "
+                                       "by side (scripts/test.sh)")
 
 
 def load_prepared(model: str, device: str = "cpu", dtype: str = "float32"):

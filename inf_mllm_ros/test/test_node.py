@@ -527,6 +527,7 @@ def burst_of_callers(script: Path, env: dict) -> list[dict] | None:
     return None if died else results
 
 
+@pytest.mark.serial
 def test_a_burst_of_queries_from_many_processes_all_get_a_response(probe, ros_env):
     """100 callers at once from 10 processes, each with 10 default clients, three times: every caller gets an
     answer or a documented refusal within the stated bound; none is left waiting for a response that never
@@ -550,6 +551,7 @@ def test_a_burst_of_queries_from_many_processes_all_get_a_response(probe, ros_en
         assert all(m.startswith(DOCUMENTED_REFUSALS) for m in refused), sorted(refused)
 
 
+@pytest.mark.serial
 def test_under_a_text_flood_frames_go_in_at_the_frame_rate(probe):
     """50 texts a second with a camera at 5 Hz and frame_rate 1, from this process: frames go in at frame_rate
     within 50%, and the longest a text waited for the model is on /diagnostics and bounded."""

@@ -3,25 +3,29 @@
 Another process (this one, through `testing.node_process.Driver`) publishes 50 texts a second and 320x240 frames at
 5 Hz for 30 s into a fresh node (the small model, one torch thread, cache 256, frame_rate 1: the shipped settings
 otherwise) and asks a question at 10 s (`testing/flood.py`). Counted from the first message, with no warm-up: frames
-go in at frame_rate in every 5-s window after the first but those the question's wait overlaps (a waiting question
-goes ahead of frames), texts at a pace near the one the same engine keeps in one process under the
-same traffic, and the question is answered within its own time, the texts ahead of it (`max_text_delay`) and the
-job in progress.
+go in at frame_rate within 50 % in every 5-s window after the first, the question's too, texts at a pace near the
+one the same engine keeps in one process under the same traffic, and the question is answered within its own time,
+the texts ahead of it (`max_text_delay`) and the job in progress.
 
-The bounds are 40% of the frames and 30% of the texts of one process, where the aim is 50%: on this project's 2-core
-machine the node's executor and the flood's own publisher share the cores with the model (results/node_flood.json:
-58% to 62% of the texts as shipped; docs/node.md, "Order of work").
+The bound on texts is 30 % of one process's pace, where the aim is 50 %: on this project's 2-core machine the node's
+executor and the flood's own publisher share the cores with the model, and each text costs the node about twice its
+time in one process (results/node_flood.json: 44 % to 57 % as shipped; docs/node.md, "Order of work").
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from inf_mllm_ros.testing.flood import (FRAME_RATE, MAX_TEXT_DELAY, QUESTION_AT, WINDOW_S, flood_figures,
-                                        node_under_flood, reference_pace)
+import pytest
+
+from inf_mllm_ros.testing.flood import (FRAME_RATE, MAX_TEXT_DELAY, WINDOW_S, flood_figures, node_under_flood,
+                                        reference_pace)
+
+# Pace is measured: alone, not beside other tests.
+pytestmark = pytest.mark.serial
 
 # The shares of the pace in one process below which the test fails (see the docstring): frames, texts.
-PACE_SHARE = 0.4
+PACE_SHARE = 0.5
 TEXT_SHARE = 0.3
 
 
@@ -40,14 +44,9 @@ def check_flood(model: str, tmp_path: Path) -> None:
     # text call, each about the answer's time on this model or less).
     assert flood["answered_s"] <= 2 * reference["answer_s"] + MAX_TEXT_DELAY + 1.0, (flood["answered_s"], reference)
     assert texts_per_s >= TEXT_SHARE * reference["texts_per_s"], (texts_per_s, reference)
-    # frame_rate (which the small model keeps in one process), but in a window that the question's wait overlaps (a
-    # waiting question goes ahead of frames: the texts ahead of it and its answer hold them).
+    # frame_rate in every window, the one the question's answer holds the frames in too.
     expected = FRAME_RATE * WINDOW_S
-    held = (QUESTION_AT, QUESTION_AT + flood["answered_s"])
-    for i, n in enumerate(windows):
-        start = WINDOW_S * (i + 1)
-        low = 0 if start < held[1] and held[0] < start + WINDOW_S else PACE_SHARE * expected
-        assert low <= n <= (2 - PACE_SHARE) * expected, (i, windows, expected)
+    assert all(PACE_SHARE * expected <= n <= (2 - PACE_SHARE) * expected for n in windows), (windows, expected)
 
 
 def test_under_a_flood_the_node_keeps_its_pace_from_the_first_message(tmp_path):

@@ -10,6 +10,7 @@ node too, and broken bags make both tools fail with a clear message and a non-ze
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -294,12 +295,27 @@ def test_the_frame_gate_takes_one_frame_per_period_by_the_frames_own_times(camer
     times = [start + i / camera_hz for i in range(int(5 * camera_hz))]
     taken = [t for t in times if gate.admit(t)]
     gaps = np.diff(taken)
-    assert taken[0] == times[0] and (gaps >= 1.0 / frame_rate - 1e-6).all()
+    assert taken[0] == times[0] and len(taken) == math.ceil((times[-1] - start) * frame_rate + 1e-9)
+    assert (gaps >= 1.0 / frame_rate - 1.0 / camera_hz - 1e-6).all()
     assert (gaps < 1.0 / frame_rate + 1.0 / camera_hz).all()  # the first frame of each period, never later
     gate.rate = 0.0
     assert all(gate.admit(t) for t in times)  # 0: every frame
     gate.rate = frame_rate
-    assert gate.admit(times[0])  # an earlier time (a bag played again) starts the gate afresh
+    assert gate.admit(times[0])  # a new rate starts the periods afresh
+    assert not gate.admit(times[1]) and gate.admit(times[0] - 1.0)  # an earlier time (a bag played again) too
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_jittering_camera_still_gives_frame_rate_frames_a_second(seed) -> None:
+    """A 5 Hz camera whose stamps jitter by a few milliseconds under frame_rate 1: 30 frames in 30 s, not one period
+    in a few lost to a frame that came a millisecond early."""
+    rng = np.random.default_rng(seed)
+    gate = FrameGate(1.0)
+    start = float(rng.uniform(0, 100))
+    times = [start + i * 0.2 + float(rng.uniform(-0.005, 0.005)) for i in range(150)]
+    taken = [t for t in times if gate.admit(t)]
+    assert len(taken) == 30, len(taken)
+    assert (np.diff(taken) > 0.75).all()
 
 
 def test_offline_inputs_follow_the_frame_gate_before_decoding() -> None:

@@ -20,6 +20,9 @@ import pytest
 
 from inf_mllm_ros.testing import soak
 
+# Resident memory and pace are measured: alone, not beside other tests.
+pytestmark = pytest.mark.serial
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DURATION = 100.0  # seconds from the node's start, model loading included
 QUESTION_EVERY = 15.0

@@ -6,11 +6,12 @@ Each time the worker is free it takes, in this order:
 2. the waiting camera frame, unless the previous job was a frame or a question waits;
 3. otherwise the oldest message: a question alone, or the texts waiting in a row before the next question,
    pushed together in one model call: while a question waits, those ahead of it up to `max_text_delay` of the
-   model's time at its measured pace (all of them until the pace is measured, or with no bound), and then the
-   question goes ahead of the rest; else, while a camera is live, what the model takes at its measured pace in what
-   a frame leaves of `frame_period` (a quarter of it at least); else up to about a cache's worth of characters; and
-   always at least one block's worth of tokens (a call has a cost of its own beside its length: fewer would only
-   slow the model down);
+   model's time at its measured pace (all of them with no bound), and then the question goes ahead of the rest;
+   else, while a camera is live, what the model takes at its measured pace in `FRAME_PERIOD_SHARE` of the time
+   until the next frame is due (`frame_period` after the last one came); else up to about a cache's worth of
+   characters. A call is one block until the pace is measured (bounded in tokens from the first call), and never
+   less than one block's worth of tokens (a call has a cost of its own beside its length: fewer would only slow
+   the model down);
 4. otherwise the frame.
 
 Which frames come is decided once, before the queue (the node's `frame_rate` gate); here a waiting frame waits for
@@ -33,6 +34,16 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from .stream import KVStream
+
+
+# The share of the time until the next frame is due that a text call aims at while a camera is live: a call's time
+# varies by a tenth around the measured pace. A call that runs past the frame's time delays it, and a frame and a
+# call that together took longer than the period (measured in one process under the flood of testing/flood.py: by
+# 0.07 to 0.1 s a cycle) fell further behind each period, until a frame was replaced while it waited.
+FRAME_PERIOD_SHARE = 0.9
+# Characters a token until a text call measures them: the first call's length in tokens is only this guess, so it
+# is taken as measured from then on rather than averaged with it (a short message with its turn's markers: about 2).
+ASSUMED_CHARS_PER_TOKEN = 4.0
 
 
 @dataclass
@@ -60,8 +71,8 @@ class WorkQueue:
         self.queries = 0  # questions waiting
         self.last_frame_offered = float("-inf")
         self.seconds_per_block: float | None = None  # the model's time per block of text, measured
-        self.chars_per_token = 4.0  # of the texts taken, measured (a short message with its turn's markers: about 2)
-        self.seconds_per_frame: float | None = None  # the model's time per frame, measured
+        # Of the texts taken, measured; None before the first call (ASSUMED_CHARS_PER_TOKEN).
+        self.chars_per_token: float | None = None
         self.last_kind: str | None = None
 
     def __bool__(self) -> bool:
@@ -111,23 +122,24 @@ class WorkQueue:
 
     def block_chars(self, block: int) -> int:
         """Characters of text in one block of tokens, as measured: no call is made shorter."""
-        return max(int(block * self.chars_per_token), 1)
-
-    def took_frame(self, seconds: float) -> None:
-        """The model took a frame in `seconds` (a moving average)."""
-        self.seconds_per_frame = _moving_average(self.seconds_per_frame, seconds)
+        return max(int(block * (self.chars_per_token or ASSUMED_CHARS_PER_TOKEN)), 1)
 
     def text_call_chars(self, capacity: int, block: int, frame_period: float, max_delay: float = 0.0) -> float:
         """The most characters of text one model call takes (see the module docstring, 3)."""
         per_block = self.block_chars(min(block, capacity))
+        if self.queries and max_delay <= 0:
+            return float("inf")
+        now = time.monotonic()
+        camera_live = frame_period > 0 and now - self.last_frame_offered <= 2 * frame_period
+        if self.seconds_per_block is None:  # the pace not measured yet: bounded in tokens from the first call
+            return per_block if self.queries or camera_live else max(4 * capacity, per_block)
         if self.queries:
-            if max_delay <= 0 or self.seconds_per_block is None:
-                return float("inf")
             return max(int(max_delay / self.seconds_per_block), 1) * per_block
         limit = 4 * capacity
-        camera_live = frame_period > 0 and time.monotonic() - self.last_frame_offered <= 2 * frame_period
-        if camera_live and self.seconds_per_block is not None:
-            seconds = max(frame_period - (self.seconds_per_frame or 0.0), 0.25 * frame_period)
+        if camera_live:
+            # Until the next frame is due (one comes each period), by the clock: a call that ran long leaves the
+            # next one less, so the frames keep their period rather than drift behind it.
+            seconds = FRAME_PERIOD_SHARE * (self.last_frame_offered + frame_period - now)
             limit = min(limit, int(seconds / self.seconds_per_block) * per_block)
         return max(limit, per_block)
 
@@ -150,7 +162,10 @@ class WorkQueue:
             return [self.messages.popleft()]
         batch, chars = [], 0
         limit = self.text_call_chars(capacity, block, frame_period, max_delay)
-        while self.messages and self.messages[0].kind == "text" and (not batch or chars < limit):
+        # Texts up to the limit, not past it: a call one text over its blocks is measured as one block more, which
+        # makes the pace look faster and the next call longer.
+        while self.messages and self.messages[0].kind == "text" and (
+                not batch or chars + len(self.messages[0].text[0]) <= limit):
             chars += len(self.messages[0].text[0])
             batch.append(self.messages.popleft())
         self.texts -= len(batch)

@@ -167,15 +167,11 @@ class EngineWorker:
         """A frame, a question or a control job; its future gets the outcome. False if it did not run or failed."""
         if not job.future.set_running_or_notify_cancel():
             return False
-        started = time.monotonic()
         try:
             outcome, ok = job.run(self.stream), True
         except Exception as exc:  # the caller gets the reason (a prompt that failed part-way in, out of memory
             # say, leaves the blocks that went in: a message cut short)
             outcome, ok = exc, False
-        if job.kind == "frame" and ok:
-            with self.board.lock:
-                self.board.work.took_frame(time.monotonic() - started)
         self._snapshot_stats()
         if job.kind == "query":
             self.board.count_query(job.future, ok)
