@@ -48,8 +48,13 @@ done
 side=0
 OMP_NUM_THREADS=1 python -P -m pytest "${targets[@]}" -q --durations=15 -n "$WORKERS" --dist loadfile \
     -m "$side_by_side" "$@" || side=$?
+# The serial pass collects only the files that hold serial tests: collecting every file again costs seconds.
+serial_targets=("${targets[@]}")
+if ((${#targets[@]})); then
+    mapfile -t serial_targets < <(grep -l "pytest.mark.serial" inf_mllm_ros/test/test_*.py)
+fi
 serial=0
-python -P -m pytest "${targets[@]}" -q --durations=15 -m "$alone" "$@" || serial=$?
+python -P -m pytest "${serial_targets[@]}" -q --durations=15 -m "$alone" "$@" || serial=$?
 # pytest's code 5: a pass collected no test (a selection may leave one pass empty, not both).
 if ((side == 5 && serial == 5)); then
     echo "[test] error: pytest collected no tests" >&2
