@@ -10,22 +10,20 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-selection="not slow"
+fast=1
+slow=0
 case "${1:-}" in
-    --slow) selection="slow"; shift ;;
-    --all) selection=""; shift ;;
+    --slow) fast=0; slow=1; shift ;;
+    --all) slow=1; shift ;;
 esac
-# The tests run in two passes: most on two workers side by side (pytest-xdist), a file to a worker, as the
-# tests of a file share its node or model and keep their order; then those marked serial, which measure time,
-# memory or load, alone. One torch thread a process in the first pass: two processes with a thread a core keep
-# both cores busy, where more threads than cores would spin against each other.
+# Up to three passes. The tests not marked slow run on two workers side by side (pytest-xdist), a file to a worker,
+# as the tests of a file share its node or model and keep their order, with one torch thread a process: most of
+# them wait on processes and DDS, and two processes with a thread a core keep both cores busy where more threads
+# than cores would spin against each other. The slow tests (long runs of the models, bound by the cores) run in one
+# process with every thread: side by side they took no less time, and the last long file left one worker idle.
+# Then the tests marked serial, which measure time, memory or load, run alone.
 WORKERS="${INF_MLLM_TEST_WORKERS:-2}"
-side_by_side="not serial"
-alone="serial"
-if [[ -n "$selection" ]]; then
-    side_by_side="($selection) and not serial"
-    alone="($selection) and serial"
-fi
+if ((fast && slow)); then alone="serial"; elif ((fast)); then alone="serial and not slow"; else alone="serial and slow"; fi
 
 bash scripts/setup.sh
 
@@ -45,21 +43,33 @@ for arg in "$@"; do
     if [[ -e "$arg" || "$arg" == *::* ]]; then targets=(); fi
 done
 
-side=0
-OMP_NUM_THREADS=1 python -P -m pytest "${targets[@]}" -q --durations=15 -n "$WORKERS" --dist loadfile \
-    -m "$side_by_side" "$@" || side=$?
-# The serial pass collects only the files that hold serial tests: collecting every file again costs seconds.
-serial_targets=("${targets[@]}")
-if ((${#targets[@]})); then
-    mapfile -t serial_targets < <(grep -l "pytest.mark.serial" inf_mllm_ros/test/test_*.py)
+# Files holding tests with a mark: a pass collects only those (collecting every file again costs seconds).
+files_with() { if ((${#targets[@]})); then grep -l "pytest.mark.$1" inf_mllm_ros/test/test_*.py; fi; }
+
+# pytest's code 5: a pass collected no test (a selection may leave a pass empty, not all of them).
+codes=()
+if ((fast)); then
+    rc=0
+    OMP_NUM_THREADS=1 python -P -m pytest "${targets[@]}" -q --durations=15 -n "$WORKERS" --dist loadfile \
+        -m "not slow and not serial" "$@" || rc=$?
+    codes+=("$rc")
 fi
-serial=0
-python -P -m pytest "${serial_targets[@]}" -q --durations=15 -m "$alone" "$@" || serial=$?
-# pytest's code 5: a pass collected no test (a selection may leave one pass empty, not both).
-if ((side == 5 && serial == 5)); then
+if ((slow)); then
+    mapfile -t slow_targets < <(files_with slow)
+    rc=0
+    python -P -m pytest "${slow_targets[@]}" -q --durations=15 -m "slow and not serial" "$@" || rc=$?
+    codes+=("$rc")
+fi
+mapfile -t serial_targets < <(files_with serial)
+rc=0
+python -P -m pytest "${serial_targets[@]}" -q --durations=15 -m "$alone" "$@" || rc=$?
+codes+=("$rc")
+collected=0
+for rc in "${codes[@]}"; do
+    if ((rc != 0 && rc != 5)); then exit "$rc"; fi
+    if ((rc == 0)); then collected=1; fi
+done
+if ((collected == 0)); then
     echo "[test] error: pytest collected no tests" >&2
     exit 1
 fi
-for rc in "$side" "$serial"; do
-    if ((rc != 0 && rc != 5)); then exit "$rc"; fi
-done
