@@ -17,7 +17,7 @@ from inf_mllm_ros.engine.answering import AnswerCancelledError, StreamStoppedErr
 from inf_mllm_ros.engine.stream import KVStream
 from inf_mllm_ros.settings import BY_NAME
 from inf_mllm_ros.engine.stream_config import StreamConfig
-from inf_mllm_ros.engine.work_queue import Job, WorkQueue
+from inf_mllm_ros.engine.work_queue import FRAME_PERIOD_SHARE, Job, WorkQueue
 
 from conftest import LIGHTHOUSE
 
@@ -440,6 +440,28 @@ def test_waiting_texts_are_bounded_in_number_and_a_question_waits_for_a_bounded_
         assert [job.kind for job in work.next_jobs(1024, block, 0.0, max_delay)] == ["query"]
         add(64 - work.texts)
         assert work.text_room(64) == "64 waiting"
+
+
+def test_while_a_camera_is_live_a_text_call_ends_before_the_next_frame_is_due():
+    """A text call takes what the model takes, at its measured pace, in 90 % of the time left until the next frame
+    is due, by the clock: right after a frame nearly a period's worth, later less, past the due time one block."""
+    block = 16
+    for seed in range(4):
+        rng = random.Random(seed)
+        work = WorkQueue()
+        seconds_per_block = rng.uniform(0.05, 0.2)
+        work.took_texts(224, 64, 4 * seconds_per_block, block)  # four blocks, 3.5 characters a token
+        period = rng.uniform(1.0, 3.0)
+        per_block = work.block_chars(block)
+
+        def blocks(elapsed: float) -> int:  # the frame came `elapsed` seconds ago
+            work.last_frame_offered = time.monotonic() - elapsed
+            return work.text_call_chars(1024, block, period) // per_block
+
+        for elapsed in (0.0, rng.uniform(0.2, 0.8) * period):
+            left = FRAME_PERIOD_SHARE * (period - elapsed) / seconds_per_block
+            assert int(left) - 1 <= blocks(elapsed) <= int(left), (seed, elapsed)
+        assert blocks(1.5 * period) == 1  # the next frame is due: one block, the least a call takes
 
 
 @pytest.mark.serial
