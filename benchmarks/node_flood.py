@@ -1,6 +1,7 @@
 """The node under a flood, counted from the first message (inf_mllm_ros.testing.flood): texts at 50 a second and
 320x240 frames at 5 Hz for 30 s from another process into a fresh node, a question at 10 s; beside it the same
-engine in one process under the same traffic. Each run is a record in results/node_flood.json (appended, so that
+engine in one process under the same traffic, its inputs stamped as the node stamps them (and once more without
+the time, for comparison). Each run is a record in results/node_flood.json (appended, so that
 runs on other days or trees stay beside it).
 
     python benchmarks/node_flood.py                        # the small model, 3 runs
@@ -33,11 +34,12 @@ def main(argv: list[str] | None = None) -> None:
     records = load_records(OUT)
     for run in range(args.runs):
         reference = reference_pace(args.model)
+        unstamped = reference_pace(args.model, stamped=False)
         with tempfile.TemporaryDirectory(prefix="inf_mllm_flood_") as folder:
             flood = node_under_flood(args.model, Path(folder), default_domain_id())
         record = {"model": args.model, "run": run, "code": args.label, "node_params": json.dumps(NODE_PARAMS),
                   **{k: round(v, 3) if isinstance(v, float) else v for k, v in flood_figures(reference, flood).items()},
-                  "device": machine()}
+                  "reference_unstamped_texts_per_s": round(unstamped["texts_per_s"], 3), "device": machine()}
         print(json.dumps(record), flush=True)
         records.append(record)
         write_records(OUT, records)
