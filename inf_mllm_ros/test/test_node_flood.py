@@ -36,7 +36,7 @@ def check_flood(model: str, tmp_path: Path) -> None:
     windows, texts_per_s = figures["frames_per_window"], figures["texts_per_s"]
     print(f"{model}: in one process {reference['texts_per_s']:.1f} texts/s, {reference['frames_per_s']:.2f} "
           f"frames/s, an answer in {reference['answer_s']:.2f} s; the node under the flood: frames per 5 s {windows} "
-          f"({flood['series'][-1][1]} in all), {texts_per_s:.1f} texts/s, the question answered after "
+          f"({flood['series'][-1][1]} in all, {flood['frames_dropped']} dropped), {texts_per_s:.1f} texts/s, the question answered after "
           f"{flood['answered_s']} s")
     answer = flood["answer"]
     assert answer is not None and answer.success, answer

@@ -123,7 +123,9 @@ def node_under_flood(model: str, tmp_path: Path, domain_id: int | None = None) -
             time.sleep(0.02)
         if not node.alive:
             raise RuntimeError(f"the node ended under the flood: {node.log()[-3000:]}")
-        return {"series": series, "texts_sent": sent, "answered_s": answered,
+        # Frames the node held back (frame_rate) or replaced: about four of five if every frame reached it.
+        dropped = driver.latest_stats()[0].frames_dropped
+        return {"series": series, "texts_sent": sent, "answered_s": answered, "frames_dropped": dropped,
                 "answer": question.result() if question.done() else None}
     finally:
         driver.close()
