@@ -1,13 +1,16 @@
 """What a question names (engine/naming.py): on the recall generator's facts of every kind (tuning seeds), the
 asked fact's message and the same fact told again name the question most, its siblings of the same form less, by
-more than the retriever's tolerance; frames name nothing."""
+more than the retriever's tolerance; frames name nothing. Of the messages that name a question, a fact told again
+with a new value since is left out, never the subject's mentions nor the fact without a newer value."""
 
 from __future__ import annotations
 
 import pytest
 
-from inf_mllm_ros.engine.naming import naming_shares, text_words
-from inf_mllm_ros.engine.retriever import NAMES_QUESTION, NAMING_STEP, NAMING_TOLERANCE
+from types import SimpleNamespace
+
+from inf_mllm_ros.engine.naming import naming_shares, said_words, text_words
+from inf_mllm_ros.engine.retriever import NAMES_QUESTION, NAMING_STEP, NAMING_TOLERANCE, Retriever
 from inf_mllm_ros.testing.recall_facts import KINDS, facts, filler, told_again
 
 
@@ -50,3 +53,33 @@ def test_words_most_messages_hold_count_little_and_only_the_best_messages_words_
     assert naming_shares(words("mail"), [frozenset(), frozenset()], best=[0]) == [0.0, 0.0]
     assert naming_shares(frozenset(), blocks, best=[0]) == [0.0] * 4
     assert words("What is on Pallet 44, checked?") == {"pallet", "44", "checked"}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_only_a_value_told_again_since_leaves_the_older_out(seed):
+    told = facts(seed, 12, kinds=KINDS[seed % len(KINDS):] + KINDS[: seed % len(KINDS)])
+    again = [told_again(f, seed) for f in told]
+    for style in range(len(told[0].mentions)):
+        mentions = [f.mentions[style] for f in told]
+        other = filler("chat", seed)[:100]
+        for asked, retold in zip(told, again):
+            # In stream order: the facts, prose and mentions, the asked fact told again, a mention after it.
+            texts = [f.message for f in told] + other + mentions + [retold.message, asked.mentions[style]]
+            best = [i for i, t in enumerate(texts) if any(t in (f.message, f.mentions[style]) for f in told)]
+            shares = naming_shares(words(asked.question), [words(t) for t in texts], best)
+            names = dict(enumerate(shares))
+            blocks = [SimpleNamespace(message=i, first_seq=10 * i) for i in range(len(texts))]
+            said = {i: said_words(t) for i, t in enumerate(texts)}
+            top = max(shares)
+            naming = [b for b in blocks if top >= NAMES_QUESTION and names[b.message] >= top - NAMING_TOLERANCE]
+            question = words(asked.question)
+            # The asked subject's messages: its fact, its mention in the list, its new value, its last mention.
+            mine = {told.index(asked), len(told) + len(other) + told.index(asked), len(texts) - 2, len(texts) - 1}
+            outdated = Retriever.restated_since(naming, names, said, question)
+            assert outdated & mine == {told.index(asked)}, (asked.message, style, outdated)
+            # Without the new value, nothing of the subject's is left out: the mentions name it in other words.
+            # (Messages of other subjects that differ in their subject and value alone may leave one another out:
+            # the question asks for neither.)
+            kept = Retriever.restated_since([b for b in naming if texts[b.message] != retold.message], names, said,
+                                            question)
+            assert not kept & mine, (asked.message, style, kept)

@@ -40,6 +40,17 @@ def said_words(text: str) -> frozenset[str]:
     return text_words(TIME_MARKER.sub(" ", text))
 
 
+def restated(older: frozenset[str], newer: frozenset[str], question: frozenset[str], changed: int) -> bool:
+    """Whether a newer message (what it says, `said_words`) tells an older one again with what a question (its
+    words) asks changed: at most `changed` words of each that the other lacks, none of them the question's (a
+    value, not the subject: "the door code of the server room is 1519" and "... is 2895", not "... of the mail
+    room is 2895"), and at least as many words in common as either has of its own (not a mention such as
+    "checked on the door code of the server room, nothing changed")."""
+    gone, new = older - newer, newer - older
+    return (bool(gone or new) and max(len(gone), len(new)) <= min(changed, len(older & newer))
+            and not (gone | new) & question)
+
+
 def text_words(text: str) -> frozenset[str]:
     """A text's words that can name something, whatever their case ("Pallet" and "pallet" alike), without
     function words, spaces and punctuation: words, not tokens, as a tokenizer cuts "Pallet 44" and " pallet 44"

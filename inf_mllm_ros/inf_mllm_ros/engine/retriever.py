@@ -6,8 +6,9 @@ model's retrieval heads, less the reference question's scores (engine/retrieval_
 cache no longer holds are placed after the cache's own, re-rotated to sit there, the best nearest the question,
 and nearer still the messages that name what the question names (engine/naming.py), the newest of those alike
 last, with copies of the blocks the cache holds that name it as much and are newer or score as high: the model
-answers from the nearest of several facts of the same form, so the asked fact goes nearer than its siblings and
-a value told again since nearer than the old one. The same scores give an answer's evidence (engine/evidence.py)
+answers from the nearest of several facts of the same form, so the asked fact goes nearer than its siblings; a
+message told again since with what the question asks changed (a value, in the same words) is left out, as the
+model gives the old value too when both are there. The same scores give an answer's evidence (engine/evidence.py)
 and a recall's moments. Design and measurements: docs/archive.md.
 """
 
@@ -22,7 +23,7 @@ import torch
 from torch import Tensor
 
 from .evidence import Evidence, ranked
-from .naming import naming_shares, said_words, text_words
+from .naming import naming_shares, restated, said_words, text_words
 from .retrieval_index import RetrievalIndex, middle_layers
 from .rotary import shift_rotary
 
@@ -46,6 +47,11 @@ NAMING_TOLERANCE = 0.3
 # Shares this close are taken as equal when the messages nearest the question are ordered: then the newest is
 # nearest (a value told again in the same words names the question exactly as much as the old one).
 NAMING_STEP = 0.05
+# A message that names the question as much as a newer one (within NAMING_STEP) and says what it says but for at
+# most this many words each (engine/naming.py, `restated`: a value of one or two words) was told again since with
+# something changed: it is left out, as the small model answers a value told twice with the older one too, even
+# where the newer is placed nearer the question (docs/archive.md).
+RESTATED_WORDS = 2
 # The best candidates by score: the question's words that their messages hold are those that count in what a message
 # names (about two budgets' worth).
 NAMING_BEST = 16
@@ -127,15 +133,17 @@ class Retriever:
         if candidates and budget > 0:
             best = [candidates[i] for i in torch.argsort(scores[: len(candidates)], descending=True)[:NAMING_BEST]]
             names = self.naming(words, texts, best)
-            out.placed = self._arrange(candidates, in_cache, scores, names, {m: t[1] for m, t in texts.items()}, budget)
+            out.placed = self._arrange(candidates, in_cache, scores, names, {m: t[1] for m, t in texts.items()}, words,
+                                        budget)
             if out.placed:
                 self._place(out.placed)
         return out
 
     def _arrange(self, candidates: list, in_cache: list, scores: Tensor, names: dict[int, float],
-                 said: dict[int, frozenset], budget: int) -> list:
+                 said: dict[int, frozenset], words: frozenset[str], budget: int) -> list:
         """The blocks to place, in placing order, up to `budget` tokens (`scores`: every block's, candidates first,
-        then `in_cache`'s; `names`: each message's share of what the question names; `said`: what each says). The
+        then `in_cache`'s; `names`: each message's share of what the question names; `said`: what each says;
+        `words`: the question's). A message told again since with what the question asks changed is left out. The
         candidates are chosen on their scores, one of each thing said again, and placed best nearest the question;
         nearer still the chosen messages that name what the
         question names most, and copies of the blocks the cache holds that name it as much and are newer, or that
@@ -160,9 +168,29 @@ class Retriever:
         chosen = self._choose(candidates, scores[:count], said, budget - used)
         if not chosen:
             return []
+        outdated = self.restated_since([b for b in chosen + in_cache if names_most(b)], names, said, words)
+        chosen = [b for b in chosen if b.message not in outdated]
+        copies = [b for b in copies if b.message not in outdated]
         return (best_last([b for b in chosen if not names_most(b)])
                 + sorted([b for b in chosen if names_most(b)] + copies,
                          key=lambda b: (round(names.get(b.message, 0.0) / NAMING_STEP), b.first_seq)))
+
+    @staticmethod
+    def restated_since(blocks: list, names: dict[int, float], said: dict[int, frozenset],
+                       question: frozenset[str]) -> set[int]:
+        """The messages of `blocks` that a newer one among them tells again with what the question asks changed,
+        naming the question as much (`names`: each message's share of what the question (its `question` words)
+        names; `said`: what each says)."""
+        newest_first = sorted({b.message: b.first_seq for b in blocks}.items(), key=lambda m: -m[1])
+        outdated = set()
+        for i, (older, _) in enumerate(newest_first):
+            for newer, _ in newest_first[:i]:
+                alike = round(names.get(older, 0.0) / NAMING_STEP) == round(names.get(newer, 0.0) / NAMING_STEP)
+                if alike and restated(said.get(older, frozenset()), said.get(newer, frozenset()), question,
+                                      RESTATED_WORDS):
+                    outdated.add(older)
+                    break
+        return outdated
 
     def message_texts(self, blocks: list[ArchivedBlock]) -> dict[int, tuple[frozenset[str], frozenset[str]]]:
         """Each message's words and what it says (engine/naming.py), its pieces among `blocks` taken together;
