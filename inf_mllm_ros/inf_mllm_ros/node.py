@@ -32,6 +32,7 @@ from typing import Callable
 
 import rclpy
 from rcl_interfaces.msg import SetParametersResult
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.exceptions import ParameterException
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
@@ -110,7 +111,8 @@ class InfMLLMNode(LifecycleNode):
                     return SetParametersResult(successful=False, reason=str(exc))
         for p in params:
             if p.name == "frame_rate":
-                self.inputs.frame_gate.rate = p.value
+                with self.counters.lock:  # the gate judges frames under it, on the image topics' threads
+                    self.inputs.frame_gate.rate = p.value
             elif p.name == "description_period" and self.active:
                 self._set_timer("description", p.value)
             elif p.name == "stats_period" and self.health.stats_open:
@@ -130,7 +132,9 @@ class InfMLLMNode(LifecycleNode):
             self.inputs.description_error = None  # a failure is news only while descriptions run
         if period > 0.0:
             callback = {"description": self.inputs.on_description_timer, "stats": self.health.publish_stats}[name]
-            self._periodic[name] = self.create_timer(period, callback)
+            # A group each, as each input has (node_inputs.py, `subscribe`): the description's is the reports'.
+            group = self.inputs.reports_group if name == "description" else MutuallyExclusiveCallbackGroup()
+            self._periodic[name] = self.create_timer(period, callback, callback_group=group)
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     def _transition(self, result: TransitionCallbackReturn, success: str, failure: str) -> TransitionCallbackReturn:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import math
 import queue
+import threading
 from concurrent.futures import Future
 from typing import Callable
 
 from builtin_interfaces.msg import Time
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import String
@@ -67,7 +69,10 @@ class Inputs:
             "text_done": self._handle_text_done,
             "described": self.handle_described,
         }
-        self._wake = node.create_guard_condition(self._drain_outbox)
+        # The engine's reports and the periodic description share a group: they read and write what was described.
+        self.reports_group = MutuallyExclusiveCallbackGroup()
+        self._wake = node.create_guard_condition(self._drain_outbox, callback_group=self.reports_group)
+        self._clock_lock = threading.Lock()  # the first input, on whichever thread, starts the memory's clock
         self.poses = PoseInput(node, node.param("pose_topic"), node.param("pose_frame"), node.param("pose_tolerance"),
                                self.refuse_pose)
 
@@ -83,15 +88,23 @@ class Inputs:
         self._description_pub = None
 
     def subscribe(self) -> None:
+        # Each input has a callback group of its own. Under the multi-threaded executor, two inputs of one mutually
+        # exclusive group that are ready together make the one that loses wake the executor again and again: under
+        # a flood of texts beside a camera, its thread spun a whole core for seconds (sampled per thread), and the
+        # model, short of the GIL, took almost nothing meanwhile. Alone in its group, an input is waited on only
+        # when its last callback has ended, so its messages still go in one at a time and in order.
         node = self.node
         self.subscriptions = [
             node.create_subscription(Image, "image", lambda m: self._offer_frame(m, image_msg_to_rgb, "image"),
-                                     IMAGE_QOS),
+                                     IMAGE_QOS, callback_group=MutuallyExclusiveCallbackGroup()),
             node.create_subscription(CompressedImage, "image/compressed",
-                                     lambda m: self._offer_frame(m, self._decode_compressed, "compressed"), IMAGE_QOS),
-            node.create_subscription(String, "text", self._on_text, TEXT_QOS),
+                                     lambda m: self._offer_frame(m, self._decode_compressed, "compressed"), IMAGE_QOS,
+                                     callback_group=MutuallyExclusiveCallbackGroup()),
+            node.create_subscription(String, "text", self._on_text, TEXT_QOS,
+                                     callback_group=MutuallyExclusiveCallbackGroup()),
             # What the robot must not forget (a task, a code, a rule): kept ahead of what attention chooses.
-            node.create_subscription(String, "text/pinned", lambda m: self._on_text(m, pin=True), TEXT_QOS),
+            node.create_subscription(String, "text/pinned", lambda m: self._on_text(m, pin=True), TEXT_QOS,
+                                     callback_group=MutuallyExclusiveCallbackGroup()),
         ]
         self.poses.start()
 
@@ -177,10 +190,11 @@ class Inputs:
 
     def _stream_time(self, stamp) -> float:
         """Seconds since the first input (of the memory, across restarts); a zero stamp means now."""
-        seconds = self.stream_clock(stamp, self.node.get_clock().now().nanoseconds)
-        engine = self.node.engine
-        if engine.time_origin is None:  # the first input: the memory keeps its clock from now on
-            engine.time_origin = self.stream_clock.origin
+        with self._clock_lock:
+            seconds = self.stream_clock(stamp, self.node.get_clock().now().nanoseconds)
+            engine = self.node.engine
+            if engine.time_origin is None:  # the first input: the memory keeps its clock from now on
+                engine.time_origin = self.stream_clock.origin
         return seconds
 
     def ros_time(self, stream_time: float | None) -> Time:

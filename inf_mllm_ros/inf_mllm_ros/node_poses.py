@@ -15,6 +15,7 @@ from typing import Callable
 from geometry_msgs.msg import Point, PoseStamped, PoseWithCovarianceStamped, Quaternion
 from geometry_msgs.msg import Pose as PoseMsg
 from nav_msgs.msg import Odometry
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from inf_mllm_interfaces.msg import Evidence as EvidenceMsg
@@ -72,8 +73,10 @@ class PoseInput:
                                  + ", ".join(POSE_TYPES))
             return False
         msgtype = known[0]
+        # A group of its own, as each input has (node_inputs.py, `subscribe`): odometry comes at tens of Hz.
         self._subscription = self._node.create_subscription(POSE_TYPES[msgtype], name,
-                                                            lambda msg: self._on_pose(msg, msgtype), POSE_QOS)
+                                                            lambda msg: self._on_pose(msg, msgtype), POSE_QOS,
+                                                            callback_group=MutuallyExclusiveCallbackGroup())
         if self._timer is not None:
             self._node.destroy_timer(self._timer)
             self._timer = None
