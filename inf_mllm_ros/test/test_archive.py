@@ -343,9 +343,10 @@ def test_a_model_whose_retrieval_heads_cannot_be_found_scores_on_the_middle_laye
 @pytest.mark.parametrize("seed", range(3))
 def test_the_statements_that_name_the_question_go_nearest_it_the_newest_last(adapters, monkeypatch, seed):
     """Of blocks that score alike, the ones that name what the question names (its rarer words) are placed
-    nearest the question, in stream order: a value told again since (held by the cache, copied) comes last, the
-    old value before it, a sibling of the same form further back. (Scores are set here, the statements' blocks
-    best in a random order and the held ones below every archived one, as a tiny model's scores mean nothing.)"""
+    nearest the question, in stream order: a value told again since (held by the cache, copied) comes last, a
+    sibling of the same form further back, and the old value not at all (told again since, it is left out: the
+    model gives the old value too when both are there). (Scores are set here, the statements' blocks best in a
+    random order and the held ones below every archived one, as a tiny model's scores mean nothing.)"""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     colours = rng.permutation(["red", "blue", "green", "white"])[:2]
@@ -381,5 +382,5 @@ def test_the_statements_that_name_the_question_go_nearest_it_the_newest_last(ada
         if not quoted or quoted[-1] != text:
             quoted.append(text)
     assert str(new) in quoted[-1], quoted
-    assert str(old) in quoted[-2], quoted
-    assert all(str(other) not in q for q in quoted[-2:]), quoted
+    assert all(str(old) not in q for q in quoted), quoted
+    assert any(str(other) in q for q in quoted[:-1]), quoted
