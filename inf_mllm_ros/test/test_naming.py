@@ -1,7 +1,8 @@
 """What a question names (engine/naming.py): on the recall generator's facts of every kind (tuning seeds), the
 asked fact's message and the same fact told again name the question most, its siblings of the same form less, by
 more than the retriever's tolerance; frames name nothing. Of the messages that name a question, a fact told again
-with a new value since is left out, never the subject's mentions nor the fact without a newer value."""
+with a new value since is left out, never the subject's mentions nor the fact without a newer value; a subject
+named again is left out where its fact holds news, never a fact or a value."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from types import SimpleNamespace
 
 from inf_mllm_ros.engine.naming import naming_shares, said_words, text_words
-from inf_mllm_ros.engine.retriever import NAMES_QUESTION, NAMING_STEP, NAMING_TOLERANCE, Retriever
+from inf_mllm_ros.engine.retriever import NAMES_QUESTION, NAMING_STEP, NAMING_TOLERANCE, NEWS_MESSAGES, Retriever
 from inf_mllm_ros.testing.recall_facts import KINDS, facts, filler, told_again
 
 
@@ -83,3 +84,32 @@ def test_only_a_value_told_again_since_leaves_the_older_out(seed):
             kept = Retriever.restated_since([b for b in naming if texts[b.message] != retold.message], names, said,
                                             question)
             assert not kept & mine, (asked.message, style, kept)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_of_the_messages_that_name_a_question_those_that_only_name_its_subject_again_are_not_placed(seed):
+    """Subjects named again (every mention style, a style a stream) tell nothing beyond the question that other
+    mentions do not tell too: left out where the asked fact, or the fact and its new value, name the question as
+    well; never a fact or a value, however often the subjects come up, and nothing where no message holds news."""
+    told = facts(seed, 12, kinds=KINDS[seed % len(KINDS):] + KINDS[: seed % len(KINDS)])
+    again = [told_again(f, seed) for f in told]
+    for style in range(len(told[0].mentions)):
+        for asked, retold in list(zip(told, again))[style::3]:  # four subjects a style, of four kinds
+            for mentions, with_facts, with_new in [(2, True, False), (3, True, False), (6, True, True),
+                                                   (5, False, False)]:
+                texts = (filler("operations", seed)[:60] + ([f.message for f in told] if with_facts else [])
+                         + [f.mentions[style] for f in told] * mentions + ([retold.message] if with_new else []))
+                question = words(asked.question)
+                best = [i for i, t in enumerate(texts) if asked.subject in t or t == asked.message]
+                shares = naming_shares(question, [words(t) for t in texts], best)
+                top = max(shares)
+                naming = [SimpleNamespace(message=i) for i, s in enumerate(shares)
+                          if top >= NAMES_QUESTION and s >= top - NAMING_TOLERANCE]
+                said = {i: said_words(t) for i, t in enumerate(texts)}
+                silent = {texts[m] for m in Retriever.telling_nothing(naming, said, question)}
+                case = (asked.message, style, mentions, with_facts, with_new, silent)
+                assert not silent & ({f.message for f in told} | {retold.message}), case
+                if not with_facts:
+                    assert not silent, case
+                elif mentions > NEWS_MESSAGES:
+                    assert asked.mentions[style] in silent, case

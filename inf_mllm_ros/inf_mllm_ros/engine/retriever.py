@@ -8,14 +8,16 @@ and nearer still the messages that name what the question names (engine/naming.p
 last, with copies of the blocks the cache holds that name it as much and are newer or score as high: the model
 answers from the nearest of several facts of the same form, so the asked fact goes nearer than its siblings; a
 message told again since with what the question asks changed (a value, in the same words) is left out, as the
-model gives the old value too when both are there. The same scores give an answer's evidence (engine/evidence.py)
-and a recall's moments. Design and measurements: docs/archive.md.
+model gives the old value too when both are there, and so is a message that only names the subject again (a
+mention) where another holds its value, as the model answers with the mention's words. The same scores give an
+answer's evidence (engine/evidence.py) and a recall's moments. Design and measurements: docs/archive.md.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
@@ -52,6 +54,10 @@ NAMING_STEP = 0.05
 # something changed: it is left out, as the small model answers a value told twice with the older one too, even
 # where the newer is placed nearer the question (docs/archive.md).
 RESTATED_WORDS = 2
+# Of the messages that name the question, a word beyond the question's own that at most this many of them hold is
+# news (a value, told once and maybe told again); one with no news only names the subject again: where another
+# holds news, it is not placed (placed, the small model answered with the mention, word for word).
+NEWS_MESSAGES = 2
 # The best candidates by score: the question's words that their messages hold are those that count in what a message
 # names (about two budgets' worth).
 NAMING_BEST = 16
@@ -143,12 +149,13 @@ class Retriever:
                  said: dict[int, frozenset], words: frozenset[str], budget: int) -> list:
         """The blocks to place, in placing order, up to `budget` tokens (`scores`: every block's, candidates first,
         then `in_cache`'s; `names`: each message's share of what the question names; `said`: what each says;
-        `words`: the question's). A message told again since with what the question asks changed is left out. The
-        candidates are chosen on their scores, one of each thing said again, and placed best nearest the question;
-        nearer still the chosen messages that name what the
-        question names most, and copies of the blocks the cache holds that name it as much and are newer, or that
-        score about as well as the best candidate (a value told again since, a light that changed): these by how
-        much they name it, the most nearest, and of those that name it alike the newest nearest."""
+        `words`: the question's). A message told again since with what the question asks changed is left out, and
+        one that only names the subject again where another holds news (`telling_nothing`). The candidates are
+        chosen on their scores, one of each thing said again, and placed best nearest the question; nearer still
+        the chosen messages that name what the question names most, and copies of the blocks the cache holds that
+        name it as much and are newer, or that score about as well as the best candidate (a value told again since,
+        a light that changed): these by how much they name it, the most nearest, and of those that name it alike
+        the newest nearest."""
         count = len(candidates)
         top = max(names.get(b.message, 0.0) for b in candidates)
 
@@ -169,11 +176,22 @@ class Retriever:
         if not chosen:
             return []
         outdated = self.restated_since([b for b in chosen + in_cache if names_most(b)], names, said, words)
-        chosen = [b for b in chosen if b.message not in outdated]
-        copies = [b for b in copies if b.message not in outdated]
+        silent = self.telling_nothing([b for b in candidates + in_cache if names_most(b)], said, words)
+        chosen = [b for b in chosen if b.message not in outdated | silent]
+        copies = [b for b in copies if b.message not in outdated | silent]
         return (best_last([b for b in chosen if not names_most(b)])
                 + sorted([b for b in chosen if names_most(b)] + copies,
                          key=lambda b: (round(names.get(b.message, 0.0) / NAMING_STEP), b.first_seq)))
+
+    @staticmethod
+    def telling_nothing(blocks: list, said: dict[int, frozenset], question: frozenset[str]) -> set[int]:
+        """The messages of `blocks` (those that name the question) that say nothing beyond the question's words
+        (`question`) that more than NEWS_MESSAGES of them do not say too (`said`: what each says), where another of
+        them does: the subject named again ("the tag on pallet 93 came up in the morning meeting"), not its value."""
+        messages = {b.message: said.get(b.message, frozenset()) - question for b in blocks}
+        held = Counter(w for words in messages.values() for w in words)
+        telling = {m for m, words in messages.items() if any(held[w] <= NEWS_MESSAGES for w in words)}
+        return set(messages) - telling if telling else set()
 
     @staticmethod
     def restated_since(blocks: list, names: dict[int, float], said: dict[int, frozenset],
