@@ -340,6 +340,26 @@ def test_a_model_whose_retrieval_heads_cannot_be_found_scores_on_the_middle_laye
     assert retrieval_heads_module.retrieval_heads(Model(), lambda **settings: None) is None  # retrieval then scores on the middle half
 
 
+def placed_messages(stream: KVStream, question: str) -> list[str]:
+    """The messages placed before `question` when it is asked, in placing order, each once."""
+    placed = []
+    splice = stream.cache.splice
+
+    def recording(keys, values, start, end, seq, frame):
+        placed.extend(seq.tolist())
+        splice(keys, values, start, end, seq, frame)
+
+    stream.cache.splice = recording
+    stream.ask(question, max_new_tokens=2)
+    quoted = []
+    for s in placed:
+        block = next(b for b in stream.archive.blocks if b.first_seq <= s < b.seq_end)
+        text = stream.retriever.quote(block)
+        if not quoted or quoted[-1] != text:
+            quoted.append(text)
+    return quoted
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_the_statements_that_name_the_question_go_nearest_it_the_newest_last(adapters, monkeypatch, seed):
     """Of blocks that score alike, the ones that name what the question names (its rarer words) are placed
@@ -365,22 +385,38 @@ def test_the_statements_that_name_the_question_go_nearest_it_the_newest_last(ada
         return torch.where(held, -100.0, torch.where(told, 50.0, 0.0) + torch.rand(len(scored)))
 
     monkeypatch.setattr(RetrievalIndex, "scores", scores)
-    placed = []
-    splice = stream.cache.splice
-
-    def recording(keys, values, start, end, seq, frame):
-        placed.extend(seq.tolist())
-        splice(keys, values, start, end, seq, frame)
-
-    stream.cache.splice = recording
-    stream.ask(f"What is the code of the {colours[0]} locker?", max_new_tokens=2)
-    blocks = {b.index: b for b in stream.archive.blocks}
-    quoted = []  # the placed messages in order, each once
-    for s in placed:
-        block = next(b for b in blocks.values() if b.first_seq <= s < b.seq_end)
-        text = stream.retriever.quote(block)
-        if not quoted or quoted[-1] != text:
-            quoted.append(text)
+    quoted = placed_messages(stream, f"What is the code of the {colours[0]} locker?")
     assert str(new) in quoted[-1], quoted
     assert all(str(old) not in q for q in quoted), quoted
     assert any(str(other) in q for q in quoted[:-1]), quoted
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_subject_named_again_is_not_placed_where_its_fact_is(adapters, monkeypatch, seed):
+    """Of the messages that name the question, those that only name its subject again (a mention, said over and
+    over) are not placed where the fact is there to place: the model answered with the mention word for word.
+    Where no message holds the value, a mention is placed as before. (Scores set as above: the subject's messages
+    best, in a random order.)"""
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    colour = str(rng.choice(["red", "blue", "green", "white"]))
+    code = int(rng.integers(1000, 10000))
+    fact, mention = (f"The code of the {colour} locker is {code}.",
+                     f"The code of the {colour} locker came up in the morning meeting.")
+    stream = KVStream(adapters["llama"], StreamConfig(capacity=48, chunk_size=16, archive_size=4096,
+                                                      retrieve_tokens=96, archive_block=16))
+    filler = [sentence(i) for i in range(int(rng.integers(10, 14)))]
+    at = sorted(rng.choice(range(1, len(filler)), 4, replace=False))
+    texts = [fact] + [mention if i in at else text for i, text in enumerate(filler)]
+
+    def scores(index, question, scored):
+        told = torch.tensor(["locker" in stream.retriever.quote(b) for b in scored])
+        return torch.where(told, 50.0, 0.0) + torch.rand(len(scored))
+
+    monkeypatch.setattr(RetrievalIndex, "scores", scores)
+    for with_fact in (True, False):
+        stream = KVStream(adapters["llama"], stream.config)
+        for i, text in enumerate(texts if with_fact else texts[1:]):
+            stream.push_text(text, stamp=float(i))
+        placed = placed_messages(stream, f"What is the code of the {colour} locker?")
+        assert (any(fact in p for p in placed), any(mention in p for p in placed)) == (with_fact, not with_fact), placed
