@@ -175,8 +175,11 @@ class Retriever:
         chosen = self._choose(candidates, scores[:count], said, budget - used)
         if not chosen:
             return []
-        outdated = self.restated_since([b for b in chosen + in_cache if names_most(b)], names, said, words)
         silent = self.telling_nothing([b for b in candidates + in_cache if names_most(b)], said, words)
+        # A message without news tells no value again (a short mention, "the code of the red locker came up
+        # again", differs from its fact in two words as a new value does).
+        outdated = self.restated_since([b for b in chosen + in_cache if names_most(b) and b.message not in silent],
+                                       names, said, words)
         chosen = [b for b in chosen if b.message not in outdated | silent]
         copies = [b for b in copies if b.message not in outdated | silent]
         return (best_last([b for b in chosen if not names_most(b)])
