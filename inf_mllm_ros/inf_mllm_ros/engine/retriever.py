@@ -188,9 +188,10 @@ class Retriever:
 
     @staticmethod
     def telling_nothing(blocks: list, said: dict[int, frozenset], question: frozenset[str]) -> set[int]:
-        """The messages of `blocks` (those that name the question) that say nothing beyond the question's words
-        (`question`) that more than NEWS_MESSAGES of them do not say too (`said`: what each says), where another of
-        them does: the subject named again ("the tag on pallet 93 came up in the morning meeting"), not its value."""
+        """The messages of `blocks` (those that name the question) without news: each of their words beyond the
+        question's (`question`) is said by more than NEWS_MESSAGES of them (`said`: what each says). Empty unless
+        another holds news. Such a message names the subject again ("the tag on pallet 93 came up in the morning
+        meeting"), not its value."""
         messages = {b.message: said.get(b.message, frozenset()) - question for b in blocks}
         held = Counter(w for words in messages.values() for w in words)
         telling = {m for m, words in messages.items() if any(held[w] <= NEWS_MESSAGES for w in words)}
