@@ -180,8 +180,9 @@ class Retriever:
         # again", differs from its fact in two words as a new value does).
         outdated = self.restated_since([b for b in chosen + in_cache if names_most(b) and b.message not in silent],
                                        names, said, words)
-        chosen = [b for b in chosen if b.message not in outdated | silent]
-        copies = [b for b in copies if b.message not in outdated | silent]
+        left_out = outdated | silent
+        chosen = [b for b in chosen if b.message not in left_out]
+        copies = [b for b in copies if b.message not in left_out]
         return (best_last([b for b in chosen if not names_most(b)])
                 + sorted([b for b in chosen if names_most(b)] + copies,
                          key=lambda b: (round(names.get(b.message, 0.0) / NAMING_STEP), b.first_seq)))
