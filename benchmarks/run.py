@@ -40,6 +40,7 @@ BENCHMARKS = {
     "scoring_bench": "retrieval-window scoring, blocked PyTorch against Triton",
     "soak": "the installed node for an hour under a camera, texts and questions over DDS",
     "node_flood": "the installed node under a flood of texts and frames over DDS, from the first message",
+    "executor_flood": "rclpy's multi-threaded executor against the node's under a flood over DDS",
     "demo_bag": "the demo's answers over the shipped sample bag, with the demo's parameters, as a record",
     "where_when": "a patrol robot's reports asked about later: what, when (time) and where (evidence's pose)",
     "summarize": "markdown tables of the recorded results",

@@ -34,13 +34,14 @@ import rclpy
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.exceptions import ParameterException
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.logging import get_logger
 from rclpy.signals import SignalHandlerOptions
 
 from .engine.engine import EngineNotReadyError, StreamingEngine
 from .engine_interface import EngineLike
+from .executor import OnceQueuedExecutor
 from .input_rules import StreamClock
 from .node_health import Health, NodeCounters
 from .node_inputs import Inputs
@@ -303,7 +304,7 @@ class InfMLLMNode(LifecycleNode):
         return True
 
 
-def shut_down(node: InfMLLMNode, executor: MultiThreadedExecutor, grace: float = 5.0) -> None:
+def shut_down(node: InfMLLMNode, executor: OnceQueuedExecutor, grace: float = 5.0) -> None:
     """Stop the model, then keep serving until every caller still waiting has its response.
 
     Requests that arrive meanwhile are answered at once with "node is shutting down".
@@ -343,7 +344,7 @@ def main(args=None) -> int:
     node = executor = None
     try:
         node = InfMLLMNode()
-        executor = MultiThreadedExecutor(num_threads=node.executor_threads)
+        executor = OnceQueuedExecutor(num_threads=node.executor_threads)
         executor.add_node(node)
         if node.get_parameter("autostart").value:
             threading.Thread(target=autostart, args=(node, stop, failed), name="inf_mllm_autostart",

@@ -8,8 +8,10 @@ from typing import Callable
 
 import rclpy
 from rcl_interfaces.srv import SetParameters
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException
 from rclpy.parameter import Parameter
+
+from inf_mllm_ros.executor import OnceQueuedExecutor
 
 
 class RosProbe:
@@ -19,7 +21,7 @@ class RosProbe:
         self.context = rclpy.Context()
         rclpy.init(context=self.context)
         self.node = rclpy.create_node(name, context=self.context)
-        self.executor = MultiThreadedExecutor(num_threads=4, context=self.context)
+        self.executor = OnceQueuedExecutor(num_threads=4, context=self.context)
         self.executor.add_node(self.node)
         self.alive = alive
         self._closed = False

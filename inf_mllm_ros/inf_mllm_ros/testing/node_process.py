@@ -144,13 +144,15 @@ class Driver:
 
     def __init__(self, domain_id: int, namespace: str = NAMESPACE, name: str = "soak_driver"):
         import rclpy
-        from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+        from rclpy.executors import ExternalShutdownException
         from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
         from sensor_msgs.msg import Image
         from std_msgs.msg import String
 
         from inf_mllm_interfaces.msg import CacheStats
         from inf_mllm_interfaces.srv import Query
+
+        from ..executor import OnceQueuedExecutor
 
         self._rclpy, self._Image, self._String, self._Query = rclpy, Image, String, Query
         self.context = rclpy.Context()
@@ -166,7 +168,7 @@ class Driver:
         self.stats_at = None
         self._lock = threading.Lock()
         self.node.create_subscription(CacheStats, f"{namespace}/{NODE_NAME}/cache_stats", self._on_stats, reliable)
-        self.executor = MultiThreadedExecutor(num_threads=2, context=self.context)
+        self.executor = OnceQueuedExecutor(num_threads=2, context=self.context)
         self.executor.add_node(self.node)
 
         def spin():
