@@ -33,9 +33,9 @@ class OnceQueuedExecutor(Executor):
     """`num_threads` threads run the callbacks; the thread that calls `spin_once` only waits and hands them out."""
 
     def __init__(self, num_threads: int, *, context=None):
+        super().__init__(context=context)
         if num_threads < 1:
             raise ValueError(f"num_threads must be at least 1, got {num_threads}")
-        super().__init__(context=context)
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="ros_callbacks")
         self._queued: dict[object, threading.Event] = {}  # handed to the pool, not finished: set once started
         self._queued_lock = threading.Lock()

@@ -69,6 +69,7 @@ def test_an_exception_in_a_callback_reaches_the_spinning_thread(ros_node):
             executor.spin_once(timeout_sec=0.05)
 
 
-def test_a_thread_count_below_one_is_refused():
+def test_a_thread_count_below_one_is_refused(ros_node):
+    node, _ = ros_node
     with pytest.raises(ValueError, match="at least 1"):
-        OnceQueuedExecutor(0)
+        OnceQueuedExecutor(0, context=node.context)
