@@ -93,13 +93,12 @@ def run_flood(executor_kind: str, *, seconds: float = 5.0, topics: int = 3, rate
     model_thread.start()
     publisher = subprocess.Popen([sys.executable, "-c", PUBLISHER, str(topics), str(rate_hz), str(seconds)],
                                  stdout=subprocess.PIPE, text=True)
-    turns, cpu, started = 0, 0.0, None
+    turns, cpu = 0, 0.0
     try:
         while publisher.poll() is None or (last[0] is not None and time.monotonic() - last[0] < 0.5):
             before = time.thread_time()
             executor.spin_once(timeout_sec=0.1)
             if first[0] is not None:  # from the first message on
-                started = started or time.monotonic()
                 turns += 1
                 cpu += time.thread_time() - before
     finally:
