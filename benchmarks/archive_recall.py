@@ -322,8 +322,9 @@ def perplexity(args) -> None:
 
 def summary(args) -> None:
     """Recall per setting, policy, cache and distance, with and without the archive, as a Markdown table; each
-    cell with its 95 % interval (Wilson)."""
-    rows = json.loads((RESULTS / args.out).read_text())
+    cell with its 95 % interval (Wilson). Several files (runs of one retrieval split by distance or cache) make
+    one table."""
+    rows = [r for name in args.out for r in json.loads((RESULTS / name).read_text())]
     groups: dict[tuple, dict] = {}
     for r in rows:
         key = (r["facts_at_once"], r["mention"], r["policy"], r["cache"] if r["policy"] != "full" else "-",
@@ -335,7 +336,8 @@ def summary(args) -> None:
     print("| Facts at once | Subject named again | Told again | Policy | Cache | Archive | "
           + " | ".join(f"{d / 1000:g}K back" for d in distances) + " |")
     print("|---|---|---|---|---|---|" + "---:|" * len(distances))
-    for key in sorted(groups, key=lambda k: (k[4], k[0], not k[1], k[2] != "full", k[2], str(k[3]))):
+    for key in sorted(groups, key=lambda k: (k[4], k[0], not k[1], k[2] != "full", k[2],
+                                              k[3] if k[3] != "-" else 0)):
         for archive in (True, False):
             cells = [groups[key].get((d, archive)) for d in distances]
             if not any(cells):
@@ -389,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     ppl.add_argument("--cache", type=int, default=512)
     ppl.add_argument("--model", default="qwen2.5-0.5b")
     ppl.add_argument("--threads", type=int, default=2)
-    sub.add_parser("summary").add_argument("--out", default="archive_recall_report.json")
+    sub.add_parser("summary").add_argument("--out", nargs="+", default=["archive_recall_report.json"])
     args = ap.parse_args(argv)
     {"recall": recall, "latency": latency, "perplexity": perplexity, "summary": summary}[args.command](args)
 
