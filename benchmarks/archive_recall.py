@@ -12,7 +12,8 @@ Data sets, one to choose defaults on and the others to report on (never tuned on
 messages, the fact's subject named again in every third message (`--mention`) or never; at each distance
 (tokens since the last fact) every fact is asked, with the archive's retrieval and without it (the same
 stream: an answer not kept leaves the memory as it was), on the shipped settings unless told. The full
-cache is the ceiling. Rows are written after every stream; a run that is stopped resumes where it was.
+cache is the ceiling. Rows are written after every stream; a run that is stopped resumes where it was. Runs
+over other trials may share one file (`--first-trial T --trials N --threads 1` each, one per core).
 
 `perplexity`: one text through two streams, the archive on and off: perplexity per 4K tokens, and the
 largest difference of their logits (the archive copies what goes in and changes nothing of it).
@@ -29,10 +30,13 @@ a small archive is full. On a GPU: `--device cuda --dtype bfloat16 --out archive
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import random
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 from common import RESULTS, machine, peak_rss_bytes, read_text, synchronize, tile_archive, wilson
 
@@ -164,6 +168,21 @@ def run_stream(adapter, paras, args, policy: str, cache: int, trial: int) -> lis
     return rows
 
 
+def load_rows(out: Path) -> list[dict]:
+    return json.loads(out.read_text()) if out.exists() else []
+
+
+def add_rows(out: Path, rows: list[dict]) -> None:
+    """Add one stream's rows to the file under a lock, so that runs over other trials (`--first-trial`) can
+    share it: on a CPU, two runs of one thread each take more streams an hour than one run of two threads."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(Path(tempfile.gettempdir()) / f"archive_recall-{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        written = out.with_name(out.name + ".part")
+        written.write_text(json.dumps(load_rows(out) + rows, indent=0) + "\n")
+        written.replace(out)
+
+
 def recall(args) -> None:
     import torch
 
@@ -171,9 +190,8 @@ def recall(args) -> None:
 
     torch.set_num_threads(args.threads)
     out = RESULTS / args.out
-    rows = json.loads(out.read_text()) if out.exists() else []
     done = {(r["set"], r["facts_at_once"], r["mention"], r["policy"], r["cache"], r["trial"], r["retrieve_tokens"],
-             r["archive_block"]) for r in rows if r.get("told_again", 0) == args.told_again}
+             r["archive_block"]) for r in load_rows(out) if r.get("told_again", 0) == args.told_again}
     adapter = load_model(args.model, device="cpu", dtype="float32")
     paras = paragraphs(args.set) if not args.set.startswith("wide") else []
     for trial in range(args.first_trial, args.first_trial + args.trials):
@@ -185,9 +203,7 @@ def recall(args) -> None:
                        and (args.retrieve_tokens is None or d[6] == args.retrieve_tokens)
                        and (args.archive_block is None or d[7] == args.archive_block) for d in done):
                     continue
-                rows += run_stream(adapter, paras, args, policy, cache, trial)
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps(rows, indent=0) + "\n")
+                add_rows(out, run_stream(adapter, paras, args, policy, cache, trial))
                 if policy == "full":
                     break
 
