@@ -137,11 +137,21 @@ def ready_stats(probe) -> CacheStats:
     return probe.stats.wait(lambda m: m.model_ready, timeout=180, what="model_ready in cache_stats")
 
 
+def stamped_after(msg, moment: float) -> bool:
+    return msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9 > moment
+
+
+def stats_since(probe, moment: float, predicate=lambda m: True, timeout: float = 30.0,
+                what: str = "cache_stats") -> CacheStats:
+    """A cache_stats stamped after `moment` that matches: the probe keeps every report since it subscribed, and
+    one from before an action can look like its outcome (an empty memory before anything was told)."""
+    return probe.stats.wait(lambda m: stamped_after(m, moment) and predicate(m), timeout=timeout,
+                            what=f"{what}, stamped after the action")
+
+
 def fresh_stats(probe) -> CacheStats:
     """The first cache_stats stamped after this call: what the node reports once earlier work is done."""
-    now = time.time()
-    return probe.stats.wait(lambda m: m.header.stamp.sec + m.header.stamp.nanosec * 1e-9 > now, timeout=30,
-                            what="cache_stats stamped after the call")
+    return stats_since(probe, time.time())
 
 
 def publish_until_matched(probe, publisher, msg) -> None:
@@ -459,9 +469,11 @@ def test_description_is_latched_for_late_joiners(probe):
 
 def test_reset_clears_the_memory(probe):
     ready_stats(probe)
+    asked = time.time()
     response = probe.call(probe.reset, Trigger.Request(), timeout=120)
     assert response.success, response.message
-    stats = probe.stats.wait(lambda m: m.fill == 0 and m.texts_ingested == 0, timeout=20, what="an empty memory")
+    stats = stats_since(probe, asked, lambda m: m.fill == 0 and m.texts_ingested == 0, timeout=20,
+                        what="an empty memory")
     assert stats.tokens_seen == 0
 
 
@@ -470,8 +482,9 @@ def test_a_pinned_text_outlasts_a_flood_of_texts(probe):
     # still held in every layer and head. (The small test model cannot be relied on to read it back after the
     # flood; test_recall shows the 0.5B model does.)
     ready_stats(probe)
+    asked = time.time()
     assert probe.call(probe.reset, Trigger.Request(), timeout=120).success
-    probe.stats.wait(lambda m: m.fill == 0 and m.texts_ingested == 0, timeout=20, what="an empty memory")
+    stats_since(probe, asked, lambda m: m.fill == 0 and m.texts_ingested == 0, timeout=20, what="an empty memory")
     pinned = probe.node.create_publisher(String, f"{NAMESPACE}/text/pinned", RELIABLE)
     try:
         publish_until_matched(probe, pinned, String(data=FACT))
@@ -586,7 +599,7 @@ def test_under_a_text_flood_frames_go_in_at_the_frame_rate(probe):
     # taken or refused, none waiting.
     report = lambda m: [{kv.key: kv.value for kv in s.values} for s in m.status if s.name == f"{FQN}: memory"]  # noqa: E731
     values = report(probe.diagnostics.wait(
-        lambda m: m.header.stamp.sec + m.header.stamp.nanosec * 1e-9 > flood_ended
+        lambda m: stamped_after(m, flood_ended)
         and any(v["texts_waiting"] == "0" and int(v["tokens_seen"]) > 0 for v in report(m)), timeout=60,
         what="a health report after the flood"))[0]
     waited = float(values["longest_text_wait_s"])
@@ -785,9 +798,10 @@ def test_the_lifecycle_keeps_the_memory_through_deactivate_and_cleanup(tmp_path)
         # Cleanup frees the model; configure and activate bring the same memory back.
         assert change_state(probe, lifecycle, Transition.TRANSITION_CLEANUP)
         assert "not configured" in ask(probe, PROBE).message
+        reactivated = time.time()
         assert change_state(probe, lifecycle, Transition.TRANSITION_CONFIGURE)
         assert change_state(probe, lifecycle, Transition.TRANSITION_ACTIVATE)
-        stats = probe.stats.wait(lambda m: m.model_ready, timeout=30, what="active again")
+        stats = stats_since(probe, reactivated, lambda m: m.model_ready, what="active again")
         assert stats.texts_ingested == told.texts_ingested and stats.tokens_seen == told.tokens_seen
         assert ask(probe, PROBE, max_new_tokens=16).answer == before.answer
     finally:
