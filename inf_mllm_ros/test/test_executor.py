@@ -19,13 +19,16 @@ def test_under_a_flood_each_callback_goes_to_the_threads_once():
     that wants the GIL as the model's does: more work than one process can do, so callbacks wait for the threads.
 
     rclpy's MultiThreadedExecutor hands a waiting callback out again on every turn (ros2/rclpy#1452): measured the
-    same way it took 9 to 23 turns a callback and spent a fifth to all of the callbacks' own CPU time spinning
-    (benchmarks/executor_flood.py, results/executor_flood.json)."""
-    result = run_flood("once_queued", seconds=4.0)
-    print(result)
-    assert result["handled"] >= 0.2 * result["published"], result  # the flood reached the callbacks
-    assert result["turns"] <= 2 * result["handled"], result
-    assert result["spin_cpu_s"] <= 0.1 * result["handled"] * result["callback_s"], result
+    same way it took 5 to 23 turns a callback and spent a fifth to all of the callbacks' own CPU time spinning
+    (benchmarks/executor_flood.py, results/executor_flood.json), 2.6 to 5 times what this executor spent a callback
+    in the same run. A turn's CPU time differs by 4x between days on one machine, so the spinning thread's CPU is
+    judged against rclpy's in the same run (the bound leaves room for rclpy's spread from run to run); the turns,
+    which do not depend on the machine, are counted."""
+    ours, theirs = run_flood("once_queued", seconds=4.0), run_flood("rclpy", seconds=4.0)
+    print(ours, theirs, sep="\n")
+    assert ours["handled"] >= 0.2 * ours["published"], ours  # the flood reached the callbacks
+    assert ours["turns"] <= 2 * ours["handled"], ours
+    assert ours["spin_cpu_s"] / ours["handled"] <= 2 / 3 * theirs["spin_cpu_s"] / theirs["handled"], (ours, theirs)
 
 
 @pytest.fixture

@@ -79,7 +79,7 @@ def flood_figures(reference: dict, flood: dict) -> dict:
     """What a run shows: frames in each 5-s window after the first, texts a second, the question's wait, beside the
     reference."""
     elapsed, frames, texts = flood["series"][-1]
-    return {"frames_per_window": frames_per_window(flood["series"]), "frames": frames,
+    return {"frames_per_window": [n for _, n in frames_per_window(flood["series"])], "frames": frames,
             "texts_per_s": texts / elapsed, "question_answered_s": flood["answered_s"],
             "reference_texts_per_s": reference["texts_per_s"], "reference_frames_per_s": reference["frames_per_s"],
             "reference_answer_s": reference["answer_s"]}
@@ -132,9 +132,9 @@ def node_under_flood(model: str, tmp_path: Path, domain_id: int | None = None) -
         node.stop(60)
 
 
-def frames_per_window(series: list[tuple]) -> list[int]:
-    """Frames taken in each whole 5-s window of the flood after the first."""
+def frames_per_window(series: list[tuple], window_s: float = WINDOW_S) -> list[tuple[float, int]]:
+    """Frames taken in each whole window of `window_s` after the flood's first 5 s: (its start, the count)."""
     def frames_at(t):
         return max(f for elapsed, f, _ in series if elapsed <= t)
-    return [frames_at(start + WINDOW_S) - frames_at(start)
-            for start in range(int(WINDOW_S), int(FLOOD_S - WINDOW_S) + 1, int(WINDOW_S))]
+    starts = [WINDOW_S + i * window_s for i in range(int((FLOOD_S - WINDOW_S) // window_s))]
+    return [(start, frames_at(start + window_s) - frames_at(start)) for start in starts]
