@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, machine, peak_rss_bytes, read_text, synchronize, tile_archive, wilson
+from common import RESULTS, machine, peak_rss_bytes, read_text, synchronize, tile_archive, trial_interval, wilson
 
 DISTANCES = (1000, 2000, 4000, 8000, 16000)
 COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple"]
@@ -336,29 +336,49 @@ def perplexity(args) -> None:
             (RESULTS / "archive_perplexity.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
+def cell_text(per_trial: dict[int, list[int]]) -> str:
+    """Hits of questions with the Wilson interval; where a trial asks several questions (several facts at once),
+    also the interval over trials, which is the one to read when misses cluster in trials."""
+    hits, n = (sum(t[i] for t in per_trial.values()) for i in (0, 1))
+    low, high = wilson(hits, n)
+    text = f"{hits}/{n} ({low:.0%}-{high:.0%}"
+    if n > len(per_trial) > 1:
+        low, high = trial_interval([tuple(t) for t in per_trial.values()])
+        text += f"; trials {low:.0%}-{high:.0%}"
+    return text + ")"
+
+
 def summary(args) -> None:
     """Recall per setting, policy, cache and distance, with and without the archive, as a Markdown table; each
-    cell with its 95 % interval (Wilson). Several files (runs of one retrieval split by distance or cache) make
-    one table."""
+    cell with its 95 % interval (Wilson, and over trials where a trial asks several questions). The last column
+    pools every distance: one trial's facts are asked at each distance, so only the interval over trials holds
+    there. Several files (runs of one retrieval split by distance or cache) make one table."""
     rows = [r for name in args.out for r in json.loads((RESULTS / name).read_text())]
     groups: dict[tuple, dict] = {}
     for r in rows:
         key = (r["facts_at_once"], r["mention"], r["policy"], r["cache"] if r["policy"] != "full" else "-",
                r.get("told_again", 0))
-        cell = groups.setdefault(key, {}).setdefault((r["distance"], r["archive"]), [0, 0])
-        cell[0] += r["recalled"]
-        cell[1] += 1
+        cell = groups.setdefault(key, {}).setdefault((r["distance"], r["archive"]), {})
+        trial = cell.setdefault(r["trial"], [0, 0])
+        trial[0] += r["recalled"]
+        trial[1] += 1
     distances = sorted({r["distance"] for r in rows})
     print("| Facts at once | Subject named again | Told again | Policy | Cache | Archive | "
-          + " | ".join(f"{d / 1000:g}K back" for d in distances) + " |")
-    print("|---|---|---|---|---|---|" + "---:|" * len(distances))
+          + " | ".join(f"{d / 1000:g}K back" for d in distances) + " | All |")
+    print("|---|---|---|---|---|---|" + "---:|" * (len(distances) + 1))
     for key in sorted(groups, key=lambda k: (k[4], k[0], not k[1], k[2] != "full", k[2],
                                               k[3] if k[3] != "-" else 0)):
         for archive in (True, False):
             cells = [groups[key].get((d, archive)) for d in distances]
             if not any(cells):
                 continue
-            text = [f"{c[0]}/{c[1]} ({wilson(*c)[0]:.0%}-{wilson(*c)[1]:.0%})" if c else "" for c in cells]
+            pooled: dict[int, list[int]] = {}
+            for c in filter(None, cells):
+                for trial, (hits, n) in c.items():
+                    pooled.setdefault(trial, [0, 0])
+                    pooled[trial][0] += hits
+                    pooled[trial][1] += n
+            text = [cell_text(c) if c else "" for c in cells] + [cell_text(pooled)]
             label = "-" if key[2] == "full" else ("on" if archive else "off")
             again = f"{key[4]} tokens later" if key[4] else "no"
             print(f"| {key[0]} | {'yes' if key[1] else 'no'} | {again} | {key[2]} | {key[3]} | {label} | "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import re
 import resource
 import subprocess
@@ -90,6 +91,20 @@ def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def trial_interval(per_trial: list[tuple[int, int]], resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """The 95 % interval of a rate whose questions come in trials, (hits, questions) per trial, resampling trials
+    rather than questions (a percentile bootstrap). Twelve facts asked of one stream are not twelve independent
+    draws: a sibling confused once is confused at every distance. Where misses cluster in trials this interval is
+    wider than Wilson's over the questions; where they do not, the two agree."""
+    rng = random.Random(seed)
+    rates = []
+    for _ in range(resamples):
+        drawn = [per_trial[rng.randrange(len(per_trial))] for _ in per_trial]
+        rates.append(sum(h for h, _ in drawn) / sum(n for _, n in drawn))
+    rates.sort()
+    return rates[int(0.025 * resamples)], rates[int(0.975 * resamples) - 1]
 
 
 def add_matrix_options(parser, *, out: str, setting: str) -> None:
