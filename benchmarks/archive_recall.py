@@ -383,6 +383,29 @@ def summary(args) -> None:
             again = f"{key[4]} tokens later" if key[4] else "no"
             print(f"| {key[0]} | {'yes' if key[1] else 'no'} | {again} | {key[2]} | {key[3]} | {label} | "
                   + " | ".join(text) + " |")
+    if args.misses_by:
+        misses_by(rows, args.misses_by)
+
+
+def misses_by(rows: list[dict], field: str) -> None:
+    """Questions missed with the archive (or by the full cache), by the kind of value or the filler's genre, for
+    each setting and for the near (4K back and less) and far distances apart."""
+    counts: dict[tuple, dict[str, list[int]]] = {}
+    for r in rows:
+        if not r["archive"]:
+            continue
+        key = (r["facts_at_once"], "yes" if r["mention"] else "no", r["policy"],
+               r["cache"] if r["policy"] != "full" else "-", "1K-4K" if r["distance"] <= 4000 else "over 4K")
+        cell = counts.setdefault(key, {}).setdefault(str(r.get(field)), [0, 0])
+        cell[0] += not r["recalled"]
+        cell[1] += 1
+    values = sorted({v for c in counts.values() for v in c})
+    print(f"\nMissed, by {field}\n")
+    print("| Facts at once | Subject named again | Policy | Cache | Back | " + " | ".join(values) + " |")
+    print("|---|---|---|---|---|" + "---:|" * len(values))
+    for key in sorted(counts, key=str):
+        cells = [f"{counts[key][v][0]}/{counts[key][v][1]}" if v in counts[key] else "" for v in values]
+        print("| " + " | ".join(map(str, key)) + " | " + " | ".join(cells) + " |")
 
 
 def _rss() -> int:
@@ -427,7 +450,9 @@ def main(argv: list[str] | None = None) -> None:
     ppl.add_argument("--cache", type=int, default=512)
     ppl.add_argument("--model", default="qwen2.5-0.5b")
     ppl.add_argument("--threads", type=int, default=2)
-    sub.add_parser("summary").add_argument("--out", nargs="+", default=["archive_recall_report.json"])
+    summ = sub.add_parser("summary")
+    summ.add_argument("--out", nargs="+", default=["archive_recall_report.json"])
+    summ.add_argument("--misses-by", choices=("kind", "genre"), help="also a table of the misses by this")
     args = ap.parse_args(argv)
     {"recall": recall, "latency": latency, "perplexity": perplexity, "summary": summary}[args.command](args)
 

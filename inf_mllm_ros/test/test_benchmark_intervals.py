@@ -4,6 +4,9 @@ trials that holds where one trial's questions are not independent (its facts ask
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 
 from conftest import REPO_ROOT
 
@@ -37,3 +40,18 @@ def test_misses_spread_evenly_over_trials_give_an_interval_over_trials_within_wi
 def test_the_interval_over_trials_is_the_same_for_the_same_seed():
     trials = [(i % 5, 4) for i in range(20)]
     assert common.trial_interval(trials, seed=7) == common.trial_interval(trials, seed=7)
+
+
+def test_the_recall_summary_pools_the_recorded_distances_and_counts_the_misses_by_kind():
+    # The recorded twelve-at-once runs at cache 512 (docs/archive.md): 1K-4K and 8K-16K files make one row.
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "archive_recall.py"), "summary",
+                           "--misses-by", "kind", "--out", "archive_recall_wide_twelve.json",
+                           "archive_recall_wide_twelve_16k.json"],
+                          capture_output=True, text=True, timeout=120, env=os.environ | {"BENCHMARK_RESULTS": ""})
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| 12 | yes | no | inf_mllm | 512 | on"))
+    cells = [c.strip() for c in row.strip("| ").split("|")][6:]
+    assert [c.split(" ")[0] for c in cells] == ["200/240", "198/240", "216/240", "218/240", "224/240", "1056/1200"]
+    assert "; trials " in cells[-1]
+    misses = next(line for line in done.stdout.splitlines() if line.startswith("| 12 | yes | inf_mllm | 512 | over 4K"))
+    assert misses.split(" | ")[5:] == ["0/96", "19/96", "0/96", "16/96", "3/96 |"]
