@@ -97,7 +97,7 @@ def trial_interval(per_trial: list[tuple[int, int]], resamples: int = 4000, seed
     """The 95 % interval of a rate whose questions come in trials, (hits, questions) per trial, resampling trials
     rather than questions (a percentile bootstrap). Twelve facts asked of one stream are not twelve independent
     draws: a sibling confused once is confused at every distance. Where misses cluster in trials this interval is
-    wider than Wilson's over the questions; where they do not, the two agree."""
+    wider than Wilson's over the questions; where they do not, it is as narrow as Wilson's or narrower."""
     rng = random.Random(seed)
     rates = []
     for _ in range(resamples):
