@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -99,13 +99,18 @@ CLOCKS = ("stream", "wall")
 
 @dataclass(frozen=True)
 class MarkerClock:
-    """How an input's time reads to the model. "stream": seconds since the memory's first input, as h:mm:ss.s;
-    "wall": the time of day of its stamp in `time_zone`, as hh:mm:ss (`origin`: the stamp, in seconds since the
-    epoch, of stream time 0; without it, stream time)."""
+    """How an input's time reads to the model. "stream": time since the memory's first input, as h:mm:ss.s, after
+    "day N," from its second day on (its first, day 0, goes unsaid); "wall": the time of day of its stamp in `time_zone`, as hh:mm:ss, after its
+    date ("8 May 2023") (`origin`: the stamp, in seconds since the epoch, of stream time 0; without it, stream time).
+
+    The day is said where it differs from the previous input's (`previous`: that input's stamp; None: the memory's
+    first input): a memory that runs for days says which day each input came on, and a day of inputs pays for its
+    date once. A block retrieved out of its day gets its date placed before it (engine/retriever.py)."""
 
     kind: str = "stream"
     time_zone: str = "UTC"
     origin: float | None = None
+    previous: float | None = None
 
     def __post_init__(self):
         if self.kind not in CLOCKS:
@@ -113,12 +118,37 @@ class MarkerClock:
         zone_info(self.time_zone)
 
     def __call__(self, stamp: float) -> str:
-        if self.kind == "wall" and self.origin is not None:
-            moment = datetime.fromtimestamp(self.origin + stamp, zone_info(self.time_zone))
-            return moment.strftime("%H:%M:%S")
-        minutes, seconds = divmod(max(stamp, 0.0), 60.0)
+        day, said = self.day(stamp), self.time_of_day(stamp)
+        before = self.day(self.previous) if self.previous is not None else self.day(0.0) if not self._wall else None
+        if day == before:
+            return said
+        return f"{day} {said}" if self._wall else f"{day}, {said}"
+
+    def after(self, stamp: float | None) -> "MarkerClock":
+        """This clock for the input after one stamped `stamp` (None: unstamped, the day in force stays)."""
+        return self if stamp is None else replace(self, previous=float(stamp))
+
+    def day(self, stamp: float) -> str:
+        """The day of a stamp as a marker says it: "8 May 2023" (wall), "day 2" (stream: days since its start; the
+        first, day 0, goes unsaid until another day has been)."""
+        if self._wall:
+            moment = self._moment(stamp)
+            return f"{moment.day} {moment:%B %Y}"
+        return f"day {int(max(stamp, 0.0) // 86400)}"
+
+    def time_of_day(self, stamp: float) -> str:
+        if self._wall:
+            return self._moment(stamp).strftime("%H:%M:%S")
+        minutes, seconds = divmod(max(stamp, 0.0) % 86400, 60.0)
         hours, minutes = divmod(int(minutes), 60)
         return f"{hours}:{minutes:02d}:{seconds:04.1f}"
+
+    @property
+    def _wall(self) -> bool:
+        return self.kind == "wall" and self.origin is not None
+
+    def _moment(self, stamp: float) -> datetime:
+        return datetime.fromtimestamp(self.origin + stamp, zone_info(self.time_zone))
 
 
 @functools.lru_cache(maxsize=None)

@@ -31,8 +31,9 @@ down out off than then there here and or but if so as also too very just only
 """.split())
 
 
-# A time marker the model reads beside an input (engine/chat.py: "[0:00:31.0]", "[08:00:31]").
-TIME_MARKER = re.compile(r"\[\d+:\d\d:\d\d(?:\.\d+)?\]")
+# A time marker the model reads beside an input, with the day where it says one (engine/chat.py: "[0:00:31.0]",
+# "[day 2, 0:00:31.0]", "[08:00:31]", "[8 May 2023 08:00:31]").
+TIME_MARKER = re.compile(r"\[(?:day \d+, |\d{1,2} [A-Z][a-z]+ \d{4} )?\d+:\d\d:\d\d(?:\.\d+)?\]")
 
 
 def said_words(text: str) -> frozenset[str]:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .adapters import ModelAdapter
     from .archive import ArchivedBlock, KVArchive
     from .cache import BoundedKVCache
+    from .chat import MarkerClock
 
 # Scores the archive's blocks alongside each question, so that the blocks any question is drawn to give way
 # to those the question points to (engine/archive.py).
@@ -79,6 +80,16 @@ class QueryProbe(Protocol):
     def content_queries(self, ids: Tensor, content: slice) -> tuple[Tensor, Tensor]:
         """Every layer's queries of the question's own words, asked of the cache as it is, and their positions."""
 
+    @property
+    def marker_clock(self) -> MarkerClock:
+        """How the memory's markers say a time, and the day of its newest input (`previous`)."""
+
+    def turn_tokens(self, text: str) -> int:
+        """How many tokens `text` takes as a user turn."""
+
+    def place_turn(self, text: str) -> None:
+        """Put `text` as a user turn after the cache's own, for one answer (taken away with the placed blocks)."""
+
 
 @dataclass
 class Retrieval:
@@ -114,10 +125,11 @@ class Retriever:
     def reference_question(self) -> tuple[Tensor, slice]:
         return self.probe.question_ids(self.adapter.chat.question_parts(REFERENCE_QUESTION))
 
-    def retrieve(self, ids: Tensor, content: slice, budget: int, evidence: int) -> Retrieval:
+    def retrieve(self, ids: Tensor, content: slice, budget: int, evidence: int, spare: int = 0) -> Retrieval:
         """Place the archived blocks that the question (`ids`, its own words at `content`) scores best, up to
         `budget` tokens, after the cache's own (the caller truncates the cache back afterwards); and its `evidence`
-        best inputs, held by the cache or not."""
+        best inputs, held by the cache or not. `spare`: tokens beyond the budget for the days said before blocks
+        retrieved out of their day (`_place`)."""
         archive = self.archive
         if not archive.enabled or not archive.blocks or (budget <= 0 and evidence <= 0):
             return Retrieval()
@@ -142,7 +154,7 @@ class Retriever:
             out.placed = self._arrange(candidates, in_cache, scores, names, {m: t[1] for m, t in texts.items()}, words,
                                         budget)
             if out.placed:
-                self._place(out.placed)
+                self._place(out.placed, spare)
         return out
 
     def _arrange(self, candidates: list, in_cache: list, scores: Tensor, names: dict[int, float],
@@ -326,8 +338,33 @@ class Retriever:
             self.archive.build_index(heads, self.probe.content_queries(*self.reference_question), queries.device)
         return self.archive.index
 
-    def _place(self, chosen: list) -> None:
+    def _place(self, chosen: list, spare: int = 0) -> None:
+        """Splice archived blocks after the cache's, in the order given, each re-rotated to sit there; before a
+        block of another day than the one in force there (the newest input's, then the block before's), its day
+        as a user turn of its own ("[8 May 2023]"), while `spare` tokens hold them: its marker said its day only
+        where the input before it was of another day, so placed elsewhere it would read as the day around it."""
+        clock = self.probe.marker_clock
+        in_force = clock.day(clock.previous) if clock.previous is not None else None
+        group: list = []
+        for block in chosen:
+            day = None if block.stamp is None else clock.day(block.stamp)
+            if day is not None and day != in_force and in_force is not None:
+                header = f"[{day}]"
+                cost = self.probe.turn_tokens(header)
+                if cost <= spare:
+                    self._splice(group)
+                    group = []
+                    self.probe.place_turn(header)
+                    spare -= cost
+            if day is not None:
+                in_force = day
+            group.append(block)
+        self._splice(group)
+
+    def _splice(self, chosen: list) -> None:
         """Splice archived blocks after the cache's, in the order given, each re-rotated to sit there."""
+        if not chosen:
+            return
         archive = self.archive
         parts, base = [], self.cache.next_position
         for block in chosen:

@@ -139,13 +139,14 @@ class KVStream:
         self.frames_ingested = 0
         self.texts_ingested = 0
         self.newest_frame_stamp: float | None = None
+        self.newest_stamp: float | None = None  # the last stamped input's: the day its marker said
         self._started = False
 
     def clock_state(self) -> dict:
         """The stream's clock and counters (saved with the memory; see memory_file)."""
         return {"tokens_seen": self.tokens_seen, "frames_ingested": self.frames_ingested,
                 "texts_ingested": self.texts_ingested, "newest_frame_stamp": self.newest_frame_stamp,
-                "started": self._started, "time_origin": self.time_origin}
+                "started": self._started, "time_origin": self.time_origin, "newest_stamp": self.newest_stamp}
 
     def restore_clock(self, state: dict) -> None:
         self.tokens_seen = int(state["tokens_seen"])
@@ -156,11 +157,13 @@ class KVStream:
         self._started = bool(state["started"])
         origin = state["time_origin"]
         self.time_origin = None if origin is None else float(origin)
+        newest = state.get("newest_stamp")  # absent from the memory files of earlier versions
+        self.newest_stamp = None if newest is None else float(newest)
 
     @property
     def marker_clock(self) -> MarkerClock:
-        """How inputs' times read to the model now (the wall clock needs `time_origin`)."""
-        return MarkerClock(self.config.clock, self.config.time_zone, self.time_origin)
+        """How the next input's time reads to the model (the wall clock needs `time_origin`)."""
+        return MarkerClock(self.config.clock, self.config.time_zone, self.time_origin, self.newest_stamp)
 
     def set_policy_knob(self, name: str, value) -> None:
         """Change one of the policy's live settings (from the next eviction); ValueError if it cannot."""
@@ -212,13 +215,15 @@ class KVStream:
         for _, stamp, _, _ in items:
             check_stamp(stamp, "text")
         self._ensure_started()
-        clock = self.marker_clock
-        turns = [self.adapter.tokenize_turn(self.adapter.chat.user_parts(stamped(text, stamp, clock)))
-                 for text, stamp, _, _ in items]
+        clock, turns = self.marker_clock, []
+        for text, stamp, _, _ in items:
+            turns.append(self.adapter.tokenize_turn(self.adapter.chat.user_parts(stamped(text, stamp, clock))))
+            clock = clock.after(stamp)
         pinned = torch.cat([torch.full((len(t),), pin) for t, (_, _, pin, _) in zip(turns, items)])
         self._push(self.adapter.text_prompt(torch.cat(turns)), pinned=pinned if bool(pinned.any()) else False,
                    stoppable=True, turns=[(len(t), stamp, pose) for t, (_, stamp, _, pose) in zip(turns, items)])
         self.texts_ingested += len(items)
+        self.newest_stamp = clock.previous
         return [int(t.numel()) for t in turns]
 
     def push_frame(self, rgb: np.ndarray, stamp: float | None = None, *, pose: Pose | None = None) -> int:
@@ -229,7 +234,7 @@ class KVStream:
         n = self._push(prompt, turns=[(len(prompt), stamp, pose)])
         self.frames_ingested += 1
         if stamp is not None:
-            self.newest_frame_stamp = stamp
+            self.newest_frame_stamp = self.newest_stamp = stamp
         return n
 
     def push_tokens(self, token_ids: Tensor | list[int], *, return_logits: bool = False) -> Tensor | None:
@@ -428,6 +433,16 @@ class KVStream:
         queries = torch.stack([captured[i][:, content] for i in range(len(self.cache.layers))])
         return queries, torch.arange(frontier, frontier + ids.numel())[content]  # text: as _forward placed them
 
+    def turn_tokens(self, text: str) -> int:
+        """How many tokens `text` takes as a user turn."""
+        return len(self.adapter.tokenize_turn(self.adapter.chat.user_parts(text)))
+
+    def place_turn(self, text: str) -> None:
+        """Put `text` as a user turn after the cache's own, in the headroom, unkept: for one answer (the caller
+        truncates the cache back afterwards, as for the blocks the retriever places)."""
+        ids = self.adapter.tokenize_turn(self.adapter.chat.user_parts(text))
+        self._forward(self.adapter.text_prompt(ids), self.cache.next_position, evict=False, pack=False, observe=False)
+
     @functools.cached_property
     def _closing(self) -> Tensor | None:
         """The template's end of an assistant turn, which closes a kept answer (tokenized once, when needed)."""
@@ -506,8 +521,9 @@ class KVStream:
         snapshot = (self.cache.fill, self.cache.frontiers(), self.tokens_seen)
         try:
             if retrieve is not None:
-                retrieval = self.retriever.retrieve(ids, retrieve, min(self.config.retrieve_tokens, room - max_new),
-                                                    self.config.evidence)
+                budget = min(self.config.retrieve_tokens, room - max_new)
+                retrieval = self.retriever.retrieve(ids, retrieve, budget, self.config.evidence,
+                                                    spare=room - max_new - budget)
             logits = self._forward(self.adapter.text_prompt(ids), self.cache.next_position, evict=False,
                                    pack=False, observe=False)
             tokens = self._generate(logits, max_new, turn, keep=False)

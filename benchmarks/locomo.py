@@ -1,0 +1,418 @@
+"""LoCoMo: long conversations written by others, streamed into the memory turn by turn and asked at the end.
+
+LoCoMo (Maharana et al., ACL 2024; public repository snap-research/locomo) holds conversations between two people
+over months, with questions whose answers and evidence turns are annotated. The data is read from a folder
+(`--data`, default `../shared/data/locomo` beside the checkout); it is never copied into the project. Conversations
+26 and 41 are the tuning set, 42, 43 and 44 the report set (declared in the report results file before its first
+run, with the commit and the settings; a report run whose misses lead to a change makes that conversation tuning
+data).
+
+Each turn goes in as a text, "Speaker: words" (a shared photo as its caption), stamped at its session's date and
+time (turns of a session 30 s apart, in order) on the wall clock (`clock: wall`, UTC), in batches of a few turns as
+the node takes texts that wait. At the end, each question of categories 1 (multi-hop), 2 (temporal), 4 (single-hop)
+and 5 (adversarial: the right answer is that it was never said) is asked with the shipped prompt and settings, and
+not kept in memory. Scored as LoCoMo scores:
+
+- token F1 of the answer against the gold answer (normalised: lower case, no punctuation or articles; no
+  stemming); multi-hop: the mean over the gold's comma-separated parts of the best F1 against the answer's parts;
+  adversarial: 1 where the answer says it was not mentioned (`said_not_mentioned`), else 0;
+- evidence hit@5: an annotated evidence turn among the answer's five heaviest evidence entries;
+- temporal: whether the answer names the gold date (day and month; month and year where the gold is a month; the
+  year where it is a year).
+
+Settings side by side in one run: `archive` (as shipped), `no_archive` (the cache alone), `streaming_archive`
+(StreamingLLM with the archive), `full` (a cache that holds the whole conversation: the ceiling) and `bm25`
+(BM25 over the turns, `bm25s`, the question as its query: evidence hit@5 only, no answer). Intervals: a percentile
+bootstrap over questions.
+
+    python benchmarks/run.py locomo --set tuning                        # conversations 26 and 41
+    python benchmarks/run.py locomo --set report --resume               # 42-44, going on where a run stopped
+    python benchmarks/run.py locomo --set tuning --per-category 10      # a quick look: 10 questions a category
+    python benchmarks/run.py locomo --summary --out locomo_report.json  # the table of the recorded runs
+
+Results: results/locomo_<set>.json, {"declared": {...}, "records": [...], "summary": {...}}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import statistics
+import string
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from common import RESULTS, ROOT, machine
+
+DATA = ROOT.parent / "shared" / "data" / "locomo"
+SETS = {"tuning": ["26", "41"], "report": ["42", "43", "44"]}
+CATEGORIES = {1: "multi-hop", 2: "temporal", 4: "single-hop", 5: "adversarial"}
+# A cache that holds the longest conversation here whole (about 26K tokens with the markers): the ceiling.
+FULL_CACHE = 30000
+SETTINGS = {
+    "archive": {},
+    "no_archive": {"archive_size": 0},
+    "streaming_archive": {"policy": "streaming_llm"},
+    "full": {"cache_size": FULL_CACHE, "archive_size": 65536},
+    "bm25": None,  # retrieval only: no stream
+}
+TURN_SPACING_S = 30.0
+EVIDENCE_K = 5
+MONTHS = {name.lower(): i for i, name in enumerate(
+    ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+     "December"], 1)}
+MONTHS |= {name[:3]: i for name, i in list(MONTHS.items())} | {"sept": 9}
+# An answer says the thing was never said (category 5) where it holds one of these (LoCoMo's own check is the first
+# two; the others are how this model says it).
+NOT_MENTIONED = ("not mentioned", "no information", "not mention", "no mention", "not say", "not said",
+                 "not stated", "not specified", "not provided", "don't know", "do not know", "unknown",
+                 "not known", "no record", "not in the memory", "no details")
+
+# The options of a short run on the small models (run.py --smoke).
+SMOKE = ["--model", "smollm2", "--conversations", "26", "--sessions", "2", "--per-category", "1",
+         "--settings", "archive,bm25", "--caches", "128", "--max-new-tokens", "8"]
+
+
+# --- the data ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Turn:
+    dia_id: str
+    text: str
+    stamp: float  # seconds since the conversation's first session
+
+
+@dataclass(frozen=True)
+class Question:
+    index: int
+    category: int
+    question: str
+    gold: str
+    evidence: tuple[str, ...]
+
+
+def session_time(text: str) -> datetime:
+    """A session's "1:56 pm on 8 May, 2023" as a time (UTC)."""
+    return datetime.strptime(" ".join(text.split()), "%I:%M %p on %d %B, %Y").replace(tzinfo=timezone.utc)
+
+
+def load_conversation(data: Path, name: str, sessions: int | None = None) -> tuple[list[Turn], list[Question], float]:
+    """The turns of conversation `name` (its first `sessions`), its questions of CATEGORIES, and the epoch seconds
+    of its first session (stream time 0)."""
+    path = data / f"{name}.json"
+    if not path.exists():
+        raise SystemExit(f"LoCoMo conversation {path} not found (pass --data: the folder of its .json files)")
+    conv = json.loads(path.read_text())
+    numbers = sorted(int(m.group(1)) for k in conv if (m := re.fullmatch(r"session_(\d+)", k)))[:sessions]
+    origin = session_time(conv[f"session_{numbers[0]}_date_time"]).timestamp()
+    turns = []
+    for n in numbers:
+        start = session_time(conv[f"session_{n}_date_time"]).timestamp() - origin
+        for i, t in enumerate(conv[f"session_{n}"]):
+            text = f"{t['speaker']}: {t['text']}"
+            if t.get("blip_caption"):
+                text += f" [shares a photo of {t['blip_caption']}]"
+            turns.append(Turn(t["dia_id"], text, start + i * TURN_SPACING_S))
+    said = {t.dia_id for t in turns}
+    questions = []
+    for i, q in enumerate(conv["qa"]):
+        if q["category"] not in CATEGORIES:
+            continue
+        evidence = tuple(e.strip() for e in q.get("evidence", []))
+        if sessions is not None and not any(e in said for e in evidence):
+            continue  # a short smoke run: only what its sessions hold
+        gold = "Not mentioned in the conversation" if q["category"] == 5 else str(q["answer"])
+        questions.append(Question(i, q["category"], q["question"], gold, evidence))
+    return turns, questions, origin
+
+
+def chosen_questions(questions: list[Question], per_category: int | None, seed: int) -> list[Question]:
+    """All questions, or `per_category` of each category drawn with `seed`, in the conversation's order."""
+    if per_category is None:
+        return questions
+    rng = random.Random(seed)
+    out = []
+    for category in CATEGORIES:
+        those = [q for q in questions if q.category == category]
+        out += rng.sample(those, min(per_category, len(those)))
+    return sorted(out, key=lambda q: q.index)
+
+
+# --- scoring (LoCoMo's) -----------------------------------------------------------------------------------------
+def normalized_tokens(text: str) -> list[str]:
+    text = str(text).lower().replace(",", " ")
+    text = "".join(c for c in text if c not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the|and)\b", " ", text)
+    return text.split()
+
+
+def token_f1(prediction: str, gold: str) -> float:
+    p, g = normalized_tokens(prediction), normalized_tokens(gold)
+    common = sum((Counter(p) & Counter(g)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(p), common / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def multi_f1(prediction: str, gold: str) -> float:
+    """Multi-hop: the mean over the gold's comma-separated parts of the best F1 against the answer's parts."""
+    parts = [p.strip() for p in prediction.split(",")]
+    golds = [g.strip() for g in gold.split(",")]
+    return statistics.mean(max(token_f1(p, g) for p in parts) for g in golds)
+
+
+def said_not_mentioned(answer: str) -> bool:
+    low = answer.lower().replace("\u2019", "'")
+    return any(phrase in low for phrase in NOT_MENTIONED)
+
+
+def score(category: int, answer: str, gold: str) -> float:
+    if category == 5:
+        return float(said_not_mentioned(answer))
+    if category == 1:
+        return multi_f1(answer, gold)
+    return token_f1(answer, gold)
+
+
+_DAY = r"(\d{1,2})(?:st|nd|rd|th)?"
+_MONTH = r"(" + "|".join(sorted(MONTHS, key=len, reverse=True)) + r")\.?"
+
+
+def dates_in(text: str) -> set[tuple]:
+    """The dates a text names: ("dm", day, month), ("my", month, year), ("y", year)."""
+    low = str(text).lower()
+    out = set()
+    for m in re.finditer(rf"\b{_DAY}\s+(?:of\s+)?{_MONTH}\b", low):
+        out.add(("dm", int(m.group(1)), MONTHS[m.group(2)]))
+    for m in re.finditer(rf"\b{_MONTH}\s+{_DAY}\b", low):
+        out.add(("dm", int(m.group(2)), MONTHS[m.group(1)]))
+    for m in re.finditer(r"\b(\d{4})-(\d{2})-(\d{2})\b", low):
+        out.add(("dm", int(m.group(3)), int(m.group(2))))
+    for m in re.finditer(rf"\b{_MONTH},?\s+(\d{{4}})\b", low):
+        out.add(("my", MONTHS[m.group(1)], int(m.group(2))))
+    for m in re.finditer(rf"\b{_DAY}\s+(?:of\s+)?{_MONTH},?\s+(\d{{4}})\b", low):
+        out.add(("my", MONTHS[m.group(2)], int(m.group(3))))
+    for m in re.finditer(r"\b(19\d{2}|20\d{2})\b", low):
+        out.add(("y", int(m.group(1))))
+    return out
+
+
+def names_gold_date(answer: str, gold: str) -> bool | None:
+    """Whether the answer names the gold's date: its day and month where the gold has them, else its month and
+    year, else its year; None where the gold names no date ("last week")."""
+    wanted, said = dates_in(gold), dates_in(answer)
+    for kind in ("dm", "my", "y"):
+        of_kind = {d for d in wanted if d[0] == kind}
+        if of_kind:
+            return bool(of_kind & said)
+    return None
+
+
+def bootstrap(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """The 95 % percentile bootstrap interval of a mean over questions."""
+    if not values:
+        return (0.0, 0.0)
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    return means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+
+
+# --- the runs --------------------------------------------------------------------------------------------------
+def bm25_records(conv: str, turns: list[Turn], questions: list[Question]) -> list[dict]:
+    import bm25s
+
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize([t.text for t in turns], stopwords="en", show_progress=False),
+                    show_progress=False)
+    records = []
+    for q in questions:
+        found, _ = retriever.retrieve(bm25s.tokenize([q.question], stopwords="en", show_progress=False),
+                                      k=min(EVIDENCE_K, len(turns)), show_progress=False)
+        top = [turns[int(i)].dia_id for i in found[0]]
+        records.append(base_record(conv, "bm25", 0, q) | {"evidence_ids": top, "hit5": bool(set(top) & set(q.evidence))})
+    return records
+
+
+def base_record(conv: str, setting: str, cache: int, q: Question) -> dict:
+    return {"conversation": conv, "setting": setting, "cache": cache, "index": q.index, "category": q.category,
+            "question": q.question, "gold": q.gold, "evidence": list(q.evidence)}
+
+
+def stream_records(adapter, conv: str, setting: str, cache: int, turns: list[Turn], questions: list[Question],
+                   origin: float, args, done: set, write) -> list[dict]:
+    """One conversation into a fresh stream with one setting, then its questions; `write` gets each record."""
+    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.settings import DEFAULTS, stream_config
+
+    values = dict(DEFAULTS) | {"model": args.model, "cache_size": cache, "clock": "wall", "time_zone": "UTC"}
+    values |= SETTINGS[setting]
+    if args.max_new_tokens:
+        values["max_new_tokens"] = args.max_new_tokens
+    stream = KVStream(adapter, stream_config(values))
+    stream.time_origin = origin
+    started = time.monotonic()
+    for i in range(0, len(turns), args.batch):
+        stream.push_texts([(t.text, t.stamp) for t in turns[i : i + args.batch]])
+    ingest_s = time.monotonic() - started
+    print(f"{conv} {setting} cache {values['cache_size']}: {len(turns)} turns, {stream.tokens_seen} tokens in "
+          f"{ingest_s:.0f} s", flush=True)
+    by_stamp = {round(t.stamp, 3): t.dia_id for t in turns}
+    for q in questions:
+        if q.index in done:
+            continue
+        answer = stream.ask(q.question)
+        ids = [by_stamp.get(round(e.stamp, 3), "?") for e in answer.evidence if e.stamp is not None][:EVIDENCE_K]
+        record = base_record(conv, setting, values["cache_size"], q) | {
+            "answer": answer.text, "f1": round(score(q.category, answer.text, q.gold), 4),
+            "hit5": bool(set(ids) & set(q.evidence)) if answer.evidence else None, "evidence_ids": ids,
+            "names_date": names_gold_date(answer.text, q.gold) if q.category == 2 else None,
+            "ask_s": round(answer.latency, 3), "retrieved_tokens": answer.retrieved_tokens,
+            "tokens_seen": stream.tokens_seen, "ingest_s": round(ingest_s, 1), "model": args.model,
+            "machine": machine()}
+        write(record)
+        print(json.dumps({k: record[k] for k in ("conversation", "setting", "category", "gold", "answer", "f1",
+                                                 "hit5")}), flush=True)
+
+
+# --- the summary -----------------------------------------------------------------------------------------------
+def _mean(values: list[float]) -> dict:
+    low, high = bootstrap(values)
+    return {"mean": round(statistics.mean(values), 3) if values else None, "n": len(values),
+            "interval_95": [round(low, 3), round(high, 3)]}
+
+
+def cell(records: list[dict]) -> dict:
+    out: dict = {}
+    for category, name in [(None, "all")] + list(CATEGORIES.items()):
+        rows = [r for r in records if category is None or r["category"] == category]
+        if not rows:
+            continue
+        figures = {}
+        if "f1" in rows[0]:
+            figures["f1"] = _mean([r["f1"] for r in rows])
+        hits = [float(r["hit5"]) for r in rows if r.get("hit5") is not None and r["category"] != 5]
+        if hits:
+            figures["hit5"] = _mean(hits)
+        if category == 2 and "names_date" in rows[0]:
+            figures["names_date"] = _mean([float(r["names_date"]) for r in rows if r["names_date"] is not None])
+        if category == 5 and "answer" in rows[0]:
+            figures["said_not_mentioned"] = _mean([float(said_not_mentioned(r["answer"])) for r in rows])
+        out[name] = figures
+    asks = [r["ask_s"] for r in records if "ask_s" in r]
+    if asks:
+        out["ask_s_median"] = round(statistics.median(asks), 3)
+    return out
+
+
+def summary(records: list[dict]) -> dict:
+    cells = {}
+    for setting, cache in sorted({(r["setting"], r["cache"]) for r in records}):
+        cells[f"{setting}/{cache}"] = cell([r for r in records if (r["setting"], r["cache"]) == (setting, cache)])
+    return {"conversations": sorted({r["conversation"] for r in records}), "cells": cells}
+
+
+def table(result: dict) -> str:
+    """The summary as a markdown table: F1 and hit@5 per category for each setting."""
+    lines = ["| setting | " + " | ".join(f"{n} F1 | {n} hit@5" for n in ["all", *CATEGORIES.values()])
+             + " | temporal names date | ask s |",
+             "|---" * (2 + 2 * (len(CATEGORIES) + 1) + 1) + "|"]
+
+    def fig(cell, name, what):
+        f = cell.get(name, {}).get(what)
+        return "" if not f or f["mean"] is None else f"{f['mean']:.2f} ({f['interval_95'][0]:.2f}-{f['interval_95'][1]:.2f})"
+
+    for key, c in result["cells"].items():
+        row = [key] + [fig(c, n, w) for n in ["all", *CATEGORIES.values()] for w in ("f1", "hit5")]
+        row += [fig(c, "temporal", "names_date"), str(c.get("ask_s_median", ""))]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, default=DATA, help="the folder of LoCoMo's conversation files")
+    p.add_argument("--set", choices=sorted(SETS), default="tuning")
+    p.add_argument("--conversations", default="", help="conversations separated by commas (default: the set's)")
+    p.add_argument("--settings", default=",".join(SETTINGS))
+    p.add_argument("--caches", type=int, nargs="+", default=[1024, 2048])
+    p.add_argument("--model", default="onevision-qwen2.5-0.5b")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch", type=int, default=4, help="turns pushed in one call")
+    p.add_argument("--per-category", type=int, default=None, help="questions drawn of each category (default all)")
+    p.add_argument("--seed", type=int, default=0, help="the draw of --per-category")
+    p.add_argument("--sessions", type=int, default=None, help="only the first sessions (a smoke run)")
+    p.add_argument("--max-new-tokens", type=int, default=0, help="0: the shipped setting")
+    p.add_argument("--resume", action="store_true", help="keep the recorded answers, run the rest")
+    p.add_argument("--summary", action="store_true", help="only print the summary of the recorded runs")
+    p.add_argument("--out", default="")
+    args = p.parse_args(argv)
+    path = RESULTS / (args.out or f"locomo_{args.set}.json")
+    saved = json.loads(path.read_text()) if path.exists() and (args.resume or args.summary) else {}
+    records: list[dict] = saved.get("records", [])
+    declared = saved.get("declared")
+    convs = [c for c in args.conversations.split(",") if c] or SETS[args.set]
+    settings = [s for s in args.settings.split(",") if s]
+    if declared is None:
+        declared = {"set": args.set, "conversations": convs, "settings": settings, "caches": args.caches,
+                    "model": args.model, "dtype": args.dtype, "per_category": args.per_category, "commit": commit(),
+                    "declared_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+    def save() -> None:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"declared": declared, "records": records, "summary": summary(records)}, indent=1)
+                        + "\n")
+
+    if not args.summary:
+        save()  # the declaration, before the first answer
+        import torch
+
+        from inf_mllm_ros.engine.loading import load_model
+
+        torch.set_num_threads(args.threads)
+        adapter = None
+        for conv in convs:
+            turns, questions, origin = load_conversation(args.data, conv, args.sessions)
+            questions = chosen_questions(questions, args.per_category, args.seed)
+            for setting in settings:
+                for cache in ([0] if setting == "bm25" else [FULL_CACHE] if setting == "full" else args.caches):
+                    done = {r["index"] for r in records if (r["conversation"], r["setting"], r["cache"])
+                            == (conv, setting, cache)}
+                    if all(q.index in done for q in questions):
+                        continue
+                    if setting == "bm25":
+                        records += bm25_records(conv, turns, questions)
+                        save()
+                        continue
+                    if adapter is None:
+                        adapter = load_model(args.model, device=args.device, dtype=args.dtype)
+
+                    def write(record: dict) -> None:
+                        records.append(record)
+                        save()
+
+                    with torch.inference_mode():
+                        stream_records(adapter, conv, setting, cache, turns, questions, origin, args, done, write)
+        save()
+    result = summary(records)
+    print(table(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Dates the memory can state: a marker says the day where it differs from the input before's (engine/chat.py), in
+the clock's time zone, and a block retrieved out of its day gets its day placed before it (engine/retriever.py),
+while a memory of one day reads as it always did."""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timezone
+
+import pytest
+
+from inf_mllm_ros.engine.chat import MarkerClock, stamped
+from inf_mllm_ros.engine.loading import load_model
+from inf_mllm_ros.engine.naming import TIME_MARKER, said_words
+from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.stream_config import StreamConfig
+from inf_mllm_ros.testing.random_models import build_model_folder
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+DAY = 86400.0
+MAY_8 = datetime(2023, 5, 8, 13, 56, tzinfo=timezone.utc).timestamp()
+WORDS = "pallet forklift aisle dock shelf crate door light scanner badge ramp conveyor".split()
+
+
+def test_the_stream_clock_reads_as_before_on_its_first_day_and_says_each_later_day_once():
+    clock = MarkerClock("stream")
+    assert stamped("a", 5.0, clock) == "a [0:00:05.0]"
+    assert clock(3599.5) == "0:59:59.5"
+    assert clock(DAY + 3600) == "day 1, 1:00:00.0"
+    assert clock.after(DAY + 60)(DAY + 3600) == "1:00:00.0"  # the same day: not said again
+    assert clock.after(2 * DAY)(5.0) == "day 0, 0:00:05.0"  # a day that differs is said, also backwards
+
+
+@pytest.mark.parametrize("offset", [0.0, 3 * 3600.0, 17 * DAY + 61.0])
+def test_the_wall_clock_says_the_date_with_the_first_input_and_where_the_day_changes(offset):
+    clock = MarkerClock("wall", "UTC", MAY_8 + offset)
+    first = datetime.fromtimestamp(MAY_8 + offset, timezone.utc)
+    assert clock(0.0) == f"{first.day} {first:%B %Y} {first:%H:%M:%S}"
+    assert clock.after(0.0)(60.0) == f"{datetime.fromtimestamp(MAY_8 + offset + 60, timezone.utc):%H:%M:%S}"
+    later = datetime.fromtimestamp(MAY_8 + offset + 2 * DAY, timezone.utc)
+    assert clock.after(60.0)(2 * DAY) == f"{later.day} {later:%B %Y} {later:%H:%M:%S}"
+
+
+def test_the_date_is_the_time_zones():
+    # 23:30 on 8 May in UTC is 01:30 on 9 May in Berlin: another day there.
+    late = datetime(2023, 5, 8, 23, 30, tzinfo=timezone.utc).timestamp()
+    assert MarkerClock("wall", "UTC", late)(0.0) == "8 May 2023 23:30:00"
+    assert MarkerClock("wall", "Europe/Berlin", late)(0.0) == "9 May 2023 01:30:00"
+    assert MarkerClock("wall", "Europe/Berlin", late - 3 * 3600).after(0.0)(3 * 3600) == "9 May 2023 01:30:00"
+
+
+@pytest.mark.parametrize("marker", ["[0:00:31.0]", "[day 2, 0:00:31.0]", "[08:00:31]", "[8 May 2023 08:00:31]",
+                                    "[17 December 2024 23:59:59]"])
+def test_what_a_message_says_leaves_out_its_marker_with_its_day(marker):
+    assert TIME_MARKER.fullmatch(marker)
+    assert said_words(f"the door code of the mail room is 2895 {marker}") == said_words(
+        "the door code of the mail room is 2895")
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory):
+    return load_model(build_model_folder("llama", tmp_path_factory.mktemp("tiny") / "llama"), device="cpu",
+                      dtype="float32")
+
+
+class DaysPlaced(KVStream):
+    """A stream that keeps the turns placed before its answers (the retriever's public seam)."""
+
+    placed_turns: list[str]
+
+    def place_turn(self, text: str) -> None:
+        self.placed_turns.append(text)
+        super().place_turn(text)
+
+
+def days_stream(adapter, days: list[int], seed: int) -> DaysPlaced:
+    """A small cache after messages of several days, on the wall clock: most of it archived only."""
+    stream = DaysPlaced(adapter, StreamConfig(capacity=48, chunk_size=16, archive_size=4096, retrieve_tokens=96,
+                                              archive_block=16, clock="wall"))
+    stream.placed_turns = []
+    stream.time_origin = MAY_8
+    rng = random.Random(seed)
+    for day in days:
+        for i in range(4):
+            words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 9)))
+            stream.push_text(f"{words}.", stamp=day * DAY + 60.0 * i + rng.random())
+    return stream
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_block_retrieved_out_of_its_day_has_its_day_placed_before_it_and_the_cache_is_left_as_it_was(adapter, seed):
+    stream = days_stream(adapter, [0, 0, 3, 3, 9], seed)
+    clock = stream.marker_clock
+    today = clock.day(clock.previous)
+    before = {name: t.clone() for name, t in stream.cache.export_state().items()}
+    answer = stream.ask("Where was the forklift at the dock?", max_new_tokens=4)
+    assert answer.retrieved_tokens > 0
+    days = {clock.day(s) for s in answer.retrieved_stamps if s is not None}
+    said = {t[1:-1] for t in stream.placed_turns}
+    assert days - {today}, "nothing of another day was retrieved: the test proves nothing"
+    # Every other day's blocks come after their day; today's too where they follow another day's.
+    assert days - {today} <= said <= days
+    after = stream.cache.export_state()
+    assert all(bool((before[n] == after[n]).all()) for n in before)
+
+
+def test_a_memory_of_one_day_places_no_day(adapter):
+    stream = days_stream(adapter, [0, 0, 0, 0], seed=4)
+    answer = stream.ask("Where was the forklift at the dock?", max_new_tokens=4)
+    assert answer.retrieved_tokens > 0
+    assert stream.placed_turns == []
+
+
+def test_the_day_in_force_is_saved_with_the_memory_and_said_again_after_a_reset(adapter):
+    stream = days_stream(adapter, [0, 2], seed=5)
+    state = stream.clock_state()
+    assert state["newest_stamp"] == pytest.approx(2 * DAY + 180.0, abs=1.0)
+    again = KVStream(adapter, StreamConfig(capacity=48, chunk_size=16, clock="wall"))
+    again.restore_clock(state)
+    assert again.marker_clock.previous == state["newest_stamp"]
+    stream.reset()
+    assert stream.marker_clock.previous is None  # a forgotten memory says the date with its next input
