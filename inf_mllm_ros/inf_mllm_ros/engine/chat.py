@@ -100,12 +100,13 @@ CLOCKS = ("stream", "wall")
 @dataclass(frozen=True)
 class MarkerClock:
     """How an input's time reads to the model. "stream": time since the memory's first input, as h:mm:ss.s, after
-    "day N," from its second day on (its first, day 0, goes unsaid); "wall": the time of day of its stamp in `time_zone`, as hh:mm:ss, after its
-    date ("8 May 2023") (`origin`: the stamp, in seconds since the epoch, of stream time 0; without it, stream time).
+    "day N," from its second day on (its first, day 0, goes unsaid); "wall": the time of day of its stamp in
+    `time_zone`, as hh:mm:ss, after its date ("8 May 2023") (`origin`: the stamp, in seconds since the epoch, of
+    stream time 0; without it, stream time).
 
     The day is said where it differs from the previous input's (`previous`: that input's stamp; None: the memory's
     first input): a memory that runs for days says which day each input came on, and a day of inputs pays for its
-    date once. A block retrieved out of its day gets its date placed before it (engine/retriever.py)."""
+    date once. A block retrieved out of its day gets its day placed before it (engine/retriever.py)."""
 
     kind: str = "stream"
     time_zone: str = "UTC"
