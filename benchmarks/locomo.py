@@ -53,13 +53,15 @@ from common import RESULTS, ROOT, machine
 DATA = ROOT.parent / "shared" / "data" / "locomo"
 SETS = {"tuning": ["26", "41"], "report": ["42", "43", "44"]}
 CATEGORIES = {1: "multi-hop", 2: "temporal", 4: "single-hop", 5: "adversarial"}
-# A cache that holds the longest conversation here whole (about 26K tokens with the markers): the ceiling.
-FULL_CACHE = 30000
+# The ceiling: the model's whole context (Qwen2.5's 32,768 tokens, less the headroom for the question and answer).
+# It holds conversation 26 and 42 whole (23K and 29K tokens with their markers); of the longer ones (34K-35K tokens)
+# the newest 32K and the first (StreamingLLM's sinks), nothing placed from the archive (its scores give the evidence).
+FULL_CACHE = 32512
 SETTINGS = {
     "archive": {},
     "no_archive": {"archive_size": 0},
     "streaming_archive": {"policy": "streaming_llm"},
-    "full": {"cache_size": FULL_CACHE, "archive_size": 65536},
+    "full": {"cache_size": FULL_CACHE, "policy": "streaming_llm", "retrieve_tokens": 0, "archive_size": 65536},
     "bm25": None,  # retrieval only: no stream
 }
 TURN_SPACING_S = 30.0
@@ -258,20 +260,37 @@ def stream_records(adapter, conv: str, setting: str, cache: int, turns: list[Tur
     stream = KVStream(adapter, stream_config(values))
     stream.time_origin = origin
     started = time.monotonic()
+    spans = []  # each turn's stream indices [first, end), to tell which turns an archived block holds
     for i in range(0, len(turns), args.batch):
-        stream.push_texts([(t.text, t.stamp) for t in turns[i : i + args.batch]])
+        batch = turns[i : i + args.batch]
+        counts = stream.push_texts([(t.text, t.stamp) for t in batch])
+        first = stream.tokens_seen - sum(counts)
+        for t, n in zip(batch, counts):
+            spans.append((first, first + n, t.dia_id))
+            first += n
     ingest_s = time.monotonic() - started
+    blocks = {b.first_seq: b for b in stream.archive.blocks}
+
+    def held_turns(first_seq: int) -> list[str]:
+        """The turns of the archived block that begins at `first_seq` (a block may hold two short turns)."""
+        block = blocks.get(first_seq)
+        end = block.seq_end if block is not None else first_seq + 1
+        return [dia for a, b, dia in spans if a < end and b > first_seq]
+
     print(f"{conv} {setting} cache {values['cache_size']}: {len(turns)} turns, {stream.tokens_seen} tokens in "
           f"{ingest_s:.0f} s", flush=True)
-    by_stamp = {round(t.stamp, 3): t.dia_id for t in turns}
+    if args.scores:
+        dump_scores(stream, conv, setting, values["cache_size"], questions, held_turns, Path(args.scores))
+        return
     for q in questions:
         if q.index in done:
             continue
         answer = stream.ask(q.question)
-        ids = [by_stamp.get(round(e.stamp, 3), "?") for e in answer.evidence if e.stamp is not None][:EVIDENCE_K]
+        entries = [held_turns(e.first_seq) for e in answer.evidence[:EVIDENCE_K]]
+        ids = [dia for entry in entries for dia in entry]
         record = base_record(conv, setting, values["cache_size"], q) | {
             "answer": answer.text, "f1": round(score(q.category, answer.text, q.gold), 4),
-            "hit5": bool(set(ids) & set(q.evidence)) if answer.evidence else None, "evidence_ids": ids,
+            "hit5": bool(set(ids) & set(q.evidence)) if answer.evidence else None, "evidence_ids": entries,
             "names_date": names_gold_date(answer.text, q.gold) if q.category == 2 else None,
             "ask_s": round(answer.latency, 3), "retrieved_tokens": answer.retrieved_tokens,
             "tokens_seen": stream.tokens_seen, "ingest_s": round(ingest_s, 1), "model": args.model,
@@ -279,6 +298,35 @@ def stream_records(adapter, conv: str, setting: str, cache: int, turns: list[Tur
         write(record)
         print(json.dumps({k: record[k] for k in ("conversation", "setting", "category", "gold", "answer", "f1",
                                                  "hit5")}), flush=True)
+
+
+def dump_scores(stream, conv: str, setting: str, cache: int, questions: list[Question], held_turns,
+                folder: Path) -> None:
+    """For tuning retrieval without answers: each question's attention scores of every archived block (the
+    retrieval index's, before words are added), with each block's turn, message, text and whether the cache holds
+    it, to `folder`/scores_<conv>_<setting>_<cache>.pt."""
+    import torch
+
+    retriever = stream.retriever
+    blocks = list(stream.archive.blocks)
+    held = retriever.held(blocks)
+    quotes = {}
+    for b in blocks:
+        if b.message not in quotes:
+            quotes[b.message] = retriever.quote(b)
+    rows = []
+    for q in questions:
+        ids, content = stream.question_ids(stream.adapter.chat.question_parts(q.question))
+        question = stream.content_queries(ids, content)
+        rows.append({"index": q.index, "category": q.category, "question": q.question, "gold": q.gold,
+                     "evidence": list(q.evidence), "words": sorted(retriever.question_words(ids, content)),
+                     "attention": retriever.index(question[0]).scores(question, blocks).clone()})
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"blocks": [{"stamp": b.stamp, "message": b.message, "held": h, "length": b.length,
+                            "turns": held_turns(b.first_seq)}
+                           for b, h in zip(blocks, held)],
+                "quotes": quotes, "questions": rows}, folder / f"scores_{conv}_{setting}_{cache}.pt")
+    print(f"{conv} {setting}: scores of {len(rows)} questions over {len(blocks)} blocks", flush=True)
 
 
 # --- the summary -----------------------------------------------------------------------------------------------
@@ -362,6 +410,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--resume", action="store_true", help="keep the recorded answers, run the rest")
     p.add_argument("--summary", action="store_true", help="only print the summary of the recorded runs")
     p.add_argument("--out", default="")
+    p.add_argument("--scores", default="", help="only dump each question's attention scores to this folder")
     args = p.parse_args(argv)
     path = RESULTS / (args.out or f"locomo_{args.set}.json")
     saved = json.loads(path.read_text()) if path.exists() and (args.resume or args.summary) else {}
