@@ -319,7 +319,7 @@ def dump_scores(stream, conv: str, setting: str, cache: int, questions: list[Que
         ids, content = stream.question_ids(stream.adapter.chat.question_parts(q.question))
         question = stream.content_queries(ids, content)
         rows.append({"index": q.index, "category": q.category, "question": q.question, "gold": q.gold,
-                     "evidence": list(q.evidence), "words": sorted(retriever.question_words(ids, content)),
+                     "evidence": list(q.evidence), "text": retriever.question_text(ids, content),
                      "attention": retriever.index(question[0]).scores(question, blocks).clone()})
     folder.mkdir(parents=True, exist_ok=True)
     torch.save({"blocks": [{"stamp": b.stamp, "message": b.message, "held": h, "length": b.length,

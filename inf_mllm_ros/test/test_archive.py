@@ -225,7 +225,8 @@ def test_a_held_block_that_scores_as_high_as_the_archives_best_is_placed_again_n
         return score
 
     monkeypatch.setattr(RetrievalIndex, "scores", scores)
-    monkeypatch.setattr(retriever_module, "WORD_MATCH_WEIGHT", 0.0)  # the scores are these alone
+    for weight in ("WORD_MATCH_WEIGHT", "LEXICAL_WEIGHT", "REPLY_SHARE"):
+        monkeypatch.setattr(retriever_module, weight, 0.0)  # the scores are these alone
     placed, splice = {}, stream.cache.splice
 
     def recording(keys, values, start, end, seq, frame):

@@ -19,12 +19,13 @@ import functools
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
 from .evidence import Evidence, ranked
+from .lexical import asks, bm25, terms
 from .naming import naming_shares, restated, said_words, text_words
 from .retrieval_index import RetrievalIndex, middle_layers
 from .rotary import shift_rotary
@@ -67,6 +68,13 @@ NAMING_BEST = 16
 # words its subject ("the helmet" among a dozen reports "Patrol robot R1 saw a ... at ..."). What is retrieved, an
 # answer's evidence and a recall's moments are all ranked on the sum (docs/archive.md).
 WORD_MATCH_WEIGHT = 1.0
+# Each block's score gains at most this many standard deviations (of every block's score) for its message's BM25
+# score for the question's words (engine/lexical.py), in proportion to the best message's: the words a question
+# shares with its answer, weighed as a search engine weighs them (tuned on LoCoMo's conversations 26 and 41).
+LEXICAL_WEIGHT = 3.0
+# The message after one that asks something scores at least this share of that message's score (above the lowest
+# block's): the reply holds what the question about it asks, while the asking message matches it best.
+REPLY_SHARE = 0.9
 # A chat template's role name on a line of its own, as a decoded turn shows it.
 ROLE_LINE = re.compile(r"\n(?:user|assistant|system)\n")
 
@@ -89,6 +97,16 @@ class QueryProbe(Protocol):
 
     def place_turn(self, text: str) -> None:
         """Put `text` as a user turn after the cache's own, for one answer (taken away with the placed blocks)."""
+
+
+class MessageText(NamedTuple):
+    """What the retriever reads of an archived message, once: its words (engine/naming.py), what it says (its
+    words, time markers aside), its search terms with their counts (engine/lexical.py), and whether it asks."""
+
+    words: frozenset[str]
+    said: frozenset[str]
+    terms: Counter
+    asks: bool
 
 
 @dataclass
@@ -119,7 +137,7 @@ class Retriever:
     def __init__(self, archive: KVArchive, cache: BoundedKVCache, adapter: ModelAdapter, probe: QueryProbe,
                  find_heads: Callable[[], Tensor | None]):
         self.archive, self.cache, self.adapter, self.probe, self.find_heads = archive, cache, adapter, probe, find_heads
-        self._texts: dict[tuple[int, int], tuple] = {}  # (message, pieces): its words and what it says
+        self._texts: dict[tuple[int, int], MessageText] = {}  # by (message, pieces)
 
     @functools.cached_property
     def reference_question(self) -> tuple[Tensor, slice]:
@@ -142,8 +160,9 @@ class Retriever:
         question = self.probe.content_queries(ids, content)
         scored = candidates + in_cache
         texts = self.message_texts(scored)
-        words = self.question_words(ids, content)
-        scores = self.word_matched(self.index(question[0]).scores(question, scored), scored, words, texts)
+        text = self.question_text(ids, content)
+        words = text_words(text)
+        scores = self.matched(self.index(question[0]).scores(question, scored), scored, text, texts)
         out = Retrieval()
         if evidence > 0:
             out.evidence = ranked(scored, scores, [False] * len(candidates) + [True] * len(in_cache), self.quote,
@@ -151,7 +170,7 @@ class Retriever:
         if candidates and budget > 0:
             best = [candidates[i] for i in torch.argsort(scores[: len(candidates)], descending=True)[:NAMING_BEST]]
             names = self.naming(words, texts, best)
-            out.placed = self._arrange(candidates, in_cache, scores, names, {m: t[1] for m, t in texts.items()}, words,
+            out.placed = self._arrange(candidates, in_cache, scores, names, {m: t.said for m, t in texts.items()}, words,
                                         budget)
             if out.placed:
                 self._place(out.placed, spare)
@@ -227,9 +246,9 @@ class Retriever:
                     break
         return outdated
 
-    def message_texts(self, blocks: list[ArchivedBlock]) -> dict[int, tuple[frozenset[str], frozenset[str]]]:
-        """Each message's words and what it says (engine/naming.py), its pieces among `blocks` taken together;
-        read once per message."""
+    def message_texts(self, blocks: list[ArchivedBlock]) -> dict[int, MessageText]:
+        """What each message holds (`MessageText`), its pieces among `blocks` taken together; read once per
+        message."""
         pieces: dict[int, list[ArchivedBlock]] = {}
         for block in blocks:
             pieces.setdefault(block.message, []).append(block)
@@ -240,34 +259,63 @@ class Retriever:
                 ids = [t for b in sorted(parts, key=lambda b: b.first_seq) for t in self.archive.block_token_ids(b)
                        if t >= 0]
                 text = self.adapter.decode(ids) if ids else ""
-                self._texts[key] = (text_words(text), said_words(text))
+                self._texts[key] = MessageText(text_words(text), said_words(text), terms(text), asks(text))
             texts[message] = self._texts[key]
         self._texts = {key: t for key, t in self._texts.items() if key[0] in pieces}
         return texts
 
-    def question_words(self, ids: Tensor, content: slice) -> frozenset[str]:
-        """The words of a question's own text (its ids at `content`), as engine/naming.py counts them."""
-        return text_words(self.adapter.decode(ids[content].tolist()))
+    def question_text(self, ids: Tensor, content: slice) -> str:
+        """A question's own text (its ids at `content`)."""
+        return self.adapter.decode(ids[content].tolist())
 
     @staticmethod
-    def naming(words: frozenset[str], texts: dict[int, tuple[frozenset, frozenset]],
+    def naming(words: frozenset[str], texts: dict[int, MessageText],
                best: list[ArchivedBlock] | None = None) -> dict[int, float]:
         """Each message's share of what the question (its `words`) names, over the words the messages of `best`
         (None: of all) share with the question (engine/naming.py; `texts`: message_texts)."""
         messages = list(texts)
         best_messages = set(messages) if best is None else {b.message for b in best}
-        shares = naming_shares(words, [texts[m][0] for m in messages],
+        shares = naming_shares(words, [texts[m].words for m in messages],
                                [i for i, m in enumerate(messages) if m in best_messages])
         return dict(zip(messages, shares))
 
-    def word_matched(self, scores: Tensor, blocks: list[ArchivedBlock], words: frozenset[str],
-                     texts: dict[int, tuple[frozenset, frozenset]]) -> Tensor:
-        """`scores` (of `blocks`) with each block's share of the question's words added (WORD_MATCH_WEIGHT)."""
-        if WORD_MATCH_WEIGHT <= 0 or len(blocks) < 2:
+    def matched(self, scores: Tensor, blocks: list[ArchivedBlock], question: str,
+                texts: dict[int, MessageText]) -> Tensor:
+        """`scores` (the index's, of `blocks`) with the words added: each block's message's share of the
+        question's words (WORD_MATCH_WEIGHT) and its BM25 score for them (LEXICAL_WEIGHT, in proportion to the
+        best message's); then the message after one that asks lifted to REPLY_SHARE of the asking one's score."""
+        if len(blocks) < 2:
             return scores
-        shares = self.naming(words, texts)
-        match = torch.tensor([shares.get(b.message, 0.0) for b in blocks], dtype=scores.dtype, device=scores.device)
-        return scores + WORD_MATCH_WEIGHT * scores.std() * match
+        spread = scores.std()
+        shares = self.naming(text_words(question), texts)
+        messages = list(texts)
+        lexical = dict(zip(messages, bm25(terms(question), [texts[m].terms for m in messages])))
+        best = max(lexical.values(), default=0.0)
+        added = [WORD_MATCH_WEIGHT * shares.get(b.message, 0.0)
+                 + (LEXICAL_WEIGHT * lexical.get(b.message, 0.0) / best if best > 0 else 0.0) for b in blocks]
+        scores = scores + spread * torch.tensor(added, dtype=scores.dtype, device=scores.device)
+        return self.replies_lifted(scores, blocks, texts)
+
+    def replies_lifted(self, scores: Tensor, blocks: list[ArchivedBlock], texts: dict[int, MessageText]) -> Tensor:
+        """`scores` (of `blocks`) with each message that follows one that asks (in the stream's order, over the
+        whole archive) scored at least REPLY_SHARE of the asking message's best block, both above the lowest."""
+        if REPLY_SHARE <= 0:
+            return scores
+        before, previous = {}, None
+        for block in self.archive.blocks:
+            if block.message != previous:
+                before.setdefault(block.message, previous)
+                previous = block.message
+        best: dict[int, float] = {}
+        for block, score in zip(blocks, scores.tolist()):
+            best[block.message] = max(best.get(block.message, score), score)
+        floor = float(scores.min())
+        lifted = scores.clone()
+        for i, block in enumerate(blocks):
+            asker = before.get(block.message)
+            if asker in best and texts[asker].asks:
+                lifted[i] = max(float(lifted[i]), floor + REPLY_SHARE * (best[asker] - floor))
+        return lifted
 
     def _choose(self, candidates: list, archived: Tensor, said: dict[int, frozenset], budget: int) -> list:
         """The candidates to place, best first, up to `budget` tokens; of messages that say the same (a subject
@@ -310,8 +358,8 @@ class Retriever:
             return []
         question = self.probe.content_queries(ids, content)
         texts = self.message_texts(list(self.archive.blocks))  # rarity over the whole memory
-        words = self.question_words(ids, content)
-        scores = self.word_matched(self.index(question[0]).scores(question, blocks), blocks, words, texts)
+        scores = self.matched(self.index(question[0]).scores(question, blocks), blocks,
+                              self.question_text(ids, content), texts)
         return ranked(blocks, scores, self.held(blocks), self.quote, limit)
 
     def held(self, blocks: list[ArchivedBlock]) -> list[bool]:
