@@ -16,7 +16,6 @@ message after one that asks score as high as it does.
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from collections.abc import Sequence
 
