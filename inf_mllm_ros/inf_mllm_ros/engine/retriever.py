@@ -170,8 +170,8 @@ class Retriever:
         if candidates and budget > 0:
             best = [candidates[i] for i in torch.argsort(scores[: len(candidates)], descending=True)[:NAMING_BEST]]
             names = self.naming(words, texts, best)
-            out.placed = self._arrange(candidates, in_cache, scores, names, {m: t.said for m, t in texts.items()}, words,
-                                        budget)
+            said = {m: t.said for m, t in texts.items()}
+            out.placed = self._arrange(candidates, in_cache, scores, names, said, words, budget)
             if out.placed:
                 self._place(out.placed, spare)
         return out
