@@ -78,7 +78,7 @@ NOT_MENTIONED = ("not mentioned", "no information", "not mention", "no mention",
 
 # The options of a short run on the small models (run.py --smoke).
 SMOKE = ["--model", "smollm2", "--conversations", "26", "--sessions", "2", "--per-category", "1",
-         "--settings", "archive,bm25", "--caches", "128", "--max-new-tokens", "8"]
+         "--settings", "archive,no_archive,bm25", "--caches", "128", "--max-new-tokens", "8"]
 
 
 # --- the data ------------------------------------------------------------------------------------------------------
@@ -247,9 +247,25 @@ def base_record(conv: str, setting: str, cache: int, q: Question) -> dict:
             "question": q.question, "gold": q.gold, "evidence": list(q.evidence)}
 
 
+def ingest(stream, turns: list[Turn], batch: int) -> list[tuple[int, int, str]]:
+    """The turns into the stream, `batch` to a call; each turn's stream indices [first, end), to tell which turns
+    an archived block holds."""
+    spans = []
+    for i in range(0, len(turns), batch):
+        part = turns[i : i + batch]
+        counts = stream.push_texts([(t.text, t.stamp) for t in part])
+        first = stream.tokens_seen - sum(counts)
+        for t, n in zip(part, counts):
+            spans.append((first, first + n, t.dia_id))
+            first += n
+    return spans
+
+
 def stream_records(adapter, conv: str, setting: str, cache: int, turns: list[Turn], questions: list[Question],
-                   origin: float, args, done: set, write) -> list[dict]:
-    """One conversation into a fresh stream with one setting, then its questions; `write` gets each record."""
+                   origin: float, args, done: dict, write) -> None:
+    """One conversation into a fresh stream with one setting, then its questions; `write` gets each record. The
+    archive's stream also answers as `no_archive` (retrieval off) where that is asked: the cache is the same with
+    the archive on or off (engine/stream_config.py), so one stream serves both."""
     from inf_mllm_ros.engine.stream import KVStream
     from inf_mllm_ros.settings import DEFAULTS, stream_config
 
@@ -258,16 +274,24 @@ def stream_records(adapter, conv: str, setting: str, cache: int, turns: list[Tur
     if args.max_new_tokens:
         values["max_new_tokens"] = args.max_new_tokens
     stream = KVStream(adapter, stream_config(values))
+    if args.answer_prompt is not None:
+        stream.config.answer_prompt = args.answer_prompt
     stream.time_origin = origin
     started = time.monotonic()
-    spans = []  # each turn's stream indices [first, end), to tell which turns an archived block holds
-    for i in range(0, len(turns), args.batch):
-        batch = turns[i : i + args.batch]
-        counts = stream.push_texts([(t.text, t.stamp) for t in batch])
-        first = stream.tokens_seen - sum(counts)
-        for t, n in zip(batch, counts):
-            spans.append((first, first + n, t.dia_id))
-            first += n
+    memory = Path(args.memories) / f"{conv}_{setting}_{values['cache_size']}.mem" if args.memories else None
+    if memory is not None and memory.exists():
+        from inf_mllm_ros.engine.memory_file import load_memory
+
+        load_memory(stream, memory)
+        spans = [tuple(s) for s in json.loads(memory.with_suffix(".spans.json").read_text())]
+    else:
+        spans = ingest(stream, turns, args.batch)
+        if memory is not None:
+            from inf_mllm_ros.engine.memory_file import save_memory
+
+            memory.parent.mkdir(parents=True, exist_ok=True)
+            save_memory(stream, memory)
+            memory.with_suffix(".spans.json").write_text(json.dumps(spans))
     ingest_s = time.monotonic() - started
     blocks = {b.first_seq: b for b in stream.archive.blocks}
 
@@ -282,18 +306,28 @@ def stream_records(adapter, conv: str, setting: str, cache: int, turns: list[Tur
     if args.scores:
         dump_scores(stream, conv, setting, values["cache_size"], questions, held_turns, Path(args.scores))
         return
+    for name in [setting] + (["no_archive"] if setting == "archive" and "no_archive" in args.settings.split(",") else []):
+        if name == "no_archive":
+            stream.config.retrieve_tokens, stream.config.evidence = 0, 0
+        answer_all(stream, conv, name, values["cache_size"], questions, held_turns, done.get(name, set()), args,
+                   write)
+
+
+def answer_all(stream, conv: str, setting: str, cache: int, questions: list[Question], held_turns, done: set, args,
+               write) -> None:
+    """Each question not `done` asked of the stream and judged; `write` gets each record."""
     for q in questions:
         if q.index in done:
             continue
         answer = stream.ask(q.question)
         entries = [held_turns(e.first_seq) for e in answer.evidence[:EVIDENCE_K]]
         ids = [dia for entry in entries for dia in entry]
-        record = base_record(conv, setting, values["cache_size"], q) | {
+        record = base_record(conv, setting, cache, q) | {
             "answer": answer.text, "f1": round(score(q.category, answer.text, q.gold), 4),
             "hit5": bool(set(ids) & set(q.evidence)) if answer.evidence else None, "evidence_ids": entries,
             "names_date": names_gold_date(answer.text, q.gold) if q.category == 2 else None,
             "ask_s": round(answer.latency, 3), "retrieved_tokens": answer.retrieved_tokens,
-            "tokens_seen": stream.tokens_seen, "ingest_s": round(ingest_s, 1), "model": args.model,
+            "tokens_seen": stream.tokens_seen, "model": args.model,
             "machine": machine()}
         write(record)
         print(json.dumps({k: record[k] for k in ("conversation", "setting", "category", "gold", "answer", "f1",
@@ -407,11 +441,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="the draw of --per-category")
     p.add_argument("--sessions", type=int, default=None, help="only the first sessions (a smoke run)")
     p.add_argument("--max-new-tokens", type=int, default=0, help="0: the shipped setting")
+    p.add_argument("--answer-prompt", default=None, help="said after each question (default: the shipped one)")
     p.add_argument("--resume", action="store_true", help="keep the recorded answers, run the rest")
     p.add_argument("--summary", action="store_true", help="only print the summary of the recorded runs")
-    p.add_argument("--out", default="")
+    p.add_argument("--out", default="", help="the results file (with --summary: several, separated by commas)")
+    p.add_argument("--memories", default="", help="save each stream's memory here after its turns, and load it "
+                   "from here when it is there (for tuning the answers; remove it when what goes in changes)")
     p.add_argument("--scores", default="", help="only dump each question's attention scores to this folder")
     args = p.parse_args(argv)
+    if args.summary and "," in args.out:  # runs that shared the work, each in its own file
+        records = [r for name in args.out.split(",") for r in json.loads((RESULTS / name).read_text())["records"]]
+        print(table(summary(records)))
+        return
     path = RESULTS / (args.out or f"locomo_{args.set}.json")
     saved = json.loads(path.read_text()) if path.exists() and (args.resume or args.summary) else {}
     records: list[dict] = saved.get("records", [])
@@ -440,13 +481,16 @@ def main(argv: list[str] | None = None) -> None:
             turns, questions, origin = load_conversation(args.data, conv, args.sessions)
             questions = chosen_questions(questions, args.per_category, args.seed)
             for setting in settings:
+                if setting == "no_archive" and "archive" in settings:
+                    continue  # asked of the archive's stream
                 for cache in ([0] if setting == "bm25" else [FULL_CACHE] if setting == "full" else args.caches):
-                    done = {r["index"] for r in records if (r["conversation"], r["setting"], r["cache"])
-                            == (conv, setting, cache)}
-                    if all(q.index in done for q in questions):
+                    names = [setting] + (["no_archive"] if setting == "archive" and "no_archive" in settings else [])
+                    done = {name: {r["index"] for r in records if (r["conversation"], r["setting"], r["cache"])
+                                   == (conv, name, cache)} for name in names}
+                    if all(q.index in done[name] for q in questions for name in names):
                         continue
                     if setting == "bm25":
-                        records += bm25_records(conv, turns, questions)
+                        records += [r for r in bm25_records(conv, turns, questions) if r["index"] not in done["bm25"]]
                         save()
                         continue
                     if adapter is None:

@@ -148,6 +148,8 @@ PARAMETERS = (
           read_only=False),
     Param("system_prompt", DEFAULT_SYSTEM_PROMPT, "Opens the memory; a change applies from the next ~/reset.",
           read_only=False, engine_field="system_prompt"),
+    Param("answer_prompt", StreamConfig.answer_prompt, "Said after each question, in its turn: how to answer "
+          "(empty: nothing).", read_only=False, engine_field="answer_prompt"),
     Param("max_new_tokens", StreamConfig.max_new_tokens,
           "Longest answer or description, in tokens (a query may ask for its own).",
           read_only=False, low=1, high=MAX_NEW_TOKENS_LIMIT, engine_field="max_new_tokens"),
@@ -219,7 +221,7 @@ def live_engine_changes(values: dict) -> dict:
             continue
         if p.policy_knob:
             changes.setdefault("policy_settings", {})[name] = value
-        elif p.engine_field is not None:  # a live stream setting: system_prompt, max_new_tokens
+        elif p.engine_field is not None:  # a live stream setting: system_prompt, answer_prompt, max_new_tokens
             changes[p.engine_field] = value
         elif name == "frame_rate":
             changes["frame_period"] = frame_period(value)

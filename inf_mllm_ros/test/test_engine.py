@@ -57,7 +57,8 @@ def test_greedy_answer_matches_the_full_model(smollm2, reference, policy):
     answer = stream.ask("Where did forklift F2 park?", max_new_tokens=24)
     chat = smollm2.chat
     prompt = chat.system(config.system_prompt) + chat.user("Forklift F2 parked at dock 3. [0:00:05.0]")
-    ids = torch.cat([smollm2.tokenize(prompt), smollm2.tokenize(chat.question("Where did forklift F2 park?"))])
+    question = "".join(stream.question_parts("Where did forklift F2 park?"))  # with the shipped answer prompt
+    ids = torch.cat([smollm2.tokenize(prompt), smollm2.tokenize(question)])
     with torch.inference_mode():
         out = reference.generate(ids[None], max_new_tokens=24, do_sample=False)[0, ids.numel():]
     expected = smollm2.decode([t for t in out.tolist() if t not in smollm2.stop_token_ids]).strip()
@@ -123,7 +124,7 @@ def test_a_stop_never_cuts_a_kept_question_short(smollm2):
     stream = KVStream(smollm2, StreamConfig(capacity=64, chunk_size=16, headroom=32, system_prompt=""))
     stream.push_text("Forklift F2 parked at dock 3.")
     question = " ".join(["Where did forklift F2 park, and when?"] * 6)
-    turn = smollm2.tokenize_turn(smollm2.chat.question_parts(question)).numel()
+    turn = smollm2.tokenize_turn(stream.question_parts(question)).numel()
     assert turn > 32
     before, forward = stream.tokens_seen, stream._forward
 

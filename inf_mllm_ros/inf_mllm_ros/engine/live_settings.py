@@ -19,7 +19,8 @@ from .stream_config import StreamConfig
 
 @dataclass(frozen=True)
 class LiveSettings:
-    """What may change at run time: the stream's system prompt and answer length, the policy's live knobs,
+    """What may change at run time: the stream's system prompt, answer prompt and answer length, the policy's live
+    knobs,
     the frame period (what a text call may take while a camera is live), the time bound on waiting texts and the
     checkpoint period."""
 
@@ -29,13 +30,14 @@ class LiveSettings:
     frame_period: float = 0.0  # seconds between the frames that come (1 / the node's frame_rate); 0: no camera bound
     max_text_delay: float = 0.0  # the model's seconds of texts a question waits for (WorkQueue.next_jobs); 0: all
     checkpoint_period: float = 0.0  # seconds between saves of a changed memory; 0: on request and at close
+    answer_prompt: str = StreamConfig.answer_prompt
 
     @classmethod
     def of(cls, config: StreamConfig, *, frame_period: float = 0.0, max_text_delay: float = 0.0,
            checkpoint_period: float = 0.0) -> LiveSettings:
         """The live part of a stream configuration, with the engine's own settings."""
         return cls(config.system_prompt, config.max_new_tokens, MappingProxyType(dict(config.policy_settings)),
-                   frame_period, max_text_delay, checkpoint_period)
+                   frame_period, max_text_delay, checkpoint_period, config.answer_prompt)
 
     def changed(self, config: StreamConfig, **changes) -> LiveSettings:
         """A new snapshot with `changes` (`policy_settings`: the knobs that change, others kept), checked as the
@@ -62,4 +64,5 @@ class LiveSettings:
     def stream_config(self, config: StreamConfig) -> StreamConfig:
         """`config` (a new object) with these settings' stream part."""
         return dataclasses.replace(config, system_prompt=self.system_prompt, max_new_tokens=self.max_new_tokens,
+                                   answer_prompt=self.answer_prompt,
                                    policy_settings={**config.policy_settings, **self.policy_settings})

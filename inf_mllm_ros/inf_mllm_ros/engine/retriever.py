@@ -387,27 +387,32 @@ class Retriever:
         return self.archive.index
 
     def _place(self, chosen: list, spare: int = 0) -> None:
-        """Splice archived blocks after the cache's, in the order given, each re-rotated to sit there; before a
-        block of another day than the one in force there (the newest input's, then the block before's), its day
-        as a user turn of its own ("[8 May 2023]"), while `spare` tokens hold them: its marker said its day only
-        where the input before it was of another day, so placed elsewhere it would read as the day around it."""
+        """Splice archived blocks after the cache's, in the order given, each re-rotated to sit there. Where some are
+        of another day than the newest input's, each run of blocks of one day is followed by that day as a user turn
+        of its own ("[8 May 2023]"), while `spare` tokens hold them: a block's marker said its day only where the
+        input before it was of another day, so placed elsewhere it would read as the day around it. After the
+        blocks, as a marker follows its text: a small model asked when reads the time that follows a mention
+        (docs/method.md, "Time markers")."""
         clock = self.probe.marker_clock
-        in_force = clock.day(clock.previous) if clock.previous is not None else None
-        group: list = []
-        for block in chosen:
-            day = None if block.stamp is None else clock.day(block.stamp)
-            if day is not None and day != in_force and in_force is not None:
+        days = [None if b.stamp is None else clock.day(b.stamp) for b in chosen]
+        today = clock.day(clock.previous) if clock.previous is not None else None
+        if today is None or all(day in (None, today) for day in days):
+            self._splice(chosen)
+            return
+        runs: list[tuple[str | None, list]] = []
+        for block, day in zip(chosen, days):
+            if runs and (day is None or day == runs[-1][0]):
+                runs[-1][1].append(block)
+            else:
+                runs.append((day, [block]))
+        for day, blocks in runs:
+            self._splice(blocks)
+            if day is not None:
                 header = f"[{day}]"
                 cost = self.probe.turn_tokens(header)
                 if cost <= spare:
-                    self._splice(group)
-                    group = []
                     self.probe.place_turn(header)
                     spare -= cost
-            if day is not None:
-                in_force = day
-            group.append(block)
-        self._splice(group)
 
     def _splice(self, chosen: list) -> None:
         """Splice archived blocks after the cache's, in the order given, each re-rotated to sit there."""

@@ -379,8 +379,15 @@ class KVStream:
         far and its turn closed.
         """
         question = checked_text(question, "question")
-        return self._exchange(self.adapter.chat.question_parts(question), max_new_tokens, keep_in_memory,
+        return self._exchange(self.question_parts(question), max_new_tokens, keep_in_memory,
                               AnswerTurn(on_token, cancel, self._stopped, self._answer_text), retrieve=True)
+
+    def question_parts(self, question: str) -> tuple[str, str, str]:
+        """A question's turn as (template before, its words, the rest): the answer prompt follows its words, outside
+        them, so that retrieval reads the question alone."""
+        head, words, tail = self.adapter.chat.question_parts(question)
+        prompt = self.config.answer_prompt
+        return (head, words, f" {prompt}{tail}") if prompt else (head, words, tail)
 
     def describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None) -> Answer:
         """A description of the scene so far; never stays in memory."""
