@@ -60,8 +60,8 @@ FULL_CACHE = 32512
 SETTINGS = {
     "archive": {},
     "no_archive": {"archive_size": 0},
-    "streaming_archive": {"policy": "streaming_llm"},
-    "full": {"cache_size": FULL_CACHE, "policy": "streaming_llm", "retrieve_tokens": 0, "archive_size": 65536},
+    "streaming_archive": {"eviction_policy": "streaming_llm"},
+    "full": {"cache_size": FULL_CACHE, "eviction_policy": "streaming_llm", "retrieve_tokens": 0, "archive_size": 65536},
     "bm25": None,  # retrieval only: no stream
 }
 TURN_SPACING_S = 30.0
@@ -269,6 +269,9 @@ def stream_records(adapter, conv: str, setting: str, cache: int, turns: list[Tur
     from inf_mllm_ros.engine.stream import KVStream
     from inf_mllm_ros.settings import DEFAULTS, stream_config
 
+    unknown = set(SETTINGS[setting]) - set(DEFAULTS)
+    if unknown:  # a setting the parameter table does not read would silently run the shipped one
+        raise ValueError(f"setting {setting!r}: not node parameters: {sorted(unknown)}")
     values = dict(DEFAULTS) | {"model": args.model, "cache_size": cache, "clock": "wall", "time_zone": "UTC"}
     values |= SETTINGS[setting]
     if args.max_new_tokens:
@@ -305,6 +308,10 @@ def stream_records(adapter, conv: str, setting: str, cache: int, turns: list[Tur
           f"{ingest_s:.0f} s", flush=True)
     if args.scores:
         dump_scores(stream, conv, setting, values["cache_size"], questions, held_turns, Path(args.scores))
+        return
+    if args.ablation:
+        for record in ablation(stream, conv, values["cache_size"], questions, held_turns):
+            write(record)
         return
     for name in [setting] + (["no_archive"] if setting == "archive" and "no_archive" in args.settings.split(",") else []):
         if name == "no_archive":
@@ -363,6 +370,40 @@ def dump_scores(stream, conv: str, setting: str, cache: int, questions: list[Que
     print(f"{conv} {setting}: scores of {len(rows)} questions over {len(blocks)} blocks", flush=True)
 
 
+# What each part of retrieval's ranking adds (`--ablation`): attention on the retrieval heads alone, then the word
+# shares, then BM25, then the reply lift (as shipped). The retriever's weights, by name, for each.
+ABLATION = {
+    "attention": {"WORD_MATCH_WEIGHT": 0.0, "LEXICAL_WEIGHT": 0.0, "REPLY_SHARE": 0.0},
+    "+word_shares": {"LEXICAL_WEIGHT": 0.0, "REPLY_SHARE": 0.0},
+    "+bm25": {"REPLY_SHARE": 0.0},
+    "shipped": {},
+}
+
+
+def ablation(stream, conv: str, cache: int, questions: list[Question], held_turns) -> list[dict]:
+    """Each question's five best moments (`recall`, ranked as an answer's evidence is) under each ABLATION variant:
+    evidence hit@5 only, no answer."""
+    from inf_mllm_ros.engine import retriever
+
+    shipped = {name: getattr(retriever, name) for variant in ABLATION.values() for name in variant}
+    records = []
+    try:
+        for variant, weights in ABLATION.items():
+            for name, value in shipped.items():
+                setattr(retriever, name, weights.get(name, value))
+            for q in questions:
+                if q.category == 5:
+                    continue
+                entries = [held_turns(m.first_seq) for m in stream.recall(q.question, limit=EVIDENCE_K)]
+                ids = {dia for entry in entries for dia in entry}
+                records.append(base_record(conv, f"ablation:{variant}", cache, q)
+                               | {"hit5": bool(ids & set(q.evidence)), "evidence_ids": entries})
+    finally:
+        for name, value in shipped.items():
+            setattr(retriever, name, value)
+    return records
+
+
 # --- the summary -----------------------------------------------------------------------------------------------
 def _mean(values: list[float]) -> dict:
     low, high = bootstrap(values)
@@ -387,6 +428,9 @@ def cell(records: list[dict]) -> dict:
         if category == 5 and "answer" in rows[0]:
             figures["said_not_mentioned"] = _mean([float(said_not_mentioned(r["answer"])) for r in rows])
         out[name] = figures
+    entries = [len(e) for r in records for e in r.get("evidence_ids", []) if isinstance(e, list)]
+    if entries:
+        out["turns_per_entry"] = round(statistics.mean(entries), 2)  # an archive block may hold two short turns
     asks = [r["ask_s"] for r in records if "ask_s" in r]
     if asks:
         out["ask_s_median"] = round(statistics.median(asks), 3)
@@ -447,6 +491,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="", help="the results file (with --summary: several, separated by commas)")
     p.add_argument("--memories", default="", help="save each stream's memory here after its turns, and load it "
                    "from here when it is there (for tuning the answers; remove it when what goes in changes)")
+    p.add_argument("--ablation", action="store_true", help="only evidence hit@5 for each part of retrieval's "
+                   "ranking (ABLATION), no answers")
     p.add_argument("--scores", default="", help="only dump each question's attention scores to this folder")
     args = p.parse_args(argv)
     if args.summary and "," in args.out:  # runs that shared the work, each in its own file

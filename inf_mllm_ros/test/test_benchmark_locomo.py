@@ -86,3 +86,11 @@ def test_the_bootstrap_interval_holds_the_mean_and_narrows_with_more_questions()
     many = locomo.bootstrap([1.0, 0.0] * 200)
     assert few[0] < 0.5 < few[1] and many[0] < 0.5 < many[1]
     assert many[1] - many[0] < few[1] - few[0]
+
+
+def test_every_setting_names_node_parameters():
+    """A key the parameter table does not read would run the shipped setting under another name."""
+    from inf_mllm_ros.settings import DEFAULTS
+
+    for name, values in locomo.SETTINGS.items():
+        assert values is None or set(values) <= set(DEFAULTS), name
