@@ -85,7 +85,7 @@ def test_streamed_frames_match_one_multimodal_forward(family, adapters, folders)
 
     adapter = adapters[family]
     stream = KVStream(adapter, StreamConfig(capacity=2048, chunk_size=16, policy="inf_mllm"))
-    pieces = stream_pieces(adapter, stream, frames(3)) + [("text", adapter.chat.question(QUESTION))]
+    pieces = stream_pieces(adapter, stream, frames(3)) + [("text", "".join(stream.question_parts(QUESTION)))]
     # Push every piece as the engine does (frames in blocks of 16), keeping each token's logits.
     stream._started = True
     logits = []
@@ -119,7 +119,7 @@ def test_streamed_frames_match_one_multimodal_forward(family, adapters, folders)
 def test_small_cache_keeps_its_storage_and_feeds_big_frames_in_blocks(family, adapters):
     adapter = adapters[family]
     capacity, chunk = 48, 8
-    stream = KVStream(adapter, StreamConfig(capacity=capacity, chunk_size=chunk, headroom=32, policy="inf_mllm"))
+    stream = KVStream(adapter, StreamConfig(capacity=capacity, chunk_size=chunk, headroom=48, policy="inf_mllm"))  # room for the question and its answer prompt
     cache = stream.cache
     seen = {"peak": 0, "blocks": [], "after": []}
     after_attention = cache.after_attention
