@@ -29,10 +29,11 @@ class StreamConfig:
     position_mode: str = "cache"  # "cache": positions re-packed inside the cache; "original"
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     max_new_tokens: int = 64
-    # Said after each question's own words, in its turn (not in its words that retrieval reads): how to answer. A
-    # planner wants a few words; measured on LoCoMo's tuning conversation 26, it halved the answers' length and
-    # doubled their F1 on single-hop questions (docs/benchmarks.md, LoCoMo).
-    answer_prompt: str = "Answer in a few words."
+    # Said after each question's own words, in its turn (not in its words that retrieval reads): how to answer
+    # ("Answer in a few words." for a planner that wants a few words). Off by default: on LoCoMo's tuning
+    # conversation 26 that prompt halved the answers' length and doubled their F1 on single-hop questions, but the
+    # facts recalled from the cache after a camera flood fell from 9 to 5 of 12 (test_recall.py; docs/benchmarks.md).
+    answer_prompt: str = ""
     max_frame_pixels: int | None = None  # bound on a frame's resolution before the vision tower
     scoring_backend: str = "auto"
     # The archive of the stream's KV in host memory (engine/archive.py): its bound (0: none), its block, and
