@@ -65,6 +65,7 @@ SETTINGS = {
     "bm25": None,  # retrieval only: no stream
 }
 TURN_SPACING_S = 30.0
+SETTINGS_RETRIEVE = 256  # the shipped retrieve_tokens, restored between the latency runs
 EVIDENCE_K = 5
 MONTHS = {name.lower(): i for i, name in enumerate(
     ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
@@ -313,6 +314,9 @@ def stream_records(adapter, conv: str, setting: str, cache: int, turns: list[Tur
         for record in ablation(stream, conv, values["cache_size"], questions, held_turns):
             write(record)
         return
+    if args.latency:
+        write(latency(stream, conv, values["cache_size"], questions))
+        return
     for name in [setting] + (["no_archive"] if setting == "archive" and "no_archive" in args.settings.split(",") else []):
         if name == "no_archive":
             stream.config.retrieve_tokens, stream.config.evidence = 0, 0
@@ -405,6 +409,32 @@ def ablation(stream, conv: str, cache: int, questions: list[Question], held_turn
     return records
 
 
+def latency(stream, conv: str, cache: int, questions: list[Question], new_tokens: int = 16) -> dict:
+    """Answer time with the archive as shipped, with no day placed after retrieved blocks, and without retrieval,
+    the same questions in turn on the same memory: seconds per answer (median), and the day turns placed."""
+    placed: list[str] = []
+    place_turn, turn_tokens = stream.place_turn, stream.turn_tokens
+    stream.place_turn = lambda text: placed.append(text) or place_turn(text)
+    out = {"conversation": conv, "setting": "latency", "cache": cache, "questions": len(questions),
+           "max_new_tokens": new_tokens, "machine": machine()}
+    stream.ask("What happened?", max_new_tokens=2)  # the retrieval heads and the index, once
+    for name in ("archive", "no_days", "no_archive"):
+        stream.config.retrieve_tokens = 0 if name == "no_archive" else SETTINGS_RETRIEVE
+        stream.turn_tokens = (lambda text: 1 << 30) if name == "no_days" else turn_tokens  # no day fits
+        placed.clear()
+        times = []
+        for q in questions:
+            start = time.perf_counter()
+            stream.ask(q.question, max_new_tokens=new_tokens)
+            times.append(time.perf_counter() - start)
+        out[name] = {"answer_s_median": round(statistics.median(times), 3), "day_turns": len(placed)}
+    stream.turn_tokens = turn_tokens
+    for name in ("archive", "no_days"):
+        out[name]["of_no_archive"] = round(out[name]["answer_s_median"] / out["no_archive"]["answer_s_median"], 3)
+    print(json.dumps(out), flush=True)
+    return out
+
+
 # --- the summary -----------------------------------------------------------------------------------------------
 def _mean(values: list[float]) -> dict:
     low, high = bootstrap(values)
@@ -439,6 +469,7 @@ def cell(records: list[dict]) -> dict:
 
 
 def summary(records: list[dict]) -> dict:
+    records = [r for r in records if "category" in r]  # a latency record stands apart
     cells = {}
     for setting, cache in sorted({(r["setting"], r["cache"]) for r in records}):
         cells[f"{setting}/{cache}"] = cell([r for r in records if (r["setting"], r["cache"]) == (setting, cache)])
@@ -492,6 +523,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="", help="the results file (with --summary: several, separated by commas)")
     p.add_argument("--memories", default="", help="save each stream's memory here after its turns, and load it "
                    "from here when it is there (for tuning the answers; remove it when what goes in changes)")
+    p.add_argument("--latency", action="store_true", help="only answer times: as shipped, with no day placed, "
+                   "without retrieval (the same questions, the same memory)")
     p.add_argument("--ablation", action="store_true", help="only evidence hit@5 for each part of retrieval's "
                    "ranking (ABLATION), no answers")
     p.add_argument("--scores", default="", help="only dump each question's attention scores to this folder")
@@ -532,7 +565,7 @@ def main(argv: list[str] | None = None) -> None:
                     continue  # asked of the archive's stream
                 for cache in ([0] if setting == "bm25" else [FULL_CACHE] if setting == "full" else args.caches):
                     names = [setting] + (["no_archive"] if setting == "archive" and "no_archive" in settings else [])
-                    done = {name: {r["index"] for r in records if (r["conversation"], r["setting"], r["cache"])
+                    done = {name: {r.get("index") for r in records if (r["conversation"], r["setting"], r["cache"])
                                    == (conv, name, cache)} for name in names}
                     if all(q.index in done[name] for q in questions for name in names):
                         continue
