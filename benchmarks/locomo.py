@@ -416,7 +416,8 @@ def latency(stream, conv: str, cache: int, questions: list[Question], new_tokens
     place_turn, turn_tokens = stream.place_turn, stream.turn_tokens
     stream.place_turn = lambda text: placed.append(text) or place_turn(text)
     out = {"conversation": conv, "setting": "latency", "cache": cache, "questions": len(questions),
-           "max_new_tokens": new_tokens, "machine": machine()}
+           "max_new_tokens": new_tokens, "machine": machine(), "commit": commit(),
+           "day_turns": "each day's turn computed once, then placed as kept"}
     stream.ask("What happened?", max_new_tokens=2)  # the retrieval heads and the index, once
     for name in ("archive", "no_days", "no_archive"):
         stream.config.retrieve_tokens = 0 if name == "no_archive" else SETTINGS_RETRIEVE

@@ -8,6 +8,7 @@ import random
 from datetime import datetime, timezone
 
 import pytest
+import torch
 
 from inf_mllm_ros.engine.chat import MarkerClock, stamped
 from inf_mllm_ros.engine.loading import load_model
@@ -121,3 +122,37 @@ def test_the_day_in_force_is_saved_with_the_memory_and_said_again_after_a_reset(
     assert again.marker_clock.previous == state["newest_stamp"]
     stream.reset()
     assert stream.marker_clock.previous is None  # a forgotten memory says the date with its next input
+
+
+@pytest.mark.parametrize("seed", [6, 7])
+def test_a_days_turn_is_computed_once_and_placed_again_as_it_was_computed(adapter, seed):
+    """A day's turn goes through the model the first time it is placed; after that its keys and values are placed
+    as an archived block's are, re-rotated to where they sit, with no forward."""
+    stream = days_stream(adapter, [0, 3, 3, 9], seed)
+    before = {name: t.clone() for name, t in stream.cache.export_state().items()}
+    first = stream.ask("Where was the forklift at the dock?", max_new_tokens=4)
+    computed = list(stream.placed_turns)
+    assert computed, "a day was placed"
+    stream.placed_turns.clear()
+    again = stream.ask("Where was the forklift at the dock?", max_new_tokens=4)
+    assert stream.placed_turns == [], "no forward for a day already computed"
+    assert again.retrieved_tokens == first.retrieved_tokens and again.retrieved_stamps == first.retrieved_stamps
+    after = stream.cache.export_state()
+    assert all(bool((before[n] == after[n]).all()) for n in before)
+
+
+def test_a_days_turn_placed_again_has_the_first_layers_keys_a_forward_gives_there(adapter):
+    """The first layer's keys depend on the tokens and their positions only: the kept turn, re-rotated to where it
+    sits, has the keys a forward of it there gives."""
+    stream = days_stream(adapter, [0, 3, 9], seed=8)
+    stream.ask("Where was the forklift at the dock?", max_new_tokens=2)
+    turn = stream.placed_turns[0]
+    fill, frontiers = stream.cache.fill, stream.cache.frontiers()
+    assert stream.retriever.place_day(turn, spare=1000) > 0  # placed again, kept
+    spliced, _, start, _ = stream.cache.tail(fill)
+    stream.cache.truncate(fill, frontiers)
+    stream.place_turn(turn)  # a forward of it at the same place
+    forwarded, _, start_again, _ = stream.cache.tail(fill)
+    stream.cache.truncate(fill, frontiers)
+    assert torch.equal(start, start_again)
+    torch.testing.assert_close(spliced[0], forwarded[0], atol=1e-4, rtol=1e-4)

@@ -278,6 +278,16 @@ class BoundedKVCache(Cache):
                 layer.fill = b
                 layer.frontier = max(layer.frontier, int(end.max()))
 
+    def tail(self, first: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Keys and values [layers, heads, n, dk] of the slots from `first` to the fill, with their start positions
+        and stream indices [n]: tokens put after the held ones for one answer (alike in every layer and head, as
+        nothing has been evicted among them)."""
+        layers = self.layers
+        keys = torch.stack([layer.keys[0, :, first : layer.fill] for layer in layers])
+        values = torch.stack([layer.values[0, :, first : layer.fill] for layer in layers])
+        head = layers[0]
+        return keys, values, head.pos_start[0, first : head.fill].clone(), head.seq[0, first : head.fill].clone()
+
     def holds(self, first: Tensor, end: Tensor) -> Tensor:
         """[blocks] bool: whether every layer-head holds every stream index in [first, end) of each block."""
         held = torch.ones(first.shape, dtype=torch.bool)

@@ -75,6 +75,8 @@ LEXICAL_WEIGHT = 3.0
 # The message after one that asks something scores at least this share of that message's score (above the lowest
 # block's): the reply holds what the question about it asks, while the asking message matches it best.
 REPLY_SHARE = 0.9
+# The days' turns whose keys and values are kept for placing again (a few hundred KB each for the 0.5B model).
+DAY_TURNS_KEPT = 64
 # A chat template's role name on a line of its own, as a decoded turn shows it.
 ROLE_LINE = re.compile(r"\n(?:user|assistant|system)\n")
 
@@ -138,6 +140,7 @@ class Retriever:
                  find_heads: Callable[[], Tensor | None]):
         self.archive, self.cache, self.adapter, self.probe, self.find_heads = archive, cache, adapter, probe, find_heads
         self._texts: dict[tuple[int, int], MessageText] = {}  # by (message, pieces)
+        self._day_turns: dict[str, tuple] = {}  # a day's turn: keys as if at position 0, values, positions, indices
 
     @functools.cached_property
     def reference_question(self) -> tuple[Tensor, slice]:
@@ -408,11 +411,37 @@ class Retriever:
         for day, blocks in runs:
             self._splice(blocks)
             if day is not None:
-                header = f"[{day}]"
-                cost = self.probe.turn_tokens(header)
-                if cost <= spare:
-                    self.probe.place_turn(header)
-                    spare -= cost
+                spare -= self.place_day(f"[{day}]", spare)
+
+    def place_day(self, turn: str, spare: int) -> int:
+        """Put a day's turn after the cache's own where it fits in `spare` tokens; the tokens it took. Its keys and
+        values come from a forward the first time (then kept, as if at position 0) and are placed as an archived
+        block is after that: a forward of a few tokens costs as much as a whole answer's retrieval."""
+        kept = self._day_turns.get(turn)
+        if kept is None:
+            cost = self.probe.turn_tokens(turn)
+            if cost > spare:
+                return 0
+            first = self.cache.fill
+            self.probe.place_turn(turn)
+            keys, values, start, seq = self.cache.tail(first)
+            layers, heads = keys.shape[:2]
+            rel = start - start[0]
+            at_zero = shift_rotary(keys.flatten(0, 1), -start[0].expand(layers * heads, len(start)).to(keys.device),
+                                   self.archive.inv_freq).view_as(keys)
+            self._day_turns[turn] = (at_zero.clone(), values.clone(), rel, seq)
+            while len(self._day_turns) > DAY_TURNS_KEPT:
+                del self._day_turns[next(iter(self._day_turns))]
+            return cost
+        keys, values, rel, seq = kept
+        if len(rel) > spare:
+            return 0
+        start = rel + self.cache.next_position
+        layers, heads = keys.shape[:2]
+        shift = torch.full((layers * heads, len(rel)), self.cache.next_position, device=keys.device)
+        placed = shift_rotary(keys.flatten(0, 1), shift, self.archive.inv_freq).view_as(keys)
+        self.cache.splice(placed, values, start, start + 1, seq, torch.zeros(len(rel), dtype=torch.bool))
+        return len(rel)
 
     def _splice(self, chosen: list) -> None:
         """Splice archived blocks after the cache's, in the order given, each re-rotated to sit there."""
