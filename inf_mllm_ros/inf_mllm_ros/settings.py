@@ -116,8 +116,9 @@ PARAMETERS = (
           "'auto' (compiled on CUDA, else eager). The same memory either way.", choices=STEP_MODES,
           engine_field="ingest_step"),
     Param("clock", StreamConfig.clock, "How an input's time reads to the model, after its text: 'stream' (h:mm:ss.s "
-          "since the memory's first input) or 'wall' (the time of day of its stamp in time_zone, hh:mm:ss), so that a "
-          "question asked in wall-clock time is answered in it.", choices=CLOCKS, engine_field="clock"),
+          "since the memory's first input, after 'day N,' from its second day) or 'wall' (the time of day of its "
+          "stamp in time_zone, hh:mm:ss, after its date), the day said where it differs from the input before's, "
+          "so that a question asked in wall-clock time is answered in it.", choices=CLOCKS, engine_field="clock"),
     Param("time_zone", StreamConfig.time_zone, "The IANA time zone of the wall clock ('UTC', 'Europe/Berlin'...).",
           engine_field="time_zone"),
     Param("evidence", StreamConfig.evidence, "The most inputs an answer names as its evidence (stamp, kind, cache or "
