@@ -65,7 +65,6 @@ SETTINGS = {
     "bm25": None,  # retrieval only: no stream
 }
 TURN_SPACING_S = 30.0
-SETTINGS_RETRIEVE = 256  # the shipped retrieve_tokens, restored between the latency runs
 EVIDENCE_K = 5
 MONTHS = {name.lower(): i for i, name in enumerate(
     ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
@@ -262,8 +261,8 @@ def ingest(stream, turns: list[Turn], batch: int) -> list[tuple[int, int, str]]:
     return spans
 
 
-def stream_records(adapter, conv: str, setting: str, cache: int, turns: list[Turn], questions: list[Question],
-                   origin: float, args, done: dict, write) -> None:
+def stream_records(adapter, conv: str, setting: str, names: list[str], cache: int, turns: list[Turn],
+                   questions: list[Question], origin: float, args, done: dict, write) -> None:
     """One conversation into a fresh stream with one setting, then its questions; `write` gets each record. The
     archive's stream also answers as `no_archive` (retrieval off) where that is asked: the cache is the same with
     the archive on or off (engine/stream_config.py), so one stream serves both."""
@@ -317,7 +316,7 @@ def stream_records(adapter, conv: str, setting: str, cache: int, turns: list[Tur
     if args.latency:
         write(latency(stream, conv, values["cache_size"], questions))
         return
-    for name in [setting] + (["no_archive"] if setting == "archive" and "no_archive" in args.settings.split(",") else []):
+    for name in names:  # the setting's own, then no_archive where the archive's stream serves it too
         if name == "no_archive":
             stream.config.retrieve_tokens, stream.config.evidence = 0, 0
         answer_all(stream, conv, name, values["cache_size"], questions, held_turns, done.get(name, set()), args,
@@ -411,25 +410,25 @@ def ablation(stream, conv: str, cache: int, questions: list[Question], held_turn
 
 def latency(stream, conv: str, cache: int, questions: list[Question], new_tokens: int = 16) -> dict:
     """Answer time with the archive as shipped, with no day placed after retrieved blocks, and without retrieval,
-    the same questions in turn on the same memory: seconds per answer (median), and the day turns placed."""
-    placed: list[str] = []
-    place_turn, turn_tokens = stream.place_turn, stream.turn_tokens
-    stream.place_turn = lambda text: placed.append(text) or place_turn(text)
+    the same questions in turn on the same memory: seconds per answer (median), and the day turns computed."""
+    computed: list[str] = []
+    place_turn, place_day, budget = stream.place_turn, stream.retriever.place_day, stream.config.retrieve_tokens
+    stream.place_turn = lambda text: computed.append(text) or place_turn(text)
     out = {"conversation": conv, "setting": "latency", "cache": cache, "questions": len(questions),
            "max_new_tokens": new_tokens, "machine": machine(), "commit": commit(),
            "day_turns": "each day's turn computed once, then placed as kept"}
     stream.ask("What happened?", max_new_tokens=2)  # the retrieval heads and the index, once
     for name in ("archive", "no_days", "no_archive"):
-        stream.config.retrieve_tokens = 0 if name == "no_archive" else SETTINGS_RETRIEVE
-        stream.turn_tokens = (lambda text: 1 << 30) if name == "no_days" else turn_tokens  # no day fits
-        placed.clear()
+        stream.config.retrieve_tokens = 0 if name == "no_archive" else budget
+        stream.retriever.place_day = (lambda turn, spare: 0) if name == "no_days" else place_day
+        computed.clear()
         times = []
         for q in questions:
             start = time.perf_counter()
             stream.ask(q.question, max_new_tokens=new_tokens)
             times.append(time.perf_counter() - start)
-        out[name] = {"answer_s_median": round(statistics.median(times), 3), "day_turns": len(placed)}
-    stream.turn_tokens = turn_tokens
+        out[name] = {"answer_s_median": round(statistics.median(times), 3), "day_turns": len(computed)}
+    stream.retriever.place_day, stream.config.retrieve_tokens = place_day, budget
     for name in ("archive", "no_days"):
         out[name]["of_no_archive"] = round(out[name]["answer_s_median"] / out["no_archive"]["answer_s_median"], 3)
     print(json.dumps(out), flush=True)
@@ -582,7 +581,7 @@ def main(argv: list[str] | None = None) -> None:
                         save()
 
                     with torch.inference_mode():
-                        stream_records(adapter, conv, setting, cache, turns, questions, origin, args, done, write)
+                        stream_records(adapter, conv, setting, names, cache, turns, questions, origin, args, done, write)
         save()
     result = summary(records)
     print(table(result))

@@ -106,7 +106,7 @@ class MarkerClock:
 
     The day is said where it differs from the previous input's (`previous`: that input's stamp; None: the memory's
     first input): a memory that runs for days says which day each input came on, and a day of inputs pays for its
-    date once. A block retrieved out of its day gets its day placed before it (engine/retriever.py)."""
+    date once. A run of blocks retrieved out of their day is followed by their day (engine/retriever.py)."""
 
     kind: str = "stream"
     time_zone: str = "UTC"
@@ -120,7 +120,10 @@ class MarkerClock:
 
     def __call__(self, stamp: float) -> str:
         day, said = self.day(stamp), self.time_of_day(stamp)
-        before = self.day(self.previous) if self.previous is not None else self.day(0.0) if not self._wall else None
+        if self.previous is not None:
+            before = self.day(self.previous)
+        else:  # the memory's first input: the wall clock says its date, the stream clock leaves day 0 unsaid
+            before = None if self._wall else self.day(0.0)
         if day == before:
             return said
         return f"{day} {said}" if self._wall else f"{day}, {said}"

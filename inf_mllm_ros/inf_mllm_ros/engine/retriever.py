@@ -149,7 +149,7 @@ class Retriever:
     def retrieve(self, ids: Tensor, content: slice, budget: int, evidence: int, spare: int = 0) -> Retrieval:
         """Place the archived blocks that the question (`ids`, its own words at `content`) scores best, up to
         `budget` tokens, after the cache's own (the caller truncates the cache back afterwards); and its `evidence`
-        best inputs, held by the cache or not. `spare`: tokens beyond the budget for the days said before blocks
+        best inputs, held by the cache or not. `spare`: tokens beyond the budget for the days said after blocks
         retrieved out of their day (`_place`)."""
         archive = self.archive
         if not archive.enabled or not archive.blocks or (budget <= 0 and evidence <= 0):
