@@ -9,6 +9,10 @@ thread ran a whole core while the model's thread and the frame callbacks took al
 This executor keeps the same wait set (rclpy's public `wait_for_ready_callbacks`) and differs in one thing: a
 callback already in the pool's queue is not queued again; the spinning thread waits, without the GIL, for a pool
 thread to take it up. An exception raised in a callback ends `spin_once` on the spinning thread, as rclpy's does.
+
+`BoundedCallbackGroup` lets at most a set number of its callbacks run at once: while they are all taken, the
+executor leaves the group's entities out of its wait set, so what comes for them waits in the middleware's history
+(the node's `~/query` and `~/recall` run in one: docs/node.md, Many callers).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
+from rclpy.callback_groups import CallbackGroup
 from rclpy.executors import (ConditionReachedException, Executor, ExternalShutdownException, ShutdownException,
                              TimeoutException)
 
@@ -83,3 +88,42 @@ class OnceQueuedExecutor(Executor):
         done = super().shutdown(timeout_sec)
         self._pool.shutdown(wait=wait_for_threads)
         return done
+
+
+class BoundedCallbackGroup(CallbackGroup):
+    """At most `slots` callbacks of the group run at once (a `ReentrantCallbackGroup` up to that many).
+
+    While every slot is taken, `can_execute` is False: rclpy's executors (Humble to Kilted, and this module's, which
+    keeps their wait set) leave the group's entities out of the wait set, so a service's requests stay in its
+    middleware history, unread, until a callback ends and frees a slot; `beginning_execution` refuses a callback
+    that lost the race for the last slot, and the executor hands it out again later, its request still untaken.
+    """
+
+    def __init__(self, slots: int):
+        super().__init__()
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, got {slots}")
+        self.slots = slots
+        self._running = 0
+        self._lock = threading.Lock()
+
+    @property
+    def running(self) -> int:
+        """Callbacks of the group running now."""
+        with self._lock:
+            return self._running
+
+    def can_execute(self, entity) -> bool:
+        with self._lock:
+            return self._running < self.slots
+
+    def beginning_execution(self, entity) -> bool:
+        with self._lock:
+            if self._running >= self.slots:
+                return False
+            self._running += 1
+            return True
+
+    def ending_execution(self, entity) -> None:
+        with self._lock:
+            self._running -= 1

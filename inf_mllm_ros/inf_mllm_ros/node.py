@@ -5,12 +5,13 @@ A thin lifecycle node over `StreamingEngine`, which runs the model on its own wo
 - configure loads the model, activate takes input, deactivate stops input and saves the memory,
   cleanup frees the model; with `autostart` (the default) the node configures and activates itself;
 - subscription and timer callbacks only convert messages and hand them to the engine (never block);
-- `~/query`, `~/reset` and `~/save_memory` run in a reentrant callback group and wait for the engine
-  there, so a multi-threaded executor keeps serving topics, timers and parameters while the model works;
+- `~/query`, `~/recall`, `~/reset` and `~/save_memory` wait for the engine in callback groups of their own,
+  so a multi-threaded executor keeps serving topics, timers and parameters while the model works;
 - whatever the engine reports from its worker (an input done, a description) goes through a queue
   and a guard condition, so that publishing and logging happen on the executor;
-- the services keep up to SERVICE_QOS's depth of requests, so a burst of callers is answered (or
-  refused at once with a reason) rather than dropped by the middleware;
+- `~/query` and `~/recall` take `max_pending_queries` requests at a time; the rest wait untaken in the
+  services' deep middleware history (SERVICE_QOS), so a burst of callers is answered at the model's pace,
+  never dropped and never refused for a full queue;
 - on SIGINT or SIGTERM the node stops the model, saves the memory and answers every caller still
   waiting ("node is shutting down") before it leaves the graph.
 

@@ -1,10 +1,16 @@
 """The node's services and action: `~/query`, `~/recall`, `~/reset`, `~/save_memory` and `~/ask`.
 
 `Services` is a part the node (node.py) owns. The services exist in every lifecycle state, so a
-caller always hears why not instead of nothing, and they run in a reentrant callback group and wait for
-the engine there, so a multi-threaded executor keeps serving topics, timers and parameters while the
-model works. Every caller gets a response: a refusal in the node's state, a timeout, a failure of the
-model and a shutdown each say so in `message`.
+caller always hears why not instead of nothing, and they wait for the engine in callback groups of their
+own, so a multi-threaded executor keeps serving topics, timers and parameters while the model works. Every
+caller gets a response: a refusal in the node's state, a timeout, a failure of the model and a shutdown
+each say so in `message`.
+
+`~/query` and `~/recall` share a `BoundedCallbackGroup` of `max_pending_queries` slots: the node takes that
+many questions at once (the one answered and those waiting for the model), and the rest wait, untaken, in the
+services' middleware history (SERVICE_QOS), to be taken one by one as answers end. So no burst of responses
+is ever made for a burst of callers: answers leave at the model's pace, none is refused for a full queue, and
+each caller's process has time to read them (docs/node.md, Many callers).
 """
 
 from __future__ import annotations
@@ -29,22 +35,25 @@ from .engine.engine import EngineBusyError, EngineNotReadyError
 from .engine.answering import AnswerCancelledError
 from .engine.text_rules import TextRefused, checked_text
 from .engine_interface import EngineLike
+from .executor import BoundedCallbackGroup
 from .input_rules import stamp_seconds
 from .node_health import NodeCounters
 from .node_inputs import Inputs
 from .node_poses import evidence_msgs, pose_msg
 from .settings import MAX_NEW_TOKENS_LIMIT
 
-# Services: requests and responses kept for a burst of callers. The default depth (10) lets the middleware
-# drop the requests of a burst while the executor is busy, and their callers never hear back.
+# Services: the requests that wait to be taken, and the responses. Questions beyond max_pending_queries wait
+# here, untaken (a request costs its bytes), so the history is deep: with the default depth (10) the middleware
+# would drop the requests of a burst, and their callers would never hear back.
 SERVICE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000, reliability=ReliabilityPolicy.RELIABLE,
                          durability=DurabilityPolicy.VOLATILE)
-# Responses of the services leave at least this far apart. Every client of a service receives every response
-# it sends and drops those for other clients (Fast DDS: one reply topic per service); a burst of instant
-# responses (refusals of a full queue) fills a default client's history (10 deep) in each calling process
-# and pushes out a caller's own response before that process takes it. Spaced, each process keeps up, and
-# a burst of 100 refusals takes a second.
-RESPONSE_SPACING = 0.01
+# Refusals leave at least this far apart; answers are never held. Every client of a service receives every
+# response it sends and drops those for other clients (Fast DDS: one reply topic per service), so a burst of
+# instant responses fills a default client's history (10 deep) in each calling process and pushes out a
+# caller's own response before that process takes it. Questions are answered at the model's pace, but a
+# burst of callers while the model loads, or while the node is inactive or stopping, is refused at once: spaced,
+# 100 refusals take a second.
+REFUSAL_SPACING = 0.01
 SHUTTING_DOWN = "node is shutting down"
 NOT_CONFIGURED = "node is not configured: no model is loaded (configure it through its lifecycle)"
 LOADING = "model is still loading"
@@ -66,13 +75,19 @@ class Services:
         self.node, self.counters, self.inputs = node, counters, inputs
         self._lock = threading.Lock()
         self._in_service = 0  # service and action callbacks running now
-        self._next_response_at = 0.0  # monotonic time before which no service response leaves (see RESPONSE_SPACING)
+        self._next_refusal_at = 0.0  # monotonic time before which no refusal leaves (see REFUSAL_SPACING)
         self.controls_waiting: set[str] = set()  # "reset", "saved": one of each at a time
         # Services exist in every state, so a caller always hears why not instead of nothing.
         waiting = ReentrantCallbackGroup()
-        node.create_service(Query, "~/query", self._on_query, callback_group=waiting, qos_profile=SERVICE_QOS)
+        # Questions taken at once: the one answered and those waiting for the model, one place fewer than the
+        # engine's queue holds (max_pending_queries waiting beside the one answered), so that a goal of ~/ask
+        # finds room beside a burst. The rest wait in the middleware, untaken, and query_timeout counts from
+        # when a request is taken.
+        self.questions = BoundedCallbackGroup(node.param("max_pending_queries"))
+        node.create_service(Query, "~/query", self._on_query, callback_group=self.questions,
+                            qos_profile=SERVICE_QOS)
         node.create_service(Recall, "~/recall", lambda req, res: self._served(self._recall, req, res),
-                            callback_group=waiting, qos_profile=SERVICE_QOS)
+                            callback_group=self.questions, qos_profile=SERVICE_QOS)
         # The last answer's evidence poses, heaviest first, for RViz.
         self._evidence_pub = node.create_lifecycle_publisher(PoseArray, "~/evidence", 10)  # while active only
         node.create_service(Trigger, "~/reset", self._on_reset, callback_group=waiting, qos_profile=SERVICE_QOS)
@@ -110,17 +125,18 @@ class Services:
             except Exception as exc:  # every caller gets a response, whatever went wrong
                 self.node.get_logger().error(f"request failed: {type(exc).__name__}: {exc}")
                 response.success, response.message = False, f"internal error: {type(exc).__name__}: {exc}"
-            if not response.success and self.node.stopping.is_set():
-                response.message = SHUTTING_DOWN
-            self._space_response()
+            if not response.success:
+                if self.node.stopping.is_set():
+                    response.message = SHUTTING_DOWN
+                self._space_refusal()
             return response
 
-    def _space_response(self) -> None:
-        """Wait for this response's turn to leave, RESPONSE_SPACING after the one before."""
+    def _space_refusal(self) -> None:
+        """Wait for this refusal's turn to leave, REFUSAL_SPACING after the one before."""
         with self._lock:
             now = time.monotonic()
-            at = max(now, self._next_response_at)
-            self._next_response_at = at + RESPONSE_SPACING
+            at = max(now, self._next_refusal_at)
+            self._next_refusal_at = at + REFUSAL_SPACING
         if at > now:
             time.sleep(at - now)
 

@@ -4,12 +4,15 @@ once and the spinning thread stays cool; otherwise it behaves as rclpy's executo
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import rclpy
+from rclpy.executors import MultiThreadedExecutor
 from rclpy.task import Future
+from std_srvs.srv import Trigger
 
-from inf_mllm_ros.executor import OnceQueuedExecutor
+from inf_mllm_ros.executor import BoundedCallbackGroup, OnceQueuedExecutor
 from inf_mllm_ros.testing.executor_flood import run_flood
 
 
@@ -76,3 +79,53 @@ def test_a_thread_count_below_one_is_refused(ros_node):
     node, _ = ros_node
     with pytest.raises(ValueError, match="at least 1"):
         OnceQueuedExecutor(0, context=node.context)
+
+
+@pytest.mark.parametrize("kind", ["once_queued", "rclpy"])
+def test_a_bounded_group_runs_at_most_its_slots_and_leaves_the_rest_waiting(kind):
+    """A service in a BoundedCallbackGroup of 2 slots, 8 requests at once, threads to spare: never more than 2
+    callbacks run together, and every request is answered, taken as slots free (in this executor and rclpy's)."""
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    server = rclpy.create_node("bounded_server", context=context)
+    caller = rclpy.create_node("bounded_caller", context=context)
+    executor = OnceQueuedExecutor(8, context=context) if kind == "once_queued" else \
+        MultiThreadedExecutor(8, context=context)
+    group = BoundedCallbackGroup(2)
+    lock, running, most = threading.Lock(), [0], [0]
+
+    def slow(_request, response):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.1)
+        with lock:
+            running[0] -= 1
+        response.success = True
+        return response
+
+    try:
+        server.create_service(Trigger, "bounded", slow, callback_group=group)
+        client = caller.create_client(Trigger, "bounded")
+        for node in (server, caller):
+            executor.add_node(node)
+        deadline = time.monotonic() + 10
+        while not client.service_is_ready() and time.monotonic() < deadline:
+            executor.spin_once(timeout_sec=0.05)
+        futures = [client.call_async(Trigger.Request()) for _ in range(8)]
+        deadline = time.monotonic() + 20
+        while not all(f.done() for f in futures) and time.monotonic() < deadline:
+            executor.spin_once(timeout_sec=0.05)
+        assert all(f.done() and f.result().success for f in futures), [f.done() for f in futures]
+        assert most[0] == 2, most
+        assert group.running == 0
+    finally:
+        executor.shutdown(timeout_sec=5)
+        server.destroy_node()
+        caller.destroy_node()
+        rclpy.try_shutdown(context=context)
+
+
+def test_a_bounded_group_needs_a_slot():
+    with pytest.raises(ValueError, match="at least 1"):
+        BoundedCallbackGroup(0)
