@@ -262,9 +262,10 @@ def test_a_reset_empties_the_archive_and_a_resize_keeps_the_newest_blocks():
     archive = KVArchive(100, 8, torch.ones(4))
     keys = torch.randn(2, 1, 30, 8)
     for i in range(3):
-        archive.take(0, keys[0][None], keys[0][None], 2)
-        archive.take(1, keys[1][None], keys[1][None], 2)
-        archive.end_forward(torch.arange(30), torch.arange(1, 31), 30 * i)
+        recording = archive.recording(2)
+        recording.take(0, keys[0][None], keys[0][None])
+        recording.take(1, keys[1][None], keys[1][None])
+        archive.end_forward(recording, torch.arange(30), torch.arange(1, 31), 30 * i)
         archive.end_prompt(frame=False, turns=[(30, float(i))])
     assert archive.tokens == 90
     newest = archive.blocks[-1].first_seq

@@ -78,14 +78,14 @@ def test_fill_is_min_of_capacity_and_tokens_seen_and_storage_is_never_reallocate
 
 def test_peak_fill_is_capacity_plus_one_chunk(tiny, monkeypatch):
     peak = {"fill": 0}
-    original = BoundedLayer.update
+    original = BoundedLayer.append
 
     def recording(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
         peak["fill"] = max(peak["fill"], self.fill)
         return out
 
-    monkeypatch.setattr(BoundedLayer, "update", recording)
+    monkeypatch.setattr(BoundedLayer, "append", recording)
     stream = make_stream(tiny, capacity=32, policy="inf_mllm", chunk_size=8, headroom=8)
     stream.push_tokens(torch.randint(0, 300, (200,)))  # one long input, fed in blocks
     assert peak["fill"] == 32 + 8
@@ -139,7 +139,7 @@ def _rotate_exact(k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tens
 def test_repacked_keys_stay_exact_over_a_thousand_repacks(dtype):
     """Every key that survives is rotated to its new position from the key the model gave, so rounding
     never accumulates: after 1,000 re-packs the newest-at-start keys are within one rounding of exact."""
-    from inf_mllm_ros.engine.cache import BoundedKVCache, PromptPositions
+    from inf_mllm_ros.engine.cache import BoundedKVCache, ForwardPlan, PromptPositions
     from inf_mllm_ros.engine.policies import make_policy
 
     torch.manual_seed(0)
@@ -153,8 +153,8 @@ def test_repacked_keys_stay_exact_over_a_thousand_repacks(dtype):
     def push(first: int, n: int) -> None:
         pos = PromptPositions.contiguous(cache.next_position, first, n)
         keys = _rotate_exact(raw[first:first + n], pos.start, inv_freq).to(dtype)[None, None]
-        cache.stage(pos, evict=True)
-        layer.update(keys, keys)
+        cache.stage(ForwardPlan(pos, evict=True))
+        cache.update(keys, keys, 0)
         cache.after_attention(0, None, None, 1.0)
 
     push(0, capacity)

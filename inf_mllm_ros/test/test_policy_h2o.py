@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from inf_mllm_ros.engine.cache import BoundedKVCache, PromptPositions
+from inf_mllm_ros.engine.cache import BoundedKVCache, ForwardPlan, PromptPositions
 from inf_mllm_ros.engine.policies import make_policy
 
 from policy_helpers import KEEP, PLAIN, inf, kept, uniform_with_saddle, view
@@ -32,15 +32,15 @@ def test_h2o_accumulates_across_steps_in_the_cache():
     keys = torch.randn(1, heads, 12, dim) * 0.01
     keys[0, 0, 1] = torch.ones(dim) * 3  # token 1 is what the first prompt's queries look for
     query_hit = torch.ones(1, heads, 4, dim) * 3
-    cache.stage(PromptPositions.contiguous(0, 0, 8), evict=True)
-    layer.update(keys[:, :, :8], keys[:, :, :8])
+    cache.stage(ForwardPlan(PromptPositions.contiguous(0, 0, 8), evict=True))
+    cache.update(keys[:, :, :8], keys[:, :, :8], 0)
     cache.after_attention(0, query_hit, layer.keys[:, :, :8], 1.0)
     assert layer.fill == capacity and 1 in cache.cached_seq(0)[0].tolist()
     # Two more prompts whose queries look away from token 1, each evicting: its retrieval windows pay it
     # the least of all, so only the attention of the first prompt, carried across evictions, keeps it.
     for start in (8, 10):
-        cache.stage(PromptPositions.contiguous(start, start, 2), evict=True)
-        layer.update(keys[:, :, start : start + 2], keys[:, :, start : start + 2])
+        cache.stage(ForwardPlan(PromptPositions.contiguous(start, start, 2), evict=True))
+        cache.update(keys[:, :, start : start + 2], keys[:, :, start : start + 2], 0)
         cache.after_attention(0, -query_hit[:, :, :2], layer.keys[:, :, : layer.fill], 1.0)
         assert layer.fill == capacity
     assert 1 in cache.cached_seq(0)[0].tolist()

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from inf_mllm_ros.engine.cache import BoundedKVCache, PromptPositions
+from inf_mllm_ros.engine.cache import BoundedKVCache, ForwardPlan, PromptPositions
 from inf_mllm_ros.engine.policies import SlotView, make_policy, policy_defaults
 
 from policy_helpers import FILL, HEADS, KEEP, PLAIN, SHIPPED, inf, kept, uniform_with_saddle, view
@@ -175,8 +175,8 @@ def test_a_hit_is_remembered_across_evictions_in_the_cache():
         seen = 0
         for prompt in range(5):
             n = 12 if prompt == 0 else 4
-            cache.stage(PromptPositions.contiguous(seen, seen, n), evict=True)
-            layer.update(keys[:, :, seen : seen + n], keys[:, :, seen : seen + n])
+            cache.stage(ForwardPlan(PromptPositions.contiguous(seen, seen, n), evict=True))
+            cache.update(keys[:, :, seen : seen + n], keys[:, :, seen : seen + n], 0)
             query = torch.ones(1, heads, n, dim) * (3 if prompt == 1 else -3)  # then away from token 3
             query[0, 0, :, 0] = 0.0
             cache.after_attention(0, query, layer.keys[:, :, : layer.fill], 1.0)
@@ -204,14 +204,14 @@ def test_every_candidate_s_score_is_set_by_the_queries_that_all_see_it(variant):
         return original(v, keep)
 
     policy.select = spy
-    cache.stage(PromptPositions.contiguous(0, 0, 48), evict=True)
-    layer.update(keys[:, :, :48], keys[:, :, :48])
+    cache.stage(ForwardPlan(PromptPositions.contiguous(0, 0, 48), evict=True))
+    cache.update(keys[:, :, :48], keys[:, :, :48], 0)
     # The first prompt's queries look hardest at its own last tokens, as local attention does.
     cache.after_attention(0, keys[:, :, 40:48] * 30, layer.keys[:, :, :48], 1.0)
     assert views[0] == {"new": 48, "fill": 48, "regions": (4, KEEP - 4)}
     assert cache.cached_seq(0)[0].tolist() == [0, 1, 2, 3, *range(12, 48)], "sinks, then the end of the prompt"
-    cache.stage(PromptPositions.contiguous(48, 48, 4), evict=True)
-    layer.update(keys[:, :, 48:], keys[:, :, 48:])
+    cache.stage(ForwardPlan(PromptPositions.contiguous(48, 48, 4), evict=True))
+    cache.update(keys[:, :, 48:], keys[:, :, 48:], 0)
     cache.after_attention(0, torch.ones(1, 1, 4, 8) * 3, layer.keys[:, :, : layer.fill], 1.0)
     sinks, recent = views[1]["regions"]
     held = cache.cached_seq(0)[0].tolist()

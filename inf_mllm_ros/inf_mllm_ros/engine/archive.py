@@ -75,11 +75,24 @@ class _Pending:
     first_seq: int
 
 
+class ForwardRecording:
+    """One forward's keys and values, layer by layer, as the cache's layers took them: what the stream hands the
+    forward in its plan (engine/forward_plan.py, a `LayerRecorder`) and gives the archive once it is complete."""
+
+    def __init__(self, num_layers: int):
+        self.layers: list[tuple[Tensor, Tensor] | None] = [None] * num_layers
+
+    def take(self, layer: int, keys: Tensor, values: Tensor) -> None:
+        """One layer's new keys and values ([1, heads, q, dim], rotated as the cache received them)."""
+        self.layers[layer] = (keys[0], values[0])
+
+
 class KVArchive:
     """Host-memory archive of the stream's KV blocks, bounded to `size` tokens.
 
-    The cache reports each layer's new keys and values while a prompt is recorded (`take`); the stream
-    closes each forward (`end_forward`) and each prompt (`end_prompt`), which cuts what came into blocks.
+    The stream hands each recorded forward a `ForwardRecording` (`recording`), which the cache's layers fill
+    with their new keys and values; the stream then closes the forward (`end_forward`) and each prompt
+    (`end_prompt`), which cuts what came into blocks.
     """
 
     def __init__(self, size: int, block_tokens: int, rope_inv_freq: Tensor | None):
@@ -100,7 +113,6 @@ class KVArchive:
         self.pos_end: Tensor | None = None
         self.block_of: Tensor | None = None  # [size] int64: the index of the block a slot belongs to
         self.token_ids: Tensor | None = None  # [size] int32: each slot's token (-1: a frame's), to quote a block
-        self._layers: list[tuple[Tensor, Tensor] | None] = []
         self._pending: _Pending | None = None
         self._copied: torch.cuda.Event | None = None  # the recording's last copy from a GPU
         self.blocks_dropped = 0
@@ -114,15 +126,13 @@ class KVArchive:
         return self.size > 0 and self.inv_freq is not None
 
     # --- recording -----------------------------------------------------------------------------------
-    def take(self, layer: int, keys: Tensor, values: Tensor, num_layers: int) -> None:
-        """One layer's new keys and values ([1, heads, q, dim], rotated as the cache received them)."""
-        if len(self._layers) != num_layers:
-            self._layers = [None] * num_layers
-        self._layers[layer] = (keys[0], values[0])
+    def recording(self, num_layers: int) -> "ForwardRecording | None":
+        """A new copy of one forward's keys and values for the archive (None where it keeps nothing)."""
+        return ForwardRecording(num_layers) if self.enabled else None
 
-    def end_forward(self, start: Tensor, end: Tensor, first_seq: int) -> None:
-        """The forward that `take` saw is complete: move its keys and values to the host."""
-        layers, self._layers = self._layers, []
+    def end_forward(self, recording: "ForwardRecording", start: Tensor, end: Tensor, first_seq: int) -> None:
+        """The forward that filled `recording` is complete: move its keys and values to the host."""
+        layers = recording.layers
         if not layers or any(entry is None for entry in layers):
             return  # nothing was recorded (or a forward failed part-way)
         shapes = {(k.shape, v.shape) for k, v in layers}
@@ -152,14 +162,13 @@ class KVArchive:
             self._copied = None
 
     def discard_pending(self) -> None:
-        self._layers, self._pending = [], None
+        self._pending = None
 
     def end_prompt(self, *, frame: bool, turns: list[tuple], token_ids: Tensor | None = None) -> None:
         """Cut what the prompt put through the model into blocks and archive them. `turns`: (token count,
         stream time[, pose]) of each message in it, so that blocks follow messages; tokens recorded before them
         (a kept answer's, generated one by one) are a turn of their own. `token_ids`: the prompt's (text)."""
         pending, self._pending = self._pending, None
-        self._layers = []
         self._host_copies_done()
         if pending is None or not self.enabled:
             return

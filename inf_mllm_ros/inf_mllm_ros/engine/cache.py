@@ -24,14 +24,14 @@ is in engine/rotary.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 from transformers.cache_utils import Cache
 
-from .cache_layer import BoundedLayer
+from .cache_layer import BoundedLayer, LayerSpec
+from .forward_plan import ForwardPlan, PromptPositions
 from .policies import EvictionPolicy
 
 POSITION_MODES = ("cache", "original")
@@ -40,43 +40,11 @@ POSITION_MODES = ("cache", "original")
 TEMPORARY_BYTES = 4 << 20
 
 
+__all__ = ["BoundedKVCache", "CacheOverflowError", "ForwardPlan", "PromptPositions", "POSITION_MODES"]
+
+
 class CacheOverflowError(RuntimeError):
     """More tokens were pushed than the storage can hold before the next eviction."""
-
-
-@dataclass
-class PromptPositions:
-    """Positions of the tokens about to be appended (same for every layer and head)."""
-
-    start: Tensor  # [q] int64: the position the key is rotated with
-    end: Tensor  # [q] int64: one past the largest position component of the token
-    first_seq: int  # index in the stream of the first of these tokens (the others follow it)
-    frame: bool = False  # the tokens belong to a camera frame's prompt (else to text)
-    pinned: bool | Tensor = False  # the caller asked to keep these tokens (or [q] bool, per token)
-
-    @classmethod
-    def contiguous(cls, first_position: int, first_seq: int, length: int, device=None) -> "PromptPositions":
-        pos = torch.arange(first_position, first_position + length, dtype=torch.long, device=device)
-        return cls(pos, pos + 1, first_seq)
-
-    def __len__(self) -> int:
-        return int(self.start.shape[0])
-
-    @property
-    def seq_end(self) -> int:
-        """One past the stream index of the last of these tokens: the stream's clock once they are in."""
-        return self.first_seq + len(self)
-
-    @cached_property
-    def seq(self) -> Tensor:
-        """[q] int64: index of each token in the stream, made once per prompt on the positions' device."""
-        return torch.arange(self.first_seq, self.seq_end, dtype=torch.long, device=self.start.device)
-
-    @cached_property
-    def last_end(self) -> int:
-        """One past the largest position of these tokens: read once per prompt, not once per layer (on a
-        GPU every read waits for the device)."""
-        return int(self.end.max())
 
 
 class BoundedKVCache(Cache):
@@ -117,15 +85,8 @@ class BoundedKVCache(Cache):
         self.position_mode = position_mode
         self.rope_inv_freq = rope_inv_freq
         self.scoring_backend = scoring_backend
-        self.staged: PromptPositions | None = None
-        self.evict_after_prompt = False
-        self.pack_after_prompt = False
-        self.observing = True
-        # The archive that copies what goes through the model (engine/archive.py), while `recording`; and, while
-        # it is a dict, each layer's queries of the forward (a question's, to score the archive with).
-        self.archive = None
-        self.recording = False
-        self.captured_queries: dict[int, Tensor] | None = None
+        # The forward under way (engine/forward_plan.py): staged before it, given to each layer with its tokens.
+        self._plan: ForwardPlan | None = None
         self.tokens_evicted = 0
         self.evictions = 0
         self.stack_layers = stack_layers
@@ -134,7 +95,11 @@ class BoundedKVCache(Cache):
         self._storage: dict[str, Tensor] = {}
         self._uniform = True
         self._stacked: BoundedLayer | None = None  # one layer over the whole storage, rows layer by layer
-        super().__init__(layers=[BoundedLayer(self, i) for i in range(num_layers)])
+        spec = LayerSpec(slots=self.slots, room=capacity if policy.evicts else self.slots,
+                         slot_stats=tuple(policy.slot_stats), rerotates=position_mode == "cache",
+                         scoring_backend=scoring_backend)
+        self.layer_spec = spec
+        super().__init__(layers=[BoundedLayer(i, spec, self.storage_for(i)) for i in range(num_layers)])
 
     @property
     def slots(self) -> int:
@@ -147,71 +112,76 @@ class BoundedKVCache(Cache):
         return TEMPORARY_BYTES
 
     # --- driven by the engine around each forward pass ------------------------------------------------
-    def stage(self, positions: PromptPositions, *, evict: bool, pack: bool = True, observe: bool = True,
-              record: bool = False) -> None:
-        """Declare the next forward's tokens, whether eviction runs after it, whether positions may be
-        re-packed then (not between the blocks of one frame, whose layout must stay whole), and whether the
-        archive (if any) copies them."""
-        if self.fill + len(positions) > self.slots:
-            raise CacheOverflowError(
-                f"{len(positions)} new tokens do not fit: {self.fill} cached, room for {self.slots}"
-            )
-        self.staged = positions
-        self.evict_after_prompt = evict and self.policy.evicts
-        self.pack_after_prompt = pack and self.position_mode == "cache"
-        self.observing = observe
-        self.recording = record and self.archive is not None
+    def stage(self, plan: ForwardPlan) -> None:
+        """Take the plan of the next forward (its tokens' positions; whether eviction runs after it, whether
+        positions may be re-packed then, whether the retrieval window is kept, what is recorded and captured)."""
+        if self.fill + len(plan) > self.slots:
+            raise CacheOverflowError(f"{len(plan)} new tokens do not fit: {self.fill} cached, room for {self.slots}")
+        self.read_frontiers()  # once for every layer, not once per layer as each takes the tokens
+        self._plan = replace(plan, evict=plan.evict and self.policy.evicts,
+                             pack=plan.pack and self.position_mode == "cache")
+
+    def unstage(self) -> None:
+        """The forward is over (or failed): nothing of its plan is kept."""
+        self._plan = None
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
+        """transformers' call as a layer's new keys and values come: they go to that layer with the forward's plan."""
+        if self._plan is None:
+            raise RuntimeError("positions of the incoming tokens were not staged on the cache")
+        return self.layers[layer_idx].append(key_states, value_states, self._plan)
 
     @property
     def wants_scores(self) -> bool:
-        """Whether the next attention must produce retrieval-window scores."""
-        return self.observing and self.policy.needs_attention
+        """Whether the staged forward's attention must produce retrieval-window scores."""
+        return self._plan is not None and self._plan.observe and self.policy.needs_attention
 
     def after_attention(self, layer_idx: int, query: Tensor, key: Tensor, scaling: float,
                         scores: Tensor | None = None) -> None:
-        """Called by the attention function once a layer has attended: score; after the last layer, maybe
-        evict and re-pack. (Every layer already holds the new block while it attends, so waiting for the
-        last one leaves the peak where it was.)"""
+        """Called by the attention function once a layer has attended: score, capture its queries if the plan
+        asks; after the last layer, maybe evict and re-pack. (Every layer already holds the new block while it
+        attends, so waiting for the last one leaves the peak where it was.)"""
         if self.wants_scores:
             self.layers[layer_idx].observe(query, key, scaling, scores)
-        if self.captured_queries is not None:
-            self.captured_queries[layer_idx] = query[0].detach().clone()
+        if self._plan.capture is not None:
+            self._plan.capture[layer_idx] = query[0].detach().clone()
         if layer_idx == len(self.layers) - 1:
             self.end_forward()
 
     def end_forward(self) -> None:
-        """Every layer has attended to the staged tokens: evict and re-pack, if the stage asked for it."""
-        if not (self.evict_after_prompt or self.pack_after_prompt):
+        """Every layer has attended to the staged tokens: evict and re-pack, if the plan asks for it."""
+        plan = self._plan
+        if not (plan.evict or plan.pack):
             return
         stacked = self.stacked_layers()
         if stacked is not None:
-            self._evict_and_pack(stacked, self.layers)
+            self._evict_and_pack(plan, stacked, self.layers)
         else:
             for layer in self.layers:
-                self._evict_and_pack(layer, [layer])
+                self._evict_and_pack(plan, layer, [layer])
 
-    def _evict_and_pack(self, rows: "BoundedLayer", layers: list["BoundedLayer"]) -> None:
+    def _evict_and_pack(self, plan: ForwardPlan, rows: BoundedLayer, layers: list[BoundedLayer]) -> None:
         """Evict and re-pack `rows`, the storage of `layers` (one layer, or all of them stacked)."""
-        if self.evict_after_prompt and rows.fill > self.capacity:
-            evicted = rows.evict(self.policy, self.capacity)
+        temporary_bytes = self.temporary_bytes
+        if plan.evict and rows.fill > self.capacity:
+            evicted = rows.evict(self.policy, self.capacity, plan.positions.seq_end, temporary_bytes)
             if layers[0] is self.layers[0]:
                 self.tokens_evicted += evicted
                 self.evictions += 1
             for layer in layers:
-                layer.fill, layer.window_queries, layer.window_start = rows.fill, 0, rows.window_start
-        if self.pack_after_prompt and any(layer.frontier > layer.fill for layer in layers):
-            end = rows.pack_positions(self.rope_inv_freq)
+                layer.evicted_to(rows.fill)
+        if plan.pack and any(layer.frontier > layer.fill for layer in layers):
+            end = rows.pack_positions(self.rope_inv_freq, temporary_bytes)
             if rows is not layers[0] and rows.fill:
                 # Each layer's frontier: the largest position end among its own rows.
                 ends = end.reshape(len(layers), -1).amax(-1)
                 for i, layer in enumerate(layers):
-                    layer.frontier = 0
-                    layer.frontier_on_device = ends[i]
+                    layer.frontier_left_on_device(ends[i])
 
-    def storage_for(self, index: int, device: torch.device):
-        """A function giving layer `index` its zeroed storage of a name, shape and dtype: a slice of the
-        layers' shared block, or its own where its shape differs from the first layer's."""
-        def store(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    def storage_for(self, index: int):
+        """A function giving layer `index` its zeroed storage of a name, shape and dtype on a device: a slice of
+        the layers' shared block, or its own where its shape differs from the first layer's."""
+        def store(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
             shared = self._storage.get(name)
             if shared is None and self.stack_layers and self._uniform:
                 shared = self._storage[name] = torch.zeros(len(self.layers), *shape, dtype=dtype, device=device)
@@ -234,22 +204,15 @@ class BoundedKVCache(Cache):
                 return self._storage[name].transpose(0, 1).flatten(1, 2)
 
             first = self.layers[0]
-            stacked = BoundedLayer(self, -1)
-            stacked.dtype, stacked.device = first.dtype, first.device
-            stacked.keys, stacked.values = kv("keys"), kv("values")
-            stacked.key_origin = None if first.key_origin is None else kv("key_origin")
-            stacked.pos_origin = None if first.pos_origin is None else rows("pos_origin")
-            for name in ("pos_start", "pos_end", "seq", "frame", "pinned", "window_attention"):
-                setattr(stacked, name, rows(name))
-            stacked.stats = {name: rows(f"stat.{name}") for name in first.stats}
-            stacked.is_initialized = True
-            self._stacked = stacked
-        stacked, first = self._stacked, self.layers[0]
-        stacked.fill, stacked.window_queries = first.fill, first.window_queries
-        stacked.window_start = first.window_start
-        stacked.may_hold_pins = any(layer.may_hold_pins for layer in self.layers)
-        stacked.may_hold_frames = any(layer.may_hold_frames for layer in self.layers)
-        return stacked
+            names = ("pos_start", "pos_end", "seq", "frame", "pinned", "window_attention")
+            tensors = {"keys": kv("keys"), "values": kv("values"),
+                       "key_origin": None if first.key_origin is None else kv("key_origin"),
+                       "pos_origin": None if first.pos_origin is None else rows("pos_origin"),
+                       **{name: rows(name) for name in names},
+                       **{f"stat.{name}": rows(f"stat.{name}") for name in first.stats}}
+            self._stacked = BoundedLayer.over(self.layer_spec, first, tensors)
+        self._stacked.follow(self.layers)
+        return self._stacked
 
     # --- retrieval ---------------------------------------------------------------------------------------
     def splice(self, keys: Tensor, values: Tensor, start: Tensor, end: Tensor, seq: Tensor, frame: Tensor) -> None:
@@ -261,22 +224,7 @@ class BoundedKVCache(Cache):
             raise CacheOverflowError(f"{n} retrieved tokens do not fit: {self.fill} cached, room for {self.slots}")
         with torch.inference_mode():
             for i, layer in enumerate(self.layers):
-                if not layer.is_initialized:
-                    raise RuntimeError("nothing to splice into: the cache holds no tokens yet")
-                a, b = layer.fill, layer.fill + n
-                layer.keys[0, :, a:b] = keys[i].to(layer.device, layer.dtype)
-                layer.values[0, :, a:b] = values[i].to(layer.device, layer.dtype)
-                if layer.key_origin is not None:
-                    layer.key_origin[0, :, a:b] = layer.keys[0, :, a:b]
-                    layer.pos_origin[:, a:b] = start.to(layer.device)
-                for name, value in (("pos_start", start), ("pos_end", end), ("seq", seq), ("frame", frame)):
-                    getattr(layer, name)[:, a:b] = value.to(layer.device)
-                layer.pinned[:, a:b] = False
-                layer.window_attention[:, a:b] = 0
-                for stat in layer.stats.values():
-                    stat[:, a:b] = 0
-                layer.fill = b
-                layer.frontier = max(layer.frontier, int(end.max()))
+                layer.place(keys[i], values[i], start, end, seq, frame)
 
     def tail(self, first: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Keys and values [layers, heads, n, dk] of the slots from `first` to the fill, with their start positions
@@ -310,6 +258,7 @@ class BoundedKVCache(Cache):
     @property
     def next_position(self) -> int:
         """The position the next token gets: one past every position in use."""
+        self.read_frontiers()
         return max(layer.frontier for layer in self.layers)
 
     def read_frontiers(self) -> None:
@@ -318,21 +267,20 @@ class BoundedKVCache(Cache):
         if waiting:
             values = torch.stack([layer.frontier_on_device for layer in waiting]).tolist()
             for layer, value in zip(waiting, values):
-                layer.frontier = value
+                layer.frontier = value  # the setter forgets the tensor on the device
 
     def frontiers(self) -> list[int]:
         """Every layer's next free position (they differ where re-packs closed different gaps)."""
+        self.read_frontiers()
         return [layer.frontier for layer in self.layers]
 
     def truncate(self, fill: int, frontier: int | list[int]) -> None:
         """Drop tokens appended after a snapshot of (fill, frontier) taken with no eviction since: `frontier`, the
         `frontiers()` of the snapshot (each layer back to its own), or one position for every layer."""
         frontiers = frontier if isinstance(frontier, list) else [frontier] * len(self.layers)
+        self.read_frontiers()
         for layer, before in zip(self.layers, frontiers):
-            if layer.fill < fill:
-                raise ValueError(f"cannot truncate to {fill}: layer holds {layer.fill}")
-            layer.fill = fill
-            layer.frontier = min(layer.frontier, before)
+            layer.truncate(fill, before)
 
     def pinned_held(self) -> int:
         """Tokens of pinned texts held in every layer and head (the fewest any layer-head holds)."""

@@ -11,50 +11,56 @@ of a gather or a re-pack are bounded by the cache's `temporary_bytes`.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
 from transformers.cache_utils import CacheLayerMixin
 
+from .forward_plan import ForwardPlan, PromptPositions
 from .policies import EvictionPolicy, SlotView
 from .rotary import packed_positions, shift_rotary
 from .scoring import window_scores
 
-class LayerOwner(Protocol):
-    """What a layer reads of the cache it belongs to (engine/cache.py, `BoundedKVCache`): the sizes and settings it
-    shares with every layer, the storage it takes a slice of, the positions of the tokens coming in, and the archive
-    while it records."""
+# Gives a layer its zeroed storage of a name, shape and dtype on a device: a slice of what the cache shares among
+# layers of one shape, or storage of the layer's own (BoundedKVCache.storage_for).
+LayerStorage = Callable[[str, tuple, torch.dtype, torch.device], Tensor]
 
-    slots: int
-    capacity: int
-    policy: EvictionPolicy
-    position_mode: str
-    scoring_backend: str
-    temporary_bytes: int
-    staged: object
-    recording: bool
-    archive: object
-    layers: list
-    storage_for: Callable
-    read_frontiers: Callable
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What every layer of one cache is made with, given to each at its making."""
+
+    slots: int  # capacity + headroom
+    room: int  # the most slots a saved layer may hold: the capacity, or every slot for a cache that never evicts
+    slot_stats: tuple[str, ...]  # the eviction policy's per-slot statistics
+    rerotates: bool  # positions are re-packed ("cache" mode), so keys are rotated again at each re-pack
+    scoring_backend: str  # how the retrieval window's scores are computed (engine/scoring.py)
 
 
 class BoundedLayer(CacheLayerMixin):
-    """One decoder layer's slots: keys, values, positions and attention statistics."""
+    """One decoder layer's slots: keys, values, positions and attention statistics.
+
+    index: its place among the cache's layers. spec: what it shares with the other layers. storage: where its
+    tensors come from (None: a view over storage made elsewhere, see `over`). Each forward's tokens come with
+    the forward's plan (`append`); nothing else is read from outside.
+    """
 
     is_sliding = False
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, owner: LayerOwner, index: int = 0):
+    def __init__(self, index: int, spec: LayerSpec, storage: LayerStorage | None):
         super().__init__()
-        self.owner = owner
-        self.index = index  # place among the cache's layers (its slice of shared storage)
+        self.index = index
+        self.spec = spec
+        self._storage = storage
         self.fill = 0
         # Queries scored since the last eviction (the retrieval window), each seeing every older slot: a
         # count on the host, so that the policy's average needs no per-slot tally on the device.
         self.window_queries = 0
+        self.window_start = 0  # first slot appended since the last eviction
         self._frontier = 0  # next free position after the tokens this layer has seen
         self.frontier_on_device: Tensor | None = None  # the same, once a re-pack left it on the device
         # Whether a pinned token, or a frame's, came in since the layer was last empty: known on the host, so
@@ -64,8 +70,8 @@ class BoundedLayer(CacheLayerMixin):
 
     @property
     def frontier(self) -> int:
-        if self.frontier_on_device is not None:
-            self.owner.read_frontiers()
+        if self.frontier_on_device is not None:  # the cache reads every layer's at once before a forward
+            self.frontier = int(self.frontier_on_device)
         return self._frontier
 
     @frontier.setter
@@ -75,15 +81,18 @@ class BoundedLayer(CacheLayerMixin):
     # --- storage -----------------------------------------------------------------------------------
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         _, heads, _, head_dim = key_states.shape
-        slots = self.owner.slots
-        self.dtype, self.device = key_states.dtype, key_states.device
-        store = self.owner.storage_for(self.index, key_states.device)
+        slots, device = self.spec.slots, key_states.device
+        self.dtype, self.device = key_states.dtype, device
+
+        def store(name: str, shape: tuple, dtype: torch.dtype) -> Tensor:
+            return self._storage(name, shape, dtype, device)
+
         self.keys = store("keys", (1, heads, slots, head_dim), key_states.dtype)
         self.values = store("values", (1, heads, slots, value_states.shape[-1]), value_states.dtype)
         # In half precision every re-pack would round the re-rotated keys again, and long-lived keys (the
         # saddles) are re-packed most. Keeping each key as the model rotated it, with that position, lets
         # every re-pack rotate from the original: one rounding, however often a key moves.
-        exact = key_states.dtype == torch.float32 or self.owner.position_mode != "cache"
+        exact = key_states.dtype == torch.float32 or not self.spec.rerotates
         self.key_origin = None if exact else store("key_origin", self.keys.shape, key_states.dtype)
         self.pos_start = store("pos_start", (heads, slots), torch.long)
         self.pos_end = store("pos_end", (heads, slots), torch.long)
@@ -92,10 +101,30 @@ class BoundedLayer(CacheLayerMixin):
         self.frame = store("frame", (heads, slots), torch.bool)
         self.pinned = store("pinned", (heads, slots), torch.bool)
         self.window_attention = store("window_attention", (heads, slots), torch.float32)
-        self.window_start = 0  # first slot appended since the last eviction
-        self.stats = {name: store(f"stat.{name}", (heads, slots), torch.float32)
-                      for name in self.owner.policy.slot_stats}
+        self.window_start = 0
+        self.stats = {name: store(f"stat.{name}", (heads, slots), torch.float32) for name in self.spec.slot_stats}
         self.is_initialized = True
+
+    @classmethod
+    def over(cls, spec: LayerSpec, like: "BoundedLayer", tensors: dict[str, Tensor | None]) -> "BoundedLayer":
+        """A layer whose tensors are the given views (every layer-head of a cache at once, engine/cache.py), of
+        `like`'s dtype and device: `tensors` by the names `lazy_initialization` gives them ("stat.NAME" for a
+        statistic)."""
+        layer = cls(-1, spec, None)
+        layer.dtype, layer.device = like.dtype, like.device
+        for name in ("keys", "values", "key_origin", "pos_start", "pos_end", "pos_origin", "seq", "frame", "pinned",
+                     "window_attention"):
+            setattr(layer, name, tensors[name])
+        layer.stats = {name: tensors[f"stat.{name}"] for name in spec.slot_stats}
+        layer.is_initialized = True
+        return layer
+
+    def follow(self, layers: list["BoundedLayer"]) -> None:
+        """Take the counters of the layers this one views (they are the same in every layer)."""
+        first = layers[0]
+        self.fill, self.window_queries, self.window_start = first.fill, first.window_queries, first.window_start
+        self.may_hold_pins = any(layer.may_hold_pins for layer in layers)
+        self.may_hold_frames = any(layer.may_hold_frames for layer in layers)
 
     @property
     def num_heads(self) -> int:
@@ -120,8 +149,13 @@ class BoundedLayer(CacheLayerMixin):
             return 0
         return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
 
-    # --- transformers cache protocol -----------------------------------------------------------------
+    # --- tokens in ----------------------------------------------------------------------------------
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        raise RuntimeError("a bounded layer takes tokens with the forward's plan: BoundedKVCache.update")
+
+    def append(self, key_states: Tensor, value_states: Tensor, plan: ForwardPlan) -> tuple[Tensor, Tensor]:
+        """Write the forward's new keys and values after the held slots, with the plan's positions; the plan's
+        recorder (if any) gets a copy. Returns every held key and value, the new ones included."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         q = key_states.shape[-2]
@@ -130,28 +164,63 @@ class BoundedLayer(CacheLayerMixin):
             raise ValueError("the bounded cache holds one stream: batch size must be 1")
         self.keys[:, :, self.fill : end] = key_states
         self.values[:, :, self.fill : end] = value_states
-        if self.owner.recording:
-            self.owner.archive.take(self.index, key_states, value_states, len(self.owner.layers))
-        staged = self.owner.staged
-        if staged is None or len(staged) != q:
-            raise RuntimeError("positions of the incoming tokens were not staged on the cache")
-        self.pos_start[:, self.fill : end] = staged.start
-        self.pos_end[:, self.fill : end] = staged.end
-        self.seq[:, self.fill : end] = staged.seq
-        self.frame[:, self.fill : end] = staged.frame
-        self.pinned[:, self.fill : end] = staged.pinned
-        self.may_hold_pins |= staged.pinned is not False
-        self.may_hold_frames |= staged.frame
+        if plan.recorder is not None:
+            plan.recorder.take(self.index, key_states, value_states)
+        positions = plan.positions
+        if len(positions) != q:
+            raise RuntimeError(f"{q} incoming tokens, but the forward's plan places {len(positions)}")
+        self.pos_start[:, self.fill : end] = positions.start
+        self.pos_end[:, self.fill : end] = positions.end
+        self.seq[:, self.fill : end] = positions.seq
+        self.frame[:, self.fill : end] = positions.frame
+        self.pinned[:, self.fill : end] = positions.pinned
         if self.key_origin is not None:
             self.key_origin[:, :, self.fill : end] = key_states
-            self.pos_origin[:, self.fill : end] = staged.start
+            self.pos_origin[:, self.fill : end] = positions.start
         self.window_attention[:, self.fill : end] = 0
         for stat in self.stats.values():
             stat[:, self.fill : end] = 0
-        self.frontier = max(self.frontier, staged.last_end)
-        self.fill = end
+        self.took(q, positions, scored=False)
         return self.keys[:, :, :end], self.values[:, :, :end]
 
+    def took(self, n: int, positions: PromptPositions, *, scored: bool) -> None:
+        """Count `n` tokens written after the held slots (here, or by the static ingest step straight into the
+        storage), with their positions; `scored`: their queries were added to the retrieval window."""
+        self.fill += n
+        if scored:
+            self.window_queries += n
+        self.frontier = max(self.frontier, positions.last_end)
+        self.may_hold_pins |= positions.pinned is not False
+        self.may_hold_frames |= positions.frame
+
+    def place(self, keys: Tensor, values: Tensor, start: Tensor, end: Tensor, seq: Tensor, frame: Tensor) -> None:
+        """Append tokens made elsewhere (archived ones, re-rotated to `start`), without a forward: keys
+        [heads, n, dk]. They are not window queries and count for no policy statistic."""
+        if not self.is_initialized:
+            raise RuntimeError("nothing to splice into: the cache holds no tokens yet")
+        a, b = self.fill, self.fill + keys.shape[1]
+        self.keys[0, :, a:b] = keys.to(self.device, self.dtype)
+        self.values[0, :, a:b] = values.to(self.device, self.dtype)
+        if self.key_origin is not None:
+            self.key_origin[0, :, a:b] = self.keys[0, :, a:b]
+            self.pos_origin[:, a:b] = start.to(self.device)
+        for name, value in (("pos_start", start), ("pos_end", end), ("seq", seq), ("frame", frame)):
+            getattr(self, name)[:, a:b] = value.to(self.device)
+        self.pinned[:, a:b] = False
+        self.window_attention[:, a:b] = 0
+        for stat in self.stats.values():
+            stat[:, a:b] = 0
+        self.fill = b
+        self.frontier = max(self.frontier, int(end.max()))
+
+    def truncate(self, fill: int, frontier: int) -> None:
+        """Drop the tokens after `fill`, appended with no eviction since (back to the frontier they came after)."""
+        if self.fill < fill:
+            raise ValueError(f"cannot truncate to {fill}: layer holds {self.fill}")
+        self.fill = fill
+        self.frontier = min(self.frontier, frontier)
+
+    # --- transformers cache protocol -----------------------------------------------------------------
     def get_seq_length(self) -> int:
         return self.fill
 
@@ -160,7 +229,7 @@ class BoundedLayer(CacheLayerMixin):
         return self.fill + query_length, 0
 
     def get_max_length(self) -> int:
-        return self.owner.slots
+        return self.spec.slots
 
     def reset(self) -> None:
         self.fill = 0
@@ -194,8 +263,7 @@ class BoundedLayer(CacheLayerMixin):
             return
         fill, frontier, window_start, window_queries = (int(v) for v in state["counters"])
         keys, values = state["keys"], state["values"]
-        # The full cache never evicts, so it may hold its headroom too; the others keep their capacity.
-        room = self.owner.capacity if self.owner.policy.evicts else self.owner.slots
+        room = self.spec.room
         if fill > room or keys.shape[1] != fill:
             raise ValueError(f"saved layer holds {keys.shape[1]} tokens (fill {fill}); the cache keeps {room}")
         if not self.is_initialized:
@@ -228,12 +296,13 @@ class BoundedLayer(CacheLayerMixin):
         q = query.shape[-2]
         n_past = self.fill - q
         if scores is None:
-            scores = window_scores(query[0], key[0], n_past, scaling, backend=self.owner.scoring_backend)
+            scores = window_scores(query[0], key[0], n_past, scaling, backend=self.spec.scoring_backend)
         self.window_attention[:, : self.fill].add_(scores)
         self.window_queries += q
 
-    def evict(self, policy: EvictionPolicy, keep: int) -> int:
-        """Keep `keep` slots chosen by the policy; returns how many tokens were evicted."""
+    def evict(self, policy: EvictionPolicy, keep: int, stream_end: int, temporary_bytes: int) -> int:
+        """Keep `keep` slots chosen by the policy, the stream's clock at `stream_end` (one past its newest token);
+        returns how many tokens were evicted. Temporaries of the gather take at most `temporary_bytes` each."""
         n = self.fill
         if n <= keep:
             return 0
@@ -246,31 +315,36 @@ class BoundedLayer(CacheLayerMixin):
             window_attention=self.window_attention[:, :n],
             window_queries=self.window_queries,
             new=n - self.window_start,
-            stream_end=self.owner.staged.seq_end,
+            stream_end=stream_end,
             stats={name: stat[:, :n] for name, stat in self.stats.items()},
         )
         idx = policy.select(view, keep)
-        self._gather(idx)
-        self.fill = keep
+        self._gather(idx, temporary_bytes)
         # The retrieval window ends with the eviction it drove.
         self.window_attention[:, :keep] = 0
-        self.window_queries = 0
-        self.window_start = keep
+        self.evicted_to(keep)
         return n - keep
 
-    def _gather(self, idx: Tensor) -> None:
+    def evicted_to(self, keep: int) -> None:
+        """The slots were gathered to the first `keep` (here, or by a layer viewing this one's storage): the
+        retrieval window starts again after them."""
+        self.fill = self.window_start = keep
+        self.window_queries = 0
+
+    def _gather(self, idx: Tensor, temporary_bytes: int) -> None:
         keep = idx.shape[-1]
         stores = (self.keys, self.values) if self.key_origin is None else (self.keys, self.values, self.key_origin)
         for store in stores:
             dim = store.shape[-1]
-            for rows in self._row_blocks(keep * dim * store.element_size()):
+            for rows in self._row_blocks(keep * dim * store.element_size(), temporary_bytes):
                 full = idx[rows, :, None].expand(-1, -1, dim)
                 store[0, rows, :keep] = torch.gather(store[0, rows], 1, full)
         for meta in self.slot_tensors():
             meta[:, :keep] = torch.gather(meta, 1, idx)
 
-    def pack_positions(self, inv_freq: Tensor) -> Tensor:
-        """Close position gaps (cache mode) and rotate the keys to match. Returns the slots' new ends."""
+    def pack_positions(self, inv_freq: Tensor, temporary_bytes: int) -> Tensor:
+        """Close position gaps (cache mode) and rotate the keys to match, in blocks of rows whose temporaries
+        take at most `temporary_bytes` each. Returns the slots' new ends."""
         n = self.fill
         start, end = packed_positions(self.pos_start[:, :n], self.pos_end[:, :n], self.seq[:, :n])
         # Rotated whether or not anything moved: a re-pack follows gaps, so something nearly always has, and
@@ -279,19 +353,22 @@ class BoundedLayer(CacheLayerMixin):
             source, shift = self.keys, start - self.pos_start[:, :n]
         else:
             source, shift = self.key_origin, start - self.pos_origin[:, :n]
-        for rows in self._row_blocks(n * self.keys.shape[-1] * 4):  # the rotation runs in float32
+        for rows in self._row_blocks(n * self.keys.shape[-1] * 4, temporary_bytes):  # the rotation runs in float32
             self.keys[0, rows, :n] = shift_rotary(source[0, rows, :n], shift[rows], inv_freq)
         self.pos_start[:, :n] = start
         self.pos_end[:, :n] = end
-        self.frontier = 0
-        if n:
-            self.frontier_on_device = end.max()  # read with every layer's at once, when next needed
+        self.frontier_left_on_device(end.max() if n else None)
         return end
 
-    def _row_blocks(self, bytes_per_row: int) -> list[slice]:
-        """The rows (layer-heads) in blocks whose temporaries take at most the cache's `temporary_bytes`
-        each: all at once for a small model, where launches dominate; a bounded peak for a large model and
-        cache."""
+    def frontier_left_on_device(self, end: Tensor | None) -> None:
+        """The next free position is now `end` (a 0-d tensor on the device, read with every layer's at once when
+        next needed; None: the layer is empty)."""
+        self.frontier = 0
+        self.frontier_on_device = end
+
+    def _row_blocks(self, bytes_per_row: int, temporary_bytes: int) -> list[slice]:
+        """The rows (layer-heads) in blocks whose temporaries take at most `temporary_bytes` each: all at once for a
+        small model, where launches dominate; a bounded peak for a large model and cache."""
         rows = self.keys.shape[1]
-        step = max(1, self.owner.temporary_bytes // max(bytes_per_row, 1))
+        step = max(1, temporary_bytes // max(bytes_per_row, 1))
         return [slice(first, min(first + step, rows)) for first in range(0, rows, step)]

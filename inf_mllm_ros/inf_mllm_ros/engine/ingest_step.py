@@ -36,7 +36,8 @@ from .decode_step import SlotLayer, compile_step
 
 if TYPE_CHECKING:
     from .adapters import ModelAdapter
-    from .cache import BoundedKVCache, PromptPositions
+    from .cache import BoundedKVCache
+    from .forward_plan import ForwardPlan
 
 # The smallest padded block: shorter blocks would each need a graph of their own for little gain.
 SMALLEST_BLOCK = 16
@@ -92,14 +93,14 @@ class StaticIngester:
         """The size a block of n tokens is padded to (None: longer than any)."""
         return next((size for size in self.sizes if size >= n), None)
 
-    def fits(self, n: int, *, all_logits: bool) -> bool:
+    def fits(self, plan: "ForwardPlan", *, all_logits: bool) -> bool:
         """Whether the staged block of n tokens can go through the step: the steps are made (`warm_up`, after the
         memory's first input: a step that cannot be made fails there, not in an input), the layers share their
         storage (so that one pass writes every layer-head), the padded block fits in the slots, and neither every
         token's logits nor the layers' queries are asked for (the eager path gives those)."""
-        size = self.padded_size(n)
+        size = self.padded_size(len(plan))
         cache = self.cache
-        return (self.ready and size is not None and not all_logits and cache.captured_queries is None
+        return (self.ready and size is not None and not all_logits and plan.capture is None
                 and cache.stacked_layers() is not None and cache.fill + size <= cache.slots)
 
     # --- the step ----------------------------------------------------------------------------------------
@@ -190,17 +191,17 @@ class StaticIngester:
                 positions = torch.full((size,), cache.next_position, dtype=torch.long, device=device)
                 embeds = torch.zeros(size, hidden, dtype=self.rows.dtype, device=device)
                 flags = torch.zeros(size, dtype=torch.bool, device=device)
-                self._step_for(size, cache.wants_scores)(
+                self._step_for(size, cache.policy.needs_attention)(
                     embeds, self.adapter.model_position_ids(self.adapter.text_position_ids(positions), 0),
                     positions.clone(), positions + 1, positions.clone(), flags, flags.clone())
         self._made = True
 
     # --- a block -------------------------------------------------------------------------------------------
-    def run(self, embeds: Tensor, position_ids: Tensor, positions: PromptPositions) -> Tensor:
-        """Take the block staged on the cache (`BoundedKVCache.stage`, with `positions`): its embeddings [n, hidden]
+    def run(self, embeds: Tensor, position_ids: Tensor, plan: "ForwardPlan") -> Tensor:
+        """Take the block staged on the cache with `plan` (`BoundedKVCache.stage`): its embeddings [n, hidden]
         and model position ids (`ModelAdapter.model_position_ids`) through the step, then the eager rest:
-        the archive's copy, the layers' counters, the eviction and re-pack. Returns the last token's logits."""
-        cache = self.cache
+        the plan's recording, the layers' counters, the eviction and re-pack. Returns the last token's logits."""
+        cache, positions = self.cache, plan.positions
         n = embeds.shape[0]
         size = self.padded_size(n)
         self._bind()
@@ -224,17 +225,12 @@ class StaticIngester:
                 torch.full((size,), positions.frame, dtype=torch.bool, device=device),
                 torch.cat([pinned, pinned.new_zeros(pad)]),
             )
-        if cache.recording:  # copies: the eviction below moves the slots
+        if plan.recorder is not None:  # copies: the eviction below moves the slots
             for i, layer in enumerate(cache.layers):
-                cache.archive.take(i, layer.keys[:, :, fill : fill + n].clone(),
-                                   layer.values[:, :, fill : fill + n].clone(), len(cache.layers))
+                plan.recorder.take(i, layer.keys[:, :, fill : fill + n].clone(),
+                                   layer.values[:, :, fill : fill + n].clone())
         for layer in cache.layers:
-            layer.fill = fill + n
-            if scores:
-                layer.window_queries += n
-            layer.frontier = max(layer.frontier, positions.last_end)
-            layer.may_hold_pins |= positions.pinned is not False
-            layer.may_hold_frames |= positions.frame
+            layer.took(n, positions, scored=scores)
         with torch.inference_mode():
             cache.end_forward()
         self.blocks += 1

@@ -32,7 +32,8 @@ from .answering import (
 )
 from .archive import KVArchive
 from .attention import CACHE_ARGUMENT
-from .cache import BoundedKVCache, PromptPositions
+from .cache import BoundedKVCache
+from .forward_plan import ForwardPlan, PromptPositions
 from .chat import MarkerClock, check_stamp, stamped
 from .decode_step import StaticDecoder, resolve_decode_step
 from .ingest_step import StaticIngester
@@ -114,7 +115,6 @@ class KVStream:
         except (AttributeError, RuntimeError, ValueError):
             inv_freq = None  # no rotary embedding found: nothing can be re-placed, so nothing is archived
         self.archive = KVArchive(cfg.archive_size, cfg.archive_block, inv_freq)
-        self.cache.archive = self.archive if self.archive.enabled else None
         self.retriever = Retriever(self.archive, self.cache, adapter, self, self.retrieval_heads)
         self._stop_ids = adapter.stop_token_ids
         step = resolve_decode_step(cfg.decode_step, adapter.device)
@@ -336,9 +336,10 @@ class KVStream:
 
     def _forward(self, prompt: Prompt, offset: int, *, evict: bool, pack: bool, observe: bool,
                  all_logits: bool = False, pinned: bool | Tensor = False, record: bool = False,
-                 static: bool = False) -> Tensor:
+                 static: bool = False, capture: dict[int, Tensor] | None = None) -> Tensor:
         """One forward of the model over `prompt` at `offset`; `record`: the archive copies its keys and values;
-        `static`: through the stream's static ingest step where the block fits it."""
+        `static`: through the stream's static ingest step where the block fits it; `capture`: filled with each
+        layer's queries."""
         q = len(prompt)
         device = prompt.embeds.device
         start = prompt.position_ids if prompt.position_ids.dim() == 1 else prompt.position_ids.min(0).values
@@ -349,20 +350,22 @@ class KVStream:
             frame=prompt.token_ids is None,  # text prompts carry their token ids; a frame's are embeddings
             pinned=pinned if isinstance(pinned, bool) else pinned.to(device),
         )
-        self.cache.stage(positions, evict=evict, pack=pack, observe=observe, record=record)
+        recording = self.archive.recording(len(self.cache.layers)) if record else None
+        plan = ForwardPlan(positions, evict=evict, pack=pack, observe=observe, recorder=recording, capture=capture)
+        self.cache.stage(plan)
         position_ids = self.adapter.model_position_ids(prompt.position_ids, offset)
         ingester = self.static_ingester if static else None
         try:
-            if ingester is not None and ingester.fits(q, all_logits=all_logits):
-                logits = ingester.run(prompt.embeds, position_ids, positions)
+            if ingester is not None and ingester.fits(plan, all_logits=all_logits):
+                logits = ingester.run(prompt.embeds, position_ids, plan)
             else:
                 with torch.inference_mode():
                     logits = self.adapter.forward(prompt.embeds, position_ids, self.cache, all_logits=all_logits,
                                                   **{CACHE_ARGUMENT: self.cache})
         finally:
-            if self.cache.recording:
-                self.cache.recording = False
-                self.archive.end_forward(positions.start, positions.end, positions.first_seq)
+            self.cache.unstage()
+            if recording is not None:
+                self.archive.end_forward(recording, positions.start, positions.end, positions.first_seq)
         self.tokens_seen += q
         return logits
 
@@ -429,12 +432,11 @@ class KVStream:
         """The queries of every layer for a question's own words (`ids` at `content`), asked of the cache as it is
         (the question is taken away again), and the positions they were rotated with."""
         fill, frontier, frontiers = self.cache.fill, self.cache.next_position, self.cache.frontiers()
-        self.cache.captured_queries = {}
+        captured: dict[int, Tensor] = {}
         try:
-            self._forward(self.adapter.text_prompt(ids), frontier, evict=False, pack=False, observe=False)
-            captured = self.cache.captured_queries
+            self._forward(self.adapter.text_prompt(ids), frontier, evict=False, pack=False, observe=False,
+                          capture=captured)
         finally:
-            self.cache.captured_queries = None
             self.cache.truncate(fill, frontiers)
             self.tokens_seen -= len(ids)
         queries = torch.stack([captured[i][:, content] for i in range(len(self.cache.layers))])
