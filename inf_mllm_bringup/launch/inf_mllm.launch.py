@@ -13,19 +13,16 @@ with the node's error, if the model cannot load; `autostart:=false` leaves it un
 lifecycle manager.
 """
 
-import functools
-import json
 import os
-import subprocess
-import sys
 
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction, Shutdown
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-from inf_mllm_ros.engine.value_rules import ValueRule
 from inf_mllm_ros.fastdds import large_frames_env
+# The node's parameter table: it imports no torch (inf_mllm_ros.engine.api), so this process stays small.
+from inf_mllm_ros.settings import PARAMETERS
 
 LAUNCH_ONLY = {
     "image_topic": ("image", "Camera topic (sensor_msgs/Image); its '/compressed' sibling is used for CompressedImage"),
@@ -38,17 +35,6 @@ LAUNCH_ONLY = {
 # autostart has its default here, and so wins over a params file: the launch decides from it whether the
 # node's exit ends the launch.
 PARAMETER_DEFAULTS = {"autostart": "true"}
-
-
-@functools.lru_cache(maxsize=None)
-def _parameters() -> tuple[tuple[ValueRule, str], ...]:
-    """The node's parameters (rule, description), read from the package's table in a child process: the
-    table imports the engine (torch, transformers: about 400 MiB and several seconds), which this process
-    would otherwise hold for as long as the node runs."""
-    done = subprocess.run([sys.executable, "-m", "inf_mllm_ros.settings"], capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"cannot read inf_mllm_node's parameters: {done.stderr.strip()[-2000:]}")
-    return tuple((ValueRule.from_json(record), record["description"]) for record in json.loads(done.stdout))
 
 
 def _node_exited(event, context):
@@ -65,7 +51,8 @@ def _node(context):
     if params_file and not os.path.isfile(params_file):
         raise FileNotFoundError(f"launch argument params_file:={params_file!r}: no such file")
     overrides = {}
-    for rule, _ in _parameters():
+    for param in PARAMETERS:
+        rule = param.rule
         text = LaunchConfiguration(rule.name).perform(context)
         if text.strip():
             try:
@@ -107,7 +94,8 @@ def _node(context):
 def generate_launch_description():
     launch_only = [DeclareLaunchArgument(name, default_value=default, description=text)
                    for name, (default, text) in LAUNCH_ONLY.items()]
-    parameters = [DeclareLaunchArgument(rule.name, default_value=PARAMETER_DEFAULTS.get(rule.name, ""),
-                                        description=text + " Empty: from params_file, else the node's default.")
-                  for rule, text in _parameters()]
+    empty = " Empty: from params_file, else the node's default."
+    parameters = [DeclareLaunchArgument(p.name, default_value=PARAMETER_DEFAULTS.get(p.name, ""),
+                                        description=p.description + empty)
+                  for p in PARAMETERS]
     return LaunchDescription(launch_only + parameters + [OpaqueFunction(function=_node)])

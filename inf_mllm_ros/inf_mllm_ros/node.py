@@ -40,7 +40,8 @@ from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackRet
 from rclpy.logging import get_logger
 from rclpy.signals import SignalHandlerOptions
 
-from .engine.engine import EngineNotReadyError, StreamingEngine
+from .engine.api import EngineNotReadyError
+from .engine.engine import StreamingEngine
 from .engine_interface import EngineLike
 from .executor import OnceQueuedExecutor
 from .input_rules import StreamClock

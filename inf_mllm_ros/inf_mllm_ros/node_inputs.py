@@ -24,10 +24,8 @@ from std_msgs.msg import String
 
 from inf_mllm_interfaces.msg import Description
 
-from .engine.adapters import FramesNotSupportedError
-from .engine.engine import EngineBusyError, EngineNotReadyError, FrameDroppedError
+from .engine.api import EngineBusyError, EngineNotReadyError, FrameDroppedError, FramesNotSupportedError, TextRefused
 from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
-from .engine.text_rules import TextRefused
 from .input_rules import FrameGate, StreamClock, stamp_seconds, text_message
 from .node_health import NodeCounters
 from .node_poses import PoseInput

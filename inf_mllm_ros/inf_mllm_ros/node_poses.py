@@ -20,7 +20,7 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from inf_mllm_interfaces.msg import Evidence as EvidenceMsg
 
-from .engine.evidence import Evidence
+from .engine.api import Evidence
 from .engine.poses import Pose, PoseHistory, PoseRefusedError
 from .input_rules import POSE_MESSAGE_TYPES, pose_message, stamp_seconds
 

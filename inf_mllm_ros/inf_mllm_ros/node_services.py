@@ -31,9 +31,7 @@ from geometry_msgs.msg import PoseArray
 from inf_mllm_interfaces.action import Ask
 from inf_mllm_interfaces.srv import Query, Recall
 
-from .engine.engine import EngineBusyError, EngineNotReadyError
-from .engine.answering import AnswerCancelledError
-from .engine.text_rules import TextRefused, checked_text
+from .engine.api import AnswerCancelledError, EngineBusyError, EngineNotReadyError, TextRefused, checked_text
 from .engine_interface import EngineLike
 from .executor import BoundedCallbackGroup
 from .input_rules import stamp_seconds

@@ -12,14 +12,20 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .engine.chat import CLOCKS
-from .engine.decode_step import STEP_MODES
-from .engine.engine import DEFAULT_MAX_PENDING_QUERIES, DEFAULT_MAX_PENDING_TEXTS
-from .engine.loading import DEFAULT_MODEL
-from .engine.policies import POLICIES
-from .engine.answering import DEFAULT_DESCRIPTION_PROMPT
-from .engine.stream_config import DEFAULT_SYSTEM_PROMPT, MIN_CAPACITY, StreamConfig
-from .engine.value_rules import MIN_PERIOD, ValueRule
+from .engine.api import (
+    CLOCKS,
+    DEFAULT_DESCRIPTION_PROMPT,
+    DEFAULT_MAX_PENDING_QUERIES,
+    DEFAULT_MAX_PENDING_TEXTS,
+    DEFAULT_MODEL,
+    DEFAULT_SYSTEM_PROMPT,
+    MIN_CAPACITY,
+    MIN_PERIOD,
+    STEP_MODES,
+    StreamConfig,
+    ValueRule,
+    policy_knobs,
+)
 from .image_conversion import DEFAULT_MAX_DECODED_PIXELS
 
 MAX_NEW_TOKENS_LIMIT = 4096
@@ -62,8 +68,9 @@ def knob_params(*, live: bool) -> list[Param]:
     each described with the policies it applies to."""
     owners: dict[str, list[str]] = {}
     knobs = {}
-    for name in sorted(POLICIES):
-        for knob_name, f in POLICIES[name].knobs().items():
+    policies = policy_knobs()
+    for name in sorted(policies):
+        for knob_name, f in policies[name].items():
             if f.metadata["live"] == live:
                 owners.setdefault(knob_name, []).append(name)
                 knobs[knob_name] = f
@@ -90,7 +97,8 @@ PARAMETERS = (
           high=1 << 20,
           engine_field="capacity"),
     Param("eviction_policy", StreamConfig.policy, "How the cache chooses tokens to forget.",
-          constraints="one of: " + ", ".join(sorted(POLICIES)), choices=tuple(sorted(POLICIES)), engine_field="policy"),
+          constraints="one of: " + ", ".join(sorted(policy_knobs())), choices=tuple(sorted(policy_knobs())),
+          engine_field="policy"),
     *knob_params(live=False),
     Param("chunk_size", StreamConfig.chunk_size,
           "Longest block of a prompt pushed before an eviction (bounds the peak).", low=1, high=65536,
@@ -134,7 +142,8 @@ PARAMETERS = (
     Param("max_pending_texts", DEFAULT_MAX_PENDING_TEXTS,
           "Texts waiting for the model at most; more are refused with a log.", low=1, high=100000),
     Param("max_pending_queries", DEFAULT_MAX_PENDING_QUERIES,
-          "Queries waiting for the model at most; more answer success=false.", low=1, high=64),
+          "Queries waiting for the model at most; ~/query and ~/recall take this many requests at a time and leave "
+          "the rest waiting in the middleware.", low=1, high=64),
     Param("memory_file", "", "Where the memory is kept across restarts: restored at start when it matches the model "
           "and cache settings (else set aside with the reason), saved atomically on ~/save_memory, every "
           "checkpoint_period and at shutdown; empty: no file."),
@@ -164,8 +173,8 @@ PARAMETERS = (
           "after its answer (no text is refused for it: max_pending_texts bounds how many wait). At least one block "
           "of text goes first, so texts sent just before a question are seen; 0: the question waits for all of "
           "them.", read_only=False, low=0.0, high=3600.0),
-    Param("query_timeout", 120.0, "Seconds a query or reset waits for the model before answering success=false.",
-          read_only=False, low=1.0, high=3600.0),
+    Param("query_timeout", 120.0, "Seconds a query or reset waits for the model, from when its request is taken, "
+          "before answering success=false.", read_only=False, low=1.0, high=3600.0),
     Param("stats_period", 1.0, f"Seconds between ~/cache_stats messages; 0: only after each input, else at least "
           f"{MIN_PERIOD}.", read_only=False, low=0.0, high=3600.0),
     Param("checkpoint_period", 60.0, f"Seconds between saves of a changed memory to memory_file; 0: only on "
@@ -189,8 +198,7 @@ def value_problem(name: str, value) -> str | None:
 
 
 def launch_table() -> list[dict]:
-    """Each parameter's rule and description, as JSON records: what the launch file reads (in a child
-    process, so that the launch process does not hold the engine's imports for as long as the node runs)."""
+    """Each parameter's rule and description, as JSON records (`python -m inf_mllm_ros.settings` prints them)."""
     return [{**p.rule.to_json(), "description": p.description} for p in PARAMETERS]
 
 
@@ -202,7 +210,7 @@ def stream_config(values: dict) -> StreamConfig:
             continue
         value = values.get(p.name, p.default)
         kwargs[p.engine_field] = None if p.zero_is_default and not value else value
-    knobs = POLICIES[kwargs["policy"]].knobs()
+    knobs = policy_knobs()[kwargs["policy"]]
     kwargs["policy_settings"] = {name: values.get(name, BY_NAME[name].default) for name in knobs}
     return StreamConfig(**kwargs)
 
@@ -250,8 +258,9 @@ def model_threads(values: dict) -> int:
 
 def knob_problem(name: str, policy: str) -> str | None:
     """Why a policy setting cannot be changed for a node that runs `policy`, or None."""
-    if name not in POLICIES[policy].knobs():
-        having = sorted(p for p, cls in POLICIES.items() if name in cls.knobs())
+    policies = policy_knobs()
+    if name not in policies[policy]:
+        having = sorted(p for p, knobs in policies.items() if name in knobs)
         return f"{name} applies to the {', '.join(having)} policy only; this node runs {policy!r}"
     return None
 

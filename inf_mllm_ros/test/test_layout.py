@@ -4,6 +4,8 @@ import the node's modules)."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -167,3 +169,24 @@ def test_no_private_name_is_imported_or_reached_for_from_another_package():
                     and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
                 reached.append(f"{path.name}:{node.lineno} .{node.attr}")
     assert not reached, reached
+
+
+LAUNCH_FILE = REPO_ROOT / "inf_mllm_bringup" / "launch" / "inf_mllm.launch.py"
+
+
+def test_the_launch_file_reads_the_parameter_table_in_its_own_process_without_torch():
+    """The launch process imports the parameter table itself (no child process): the table, the engine's door
+    (engine/api.py) and whatever else of the package the launch file imports load neither torch nor transformers,
+    which it would otherwise hold for as long as the node runs. Checked in a fresh interpreter."""
+    tree = ast.parse(LAUNCH_FILE.read_text())
+    launched = sorted({node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                       and (node.module or "").startswith("inf_mllm_ros")})
+    assert "inf_mllm_ros.settings" in launched
+    assert not any(isinstance(node, ast.Import) and any(a.name == "subprocess" for a in node.names)
+                   for node in ast.walk(tree))
+    code = ("import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)\n"
+            "print(','.join(m for m in ('torch', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-P", "-c", code, "inf_mllm_ros.engine.api", *launched],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "", f"{launched} load {done.stdout.strip()}"

@@ -119,7 +119,8 @@ def test_a_bad_launch_argument_names_itself(name, text, reason):
 
 
 def test_the_launch_reads_every_rule_as_the_node_checks_it():
-    # The launch file reads this table in a child process (as JSON) and checks its arguments with it.
+    # `python -m inf_mllm_ros.settings` prints the table as JSON (for tools outside the package): every rule
+    # survives the round trip and checks as the node checks it.
     table = json.loads(subprocess.run([sys.executable, "-m", "inf_mllm_ros.settings"], capture_output=True,
                                       text=True, check=True, timeout=300).stdout)
     assert [r["name"] for r in table] == [p.name for p in PARAMETERS]

@@ -10,10 +10,26 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-if TYPE_CHECKING:
-    from .evidence import Evidence
+from .poses import Pose
+
+# The most characters of a text quoted in an evidence entry.
+QUOTE_CHARS = 200
+
+
+@dataclass
+class Evidence:
+    """One input an answer rests on, or a moment a recall found."""
+
+    stamp: float | None  # the input's stream time, where it had one
+    kind: str  # "frame" or "text"
+    source: str  # "cache": still held in the bounded cache; "archive": only in the archive
+    pose: Pose | None  # where the robot was at the stamp, where known
+    text: str  # the text's words (cut to QUOTE_CHARS); empty for a frame
+    weight: float  # how much the question points to it (its retrieval score; higher: more)
+    first_seq: int  # the stream index of its first token
+
 
 DEFAULT_DESCRIPTION_PROMPT = "Describe briefly what the robot sees and what happened most recently."
 

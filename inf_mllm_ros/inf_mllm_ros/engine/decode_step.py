@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .adapters import ModelAdapter
     from .cache import BoundedKVCache
 
-STEP_MODES = ("auto", "eager", "static", "compiled")
+from .stream_config import STEP_MODES
 # How often the host reads the tokens back: each read makes it wait for the device.
 SYNC_EVERY = 8
 

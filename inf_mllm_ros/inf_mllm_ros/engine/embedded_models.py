@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
+from .api import DEFAULT_MODEL
 from .model_errors import ModelLoadError, ModelUnavailableError
 
-DEFAULT_MODEL = "onevision-qwen2.5-0.5b"
 SMALL_MODEL = "smolvlm-smollm2"
 _SMOLLM2_FOLDER_NAME = "SmolLM2-135M-Instruct"
 _VLM_FOLDER_NAME = "SmolVLM-SmolLM2-135M-untrained-vision"

@@ -25,6 +25,13 @@ from typing import Callable
 import numpy as np
 
 from .adapters import ModelAdapter
+from .api import (
+    DEFAULT_MAX_PENDING_QUERIES,
+    DEFAULT_MAX_PENDING_TEXTS,
+    EngineBusyError,
+    EngineNotReadyError,
+    FrameDroppedError,
+)
 from .chat import check_stamp
 from .loading import DEFAULT_MODEL, load_model
 from .memory_file import MemoryFileInfo
@@ -37,23 +44,6 @@ from .text_rules import TextRefused, checked_text
 from .checkpoints import Checkpointer
 from .work_queue import Job
 from .worker import EngineCounters, EngineWorker, WorkBoard
-
-
-# Bounds of the waiting queues (the node's max_pending_texts and max_pending_queries default to these).
-DEFAULT_MAX_PENDING_TEXTS = 64
-DEFAULT_MAX_PENDING_QUERIES = 8
-
-
-class EngineNotReadyError(RuntimeError):
-    """The model is still loading, failed to load, or the engine was closed."""
-
-
-class EngineBusyError(RuntimeError):
-    """A bounded queue is full; the input was refused, nothing else changed."""
-
-
-class FrameDroppedError(RuntimeError):
-    """A newer frame replaced this one before the model could take it."""
 
 
 class StreamingEngine:

@@ -1,4 +1,5 @@
-"""The errors of finding and loading a model (engine/loading.py, engine/embedded_models.py)."""
+"""The errors of finding and loading a model (engine/loading.py, engine/embedded_models.py), and of giving it
+what it cannot take."""
 
 from __future__ import annotations
 
@@ -10,3 +11,7 @@ class ModelLoadError(RuntimeError):
 class ModelUnavailableError(ModelLoadError):
     """The model cannot be had on this machine (not prepared, not downloadable, or its device missing), as
     opposed to one that is there and fails to load."""
+
+
+class FramesNotSupportedError(ValueError):
+    """A camera frame was pushed to a model that has no vision tower."""

@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .chat import MarkerClock
-from .decode_step import STEP_MODES
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are the memory of a mobile robot. Camera frames and messages arrive with their time in seconds. "
     "Answer questions about what happened briefly and precisely."
 )
+
+# How an answer is decoded, and an input's blocks taken in (engine/decode_step.py, engine/ingest_step.py).
+STEP_MODES = ("auto", "eager", "static", "compiled")
 
 # The smallest memory that still holds the sinks, a recent window and a few candidates.
 MIN_CAPACITY = 8

@@ -26,10 +26,7 @@ from torch import Tensor, nn
 
 from ..attention import ATTENTION_NAME
 from ..chat import STREAM_CLOCK, ChatFormat, MarkerClock, check_stamp, stamped
-
-
-class FramesNotSupportedError(ValueError):
-    """A camera frame was pushed to a model that has no vision tower."""
+from ..model_errors import FramesNotSupportedError
 
 
 @dataclass

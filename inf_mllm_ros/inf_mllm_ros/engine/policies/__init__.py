@@ -7,7 +7,9 @@ them with the slots, and the policy updates them in `select`.
 
 One file per policy (full, window, streaming_llm, h2o, inf_mllm), each a dataclass subclass of
 `EvictionPolicy` that joins `POLICIES` with `@register` when its module is imported; base.py holds what
-they share. A new policy is a new file; imported here (or anywhere before the node builds its parameter
+they share. The shipped policies' settings (knobs) are declared in engine/policy_knobs.py, which imports
+no torch, so that the node's parameter table and the launch file read them without the engine. A new policy
+is a new file that declares its own knobs; imported here (or anywhere before the node builds its parameter
 table), it is selectable by name and its knobs are node parameters and offline flags.
 """
 
@@ -16,11 +18,11 @@ from .base import (
     EvictionPolicy,
     SlotView,
     _keep_ends_and_best,
-    knob,
     make_policy,
     policy_defaults,
     register,
 )
+from ..policy_knobs import knob, policy_knobs
 from .full import FullPolicy
 from .h2o import H2OPolicy
 from .inf_mllm import InfMLLMPolicy
@@ -40,5 +42,6 @@ __all__ = [
     "knob",
     "make_policy",
     "policy_defaults",
+    "policy_knobs",
     "register",
 ]

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..value_rules import as_declared, setting_problem
+from ..policy_knobs import POLICIES, SHIPPED_KNOBS, knob_defaults
 
 
 @dataclass
@@ -34,27 +35,11 @@ class SlotView:
     stats: dict[str, Tensor] = field(default_factory=dict)  # the policy's `slot_stats`, [heads, fill], in place
 
 
-def knob(default, doc: str, *, low: float | None = None, high: float | None = None, step: int = 1,
-         live: bool = False):
-    """A policy setting: a dataclass field whose metadata says what it means, its range (numbers only) and
-    whether it may change while the stream runs (`live`). The node turns each knob into a parameter of the
-    same name."""
-    return field(default=default, metadata={"doc": doc, "low": low, "high": high, "step": step, "live": live})
-
-
-# Knobs that several policies share, defined once so that they mean the same everywhere.
-def _sink_size():
-    return knob(4, "The stream's first tokens (attention sinks), always kept.", low=0, high=1024)
-
-
-def _recent_size():
-    return knob(0, "Newest tokens always kept; 0: a quarter of cache_size.", low=0, high=1 << 20)
-
-
 @dataclass
 class EvictionPolicy(ABC):
-    """Chooses the slots to keep. Subclasses are dataclasses whose fields are their settings (made with
-    `knob`); they set `name`, implement `select` and join `POLICIES` with `@register`."""
+    """Chooses the slots to keep. Subclasses are dataclasses whose fields are their settings (the knobs of their
+    name in engine/policy_knobs.py, taken with `@takes_knobs`); they set `name`, implement `select` and join
+    `POLICIES` with `@register`."""
 
     name: ClassVar[str]
     # Whether the cache must compute retrieval-window attention scores for this policy.
@@ -108,11 +93,12 @@ def _checked(f: Field, value):
     return as_declared(value, expected)
 
 
-POLICIES: dict[str, type[EvictionPolicy]] = {}
-
-
 def register(cls: type[EvictionPolicy]) -> type[EvictionPolicy]:
-    """Make a policy selectable by its name (the node's eviction_policy, the benchmarks' policy lists)."""
+    """Make a policy selectable by its name (the node's eviction_policy, the benchmarks' policy lists). A shipped
+    policy has exactly the knobs engine/policy_knobs.py declares for it."""
+    shipped = SHIPPED_KNOBS.get(cls.name)
+    if shipped is not None and set(cls.knobs()) != set(shipped):
+        raise TypeError(f"policy {cls.name!r}: take its knobs from engine/policy_knobs.py with @takes_knobs")
     POLICIES[cls.name] = cls
     return cls
 
@@ -133,7 +119,7 @@ def make_policy(name: str, *, capacity: int, **settings) -> EvictionPolicy:
 
 def policy_defaults(name: str) -> dict:
     """The shipped settings of a policy."""
-    return {n: f.default for n, f in POLICIES[name].knobs().items()}
+    return knob_defaults(name)
 
 
 def _keep_ends_and_best(view: SlotView, keep: int, head: int, tail: int, score: Tensor) -> Tensor:

@@ -8,10 +8,12 @@ from typing import ClassVar
 from torch import Tensor
 
 from .base import EvictionPolicy, SlotView, register
+from ..policy_knobs import takes_knobs
 
 
 @register
 @dataclass
+@takes_knobs
 class FullPolicy(EvictionPolicy):
     """No eviction: every token stays until the storage is exhausted."""
 

@@ -7,18 +7,19 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from .base import EvictionPolicy, SlotView, _check_recent, _keep_ends_and_best, _recent, _recent_size, register
+from .base import EvictionPolicy, SlotView, _check_recent, _keep_ends_and_best, _recent, register
+from ..policy_knobs import takes_knobs
 
 
 @register
 @dataclass
+@takes_knobs
 class H2OPolicy(EvictionPolicy):
     """H2O: a recent window plus the heavy hitters by attention accumulated over every step."""
 
     name: ClassVar[str] = "h2o"
     needs_attention: ClassVar[bool] = True
     slot_stats: ClassVar[tuple[str, ...]] = ("accumulated",)
-    recent_size: int = _recent_size()
 
     def check_capacity(self, capacity: int) -> None:
         _check_recent(self.recent_size, capacity)

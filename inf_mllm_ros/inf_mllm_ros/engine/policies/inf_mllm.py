@@ -17,15 +17,14 @@ from .base import (
     _check_recent,
     _keep_ends_and_best,
     _recent,
-    _recent_size,
-    _sink_size,
-    knob,
     register,
 )
+from ..policy_knobs import takes_knobs
 
 
 @register
 @dataclass
+@takes_knobs
 class InfMLLMPolicy(EvictionPolicy):
     """Inf-MLLM: attention sinks, a recent window, and the attention saddles between, with a recency bias.
 
@@ -74,32 +73,6 @@ class InfMLLMPolicy(EvictionPolicy):
     name: ClassVar[str] = "inf_mllm"
     needs_attention: ClassVar[bool] = True
     slot_stats: ClassVar[tuple[str, ...]] = ("attention_sum", "born")
-    recent_size: int = _recent_size()
-    sink_size: int = _sink_size()
-    attention_bias: float = knob(
-        1.0, "Bias of the eviction score toward newer tokens: a token twice as old keeps its slot against a "
-        "younger one only if it has drawn 2^attention_bias times more attention; 0: early winners hold the "
-        "memory.", low=0.0, high=100.0, live=True)
-    score_memory: bool = knob(
-        True, "Score a token by the decayed sum of the attention it has drawn since it arrived (attention that "
-        "keeps coming adds up, and fades by memory_decay per eviction once it stops); false: by the newest "
-        "block's attention alone.")
-    memory_decay: float = knob(
-        0.9, "With score_memory: the share of a token's remembered attention kept at each eviction (one per block "
-        "of up to chunk_size tokens). 0.9 remembers about ten blocks; closer to 1, longer (1: never forgets, and "
-        "only the age term moves the cache).", low=0.0, high=1.0, live=True)
-    score_pool: int = knob(
-        13, "A kept token keeps the tokens around it, in a centred window of this many slots (odd); "
-        "1: single tokens.", low=1, high=255, step=2)
-    text_share: float = knob(
-        0.5, "Share of the candidate slots kept for the text tokens that have drawn the most attention (their "
-        "age aside) whenever there is that much text, so a flood of camera frames cannot push the text out of "
-        "memory; 0: text and frames compete on score alone.", low=0.0, high=1.0, live=True)
-    pin_share: float = knob(
-        0.5, "Share of the slots beside the sinks that pinned messages may hold whatever their score (those in the "
-        "recent window count in it), the newest pins first; older pins compete on score. 0: pins are ignored.",
-        low=0.0, high=1.0, live=True)
-
     def check_capacity(self, capacity: int) -> None:
         _check_recent(self.recent_size, capacity)
 

@@ -7,16 +7,17 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from .base import EvictionPolicy, SlotView, _keep_ends_and_best, _sink_size, register
+from .base import EvictionPolicy, SlotView, _keep_ends_and_best, register
+from ..policy_knobs import takes_knobs
 
 
 @register
 @dataclass
+@takes_knobs
 class StreamingLLMPolicy(EvictionPolicy):
     """StreamingLLM: the first `sink_size` tokens of the stream (attention sinks) plus a recent window."""
 
     name: ClassVar[str] = "streaming_llm"
-    sink_size: int = _sink_size()
 
     def protected(self, capacity: int) -> tuple[int, int]:
         sinks = min(self.sink_size, capacity)

@@ -9,10 +9,12 @@ import torch
 from torch import Tensor
 
 from .base import EvictionPolicy, SlotView, register
+from ..policy_knobs import takes_knobs
 
 
 @register
 @dataclass
+@takes_knobs
 class WindowPolicy(EvictionPolicy):
     """Sliding window: keep the newest tokens only."""
 
