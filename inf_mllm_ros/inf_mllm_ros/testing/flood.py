@@ -2,19 +2,26 @@
 torch thread, cache 256, frame_rate 1, the shipped settings otherwise), a question at 10 s, counted from the first
 message; and the same engine in one process under the same traffic, for reference. `test_node_flood.py` checks the
 node against the reference; `benchmarks/node_flood.py` records runs of it.
+
+On a shared CPU (`busy` CPU-bound processes beside, testing/cpu_load.py), the publisher publishes from timers and
+spins rclpy's MultiThreadedExecutor, as many robot nodes do (`publisher="timers"`), and the reference is the same
+engine in one process beside the same load, under the same traffic with the same question at 10 s, for the whole
+flood (`reference_flood`): what one process with that share of the CPU takes.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from ..engine.engine import EngineBusyError, StreamingEngine
 from ..engine.stream_config import StreamConfig
 from ..input_rules import FrameGate
 from ..settings import BY_NAME
-from .node_process import Driver, NodeProcess, Scene
+from .cpu_load import busy_cores
+from .node_process import Driver, NodeProcess, Scene, proc_cpu_seconds
 
 FLOOD_S = 30.0
 TEXT_EVERY = 0.02  # 50 texts a second
@@ -75,6 +82,64 @@ def reference_pace(model: str, stamped: bool = True) -> dict:
         torch.set_num_threads(threads)
 
 
+def reference_flood(model: str, busy: int = 0) -> dict:
+    """The engine in this process, one torch thread, under the flood's traffic for the whole flood (FLOOD_S) through
+    the node's frame gate, its inputs stamped as the node stamps them, with the question at QUESTION_AT, beside
+    `busy` CPU-bound processes: frames and texts taken, and the question's time from asked to answered."""
+    import torch
+
+    threads = torch.get_num_threads()
+    engine = StreamingEngine(model, StreamConfig(capacity=NODE_PARAMS["cache_size"]), device="cpu", dtype="float32",
+                             frame_period=1.0 / FRAME_RATE, max_text_delay=MAX_TEXT_DELAY, torch_threads=1)
+    try:
+        engine.wait_ready(300)
+        scene, gate = Scene(240, 320), FrameGate(FRAME_RATE)
+        with busy_cores(busy, seconds=FLOOD_S + 180) if busy else nullcontext() as load:
+            start = time.monotonic()
+            next_text = next_frame = 0.0
+            sent = frames = 0
+            question = asked = answered = None
+            while (elapsed := time.monotonic() - start) < FLOOD_S:
+                if elapsed >= next_frame:
+                    if gate.admit(elapsed):
+                        engine.submit_frame(scene.frame(frames), elapsed)
+                    frames, next_frame = frames + 1, next_frame + FRAME_EVERY
+                while elapsed >= next_text:
+                    engine.submit_text(text(sent), elapsed)
+                    sent, next_text = sent + 1, next_text + TEXT_EVERY
+                if question is None and elapsed >= QUESTION_AT:
+                    question = engine.submit_ask(QUESTION, max_new_tokens=BY_NAME["max_new_tokens"].default)
+                    asked = time.monotonic()
+                if question is not None and answered is None and question.done():
+                    answered = time.monotonic() - asked
+                time.sleep(0.004)
+            stats = engine.stats()
+            question.result(timeout=120)
+            if answered is None:
+                answered = time.monotonic() - asked
+            cores = load.cores_taken() if load is not None else 0.0
+        return {"frames": stats.frames_ingested, "texts": stats.texts_ingested, "texts_sent": sent,
+                "answer_s": answered, "busy_cores": cores}
+    finally:
+        engine.close()
+        torch.set_num_threads(threads)
+
+
+def shared_cpu_figures(reference: dict, flood: dict) -> dict:
+    """What a flood on a shared CPU shows beside its reference: frames over the whole flood and their share of the
+    reference's, the question's time against the reference's, texts taken, and what was taken or refused."""
+    elapsed, frames, texts = flood["series"][-1]
+    return {"frames": frames, "reference_frames": reference["frames"],
+            "frame_share": round(frames / max(reference["frames"], 1), 3),
+            "frames_per_window": [n for _, n in frames_per_window(flood["series"])],
+            "question_answered_s": flood["answered_s"], "reference_answer_s": reference["answer_s"],
+            "texts_per_s": texts / elapsed, "reference_texts": reference["texts"], "texts_sent": flood["texts_sent"],
+            "texts_taken": flood["texts_taken"], "texts_refused": flood["texts_refused"],
+            "texts_unaccounted": flood["texts_sent"] - flood["texts_taken"] - flood["texts_refused"],
+            "busy_cores": flood["busy_cores"], "reference_busy_cores": reference["busy_cores"],
+            "node_cores": flood["node_cores"], "publisher_cores": flood["publisher_cores"]}
+
+
 def flood_figures(reference: dict, flood: dict) -> dict:
     """What a run shows: frames in each 5-s window after the first, texts a second, the question's wait, beside the
     reference."""
@@ -85,48 +150,112 @@ def flood_figures(reference: dict, flood: dict) -> dict:
             "reference_answer_s": reference["answer_s"]}
 
 
-def node_under_flood(model: str, tmp_path: Path, domain_id: int | None = None) -> dict:
-    """The flood into a fresh node from this process; the node's figures every half second from the first message."""
+class _TimerPublisher:
+    """The flood published from timers on the driver's node (a text every TEXT_EVERY, a frame every FRAME_EVERY), as a
+    robot node publishes, on whatever executor the driver spins."""
+
+    def __init__(self, driver: Driver):
+        self.driver, self.scene, self.texts, self.frames = driver, Scene(240, 320), 0, 0
+        self.on = False
+        self._timers = [driver.node.create_timer(TEXT_EVERY, self._text), driver.node.create_timer(FRAME_EVERY,
+                                                                                                    self._frame)]
+
+    def _text(self) -> None:
+        if self.on:
+            self.driver.publish_text(text(self.texts))
+            self.texts += 1
+
+    def _frame(self) -> None:
+        if self.on:
+            self.driver.publish_frame(self.scene.frame(self.frames), time.time_ns())
+            self.frames += 1
+
+    def stop(self) -> None:
+        self.on = False
+        for t in self._timers:
+            self.driver.node.destroy_timer(t)
+
+
+def node_under_flood(model: str, tmp_path: Path, domain_id: int | None = None, *, publisher: str = "loop",
+                     busy: int = 0) -> dict:
+    """The flood into a fresh node from this process; the node's figures every half second from the first message.
+
+    publisher "loop": published from this thread, the driver spinning the node's executor; "timers": published from
+    timers, the driver spinning rclpy's MultiThreadedExecutor. busy: CPU-bound processes beside, from the first
+    message to the end of the flood."""
     domain_id = int(os.environ["ROS_DOMAIN_ID"]) if domain_id is None else domain_id
     node = NodeProcess(domain_id, dict(NODE_PARAMS, model=model), tmp_path)
-    driver = Driver(domain_id, name="flood_driver")
+    driver = Driver(domain_id, name="flood_driver", executor="rclpy" if publisher == "timers" else "once_queued")
+    timers = _TimerPublisher(driver) if publisher == "timers" else None
     try:
         deadline = time.monotonic() + 300
         while not ((stats := driver.latest_stats()[0]) is not None and stats.model_ready):
             if not node.alive or time.monotonic() > deadline:
                 raise RuntimeError(f"the node did not become ready: {node.log()[-3000:]}")
             time.sleep(0.1)
+        # The node subscribes as it activates: the flood starts once both topics are matched, so that every text
+        # sent can be counted as taken or refused.
+        while not (driver.text.get_subscription_count() and driver.camera.get_subscription_count()):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the node's text and image subscriptions were not matched")
+            time.sleep(0.05)
+        time.sleep(0.5)
         scene = Scene(240, 320)
         series, question, asked, answered = [], None, None, None
-        start = time.monotonic()
-        next_text = next_frame = next_sample = 0.0
-        sent = frames = 0
-        while (elapsed := time.monotonic() - start) < FLOOD_S:
-            if elapsed >= next_frame:
-                driver.publish_frame(scene.frame(frames), time.time_ns())
-                frames, next_frame = frames + 1, next_frame + FRAME_EVERY
-            while elapsed >= next_text:
-                driver.publish_text(text(sent))
-                sent, next_text = sent + 1, next_text + TEXT_EVERY
-            if question is None and elapsed >= QUESTION_AT:
-                question, asked = driver.ask(QUESTION), time.monotonic()
-            if question is not None and answered is None and question.done():
-                answered = time.monotonic() - asked
-            if elapsed >= next_sample:
-                stats = driver.latest_stats()[0]
-                series.append((elapsed, stats.frames_ingested, stats.texts_ingested))
-                next_sample += 0.5
-            time.sleep(0.004)
+        with busy_cores(busy, seconds=FLOOD_S + 180) if busy else nullcontext() as load:
+            start = time.monotonic()
+            cpu_at_start = (proc_cpu_seconds(node.pid), proc_cpu_seconds(os.getpid()))
+            next_text = next_frame = next_sample = 0.0
+            sent = frames = 0
+            if timers is not None:
+                timers.on = True
+            while (elapsed := time.monotonic() - start) < FLOOD_S:
+                if timers is None and elapsed >= next_frame:
+                    driver.publish_frame(scene.frame(frames), time.time_ns())
+                    frames, next_frame = frames + 1, next_frame + FRAME_EVERY
+                while timers is None and elapsed >= next_text:
+                    driver.publish_text(text(sent))
+                    sent, next_text = sent + 1, next_text + TEXT_EVERY
+                if question is None and elapsed >= QUESTION_AT:
+                    question, asked = driver.ask(QUESTION), time.monotonic()
+                if question is not None and answered is None and question.done():
+                    answered = time.monotonic() - asked
+                if elapsed >= next_sample:
+                    stats = driver.latest_stats()[0]
+                    series.append((elapsed, stats.frames_ingested, stats.texts_ingested))
+                    next_sample += 0.5
+                time.sleep(0.004)
+            if timers is not None:
+                timers.stop()
+                sent = timers.texts
+            cores = load.cores_taken() if load is not None else 0.0
+            # Cores the node and this process (the publisher) took during the flood.
+            node_cores, publisher_cores = ((proc_cpu_seconds(pid) - at_start) / FLOOD_S
+                                           for pid, at_start in zip((node.pid, os.getpid()), cpu_at_start))
         while answered is None and time.monotonic() - asked < 120:
             if question.done():
                 answered = time.monotonic() - asked
             time.sleep(0.02)
         if not node.alive:
             raise RuntimeError(f"the node ended under the flood: {node.log()[-3000:]}")
+        # The texts the node took: in the model, refused with a count (a full queue), or still waiting; the figures
+        # once none waits and the model's count has stood still for 2 s (the last call may hold texts taken from the
+        # queue and not yet counted), or a minute has passed.
+        ended = time.monotonic()
+        seen, steady_since = None, None
+        while time.monotonic() < ended + 60:
+            last, at = driver.latest_stats()
+            now = (last.texts_ingested, last.texts_waiting, last.inputs_rejected)
+            if now != seen:
+                seen, steady_since = now, at
+            elif at > ended + 1.0 and not last.texts_waiting and at - steady_since >= 2.0:
+                break
+            time.sleep(0.1)
         # Frames the node held back (frame_rate) or replaced: about four of five if every frame reached it.
-        dropped = driver.latest_stats()[0].frames_dropped
-        return {"series": series, "texts_sent": sent, "answered_s": answered, "frames_dropped": dropped,
-                "answer": question.result() if question.done() else None}
+        return {"series": series, "texts_sent": sent, "answered_s": answered, "frames_dropped": last.frames_dropped,
+                "answer": question.result() if question.done() else None, "busy_cores": cores,
+                "node_cores": node_cores, "publisher_cores": publisher_cores,
+                "texts_taken": last.texts_ingested + last.texts_waiting, "texts_refused": last.inputs_rejected}
     finally:
         driver.close()
         node.stop(60)

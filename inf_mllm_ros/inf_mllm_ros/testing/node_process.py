@@ -140,9 +140,11 @@ class Scene:
 
 class Driver:
     """The test's own rclpy node, in its own context and domain: camera and text publishers, the query client, the
-    latest cache_stats."""
+    latest cache_stats. It spins the node's own executor; `executor="rclpy"` spins rclpy's MultiThreadedExecutor
+    instead, as many robot nodes do (its spinning thread is busy under load: executor.py)."""
 
-    def __init__(self, domain_id: int, namespace: str = NAMESPACE, name: str = "soak_driver"):
+    def __init__(self, domain_id: int, namespace: str = NAMESPACE, name: str = "soak_driver",
+                 executor: str = "once_queued"):
         import rclpy
         from rclpy.executors import ExternalShutdownException
         from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -168,7 +170,12 @@ class Driver:
         self.stats_at = None
         self._lock = threading.Lock()
         self.node.create_subscription(CacheStats, f"{namespace}/{NODE_NAME}/cache_stats", self._on_stats, reliable)
-        self.executor = OnceQueuedExecutor(num_threads=2, context=self.context)
+        if executor == "rclpy":
+            from rclpy.executors import MultiThreadedExecutor
+
+            self.executor = MultiThreadedExecutor(context=self.context)
+        else:
+            self.executor = OnceQueuedExecutor(num_threads=2, context=self.context)
         self.executor.add_node(self.node)
 
         def spin():
