@@ -356,10 +356,13 @@ class KVArchive:
             "archive.token_ids": self.token_ids[slots],
         }
 
-    def import_state(self, state: dict[str, Tensor], *, dtype: torch.dtype) -> None:
+    def import_state(self, state: dict[str, Tensor], *, dtype: torch.dtype, memory_id: str | None = None) -> None:
         """Replace the held blocks with saved ones (the newest that fit this archive's size); a memory saved
-        without an archive leaves it empty. ValueError where the saved blocks do not add up."""
+        without an archive leaves it empty. ValueError where the saved blocks do not add up. `memory_id`: the saved
+        memory's, which names its blocks on disk (None: a new one)."""
         self.reset()
+        if memory_id is not None:
+            self.memory_id = memory_id
         if "archive.blocks" not in state or not self.enabled:
             return
         blocks, stamps = state["archive.blocks"], state["archive.stamps"]

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from .memory_file import (MemoryFileError, MemoryFileInfo, MemorySnapshot, load_memory, model_fingerprint, set_aside,
+from .memory_file import (MemoryFileError, MemoryFileInfo, MemorySnapshot, load_memory, set_aside,
                           snapshot_memory, write_memory)
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class Checkpointer:
 
     def restore(self, stream: KVStream, period: float) -> None:
         """Load the file into `stream`; a file that cannot be used is set aside with the reason in `status`."""
-        self._fingerprint = model_fingerprint(stream.adapter)
+        self._fingerprint = stream.model_fingerprint()
         try:
             info = load_memory(stream, self.memory_file, self._fingerprint)
         except MemoryFileError as exc:
@@ -69,7 +69,7 @@ class Checkpointer:
             lost = f", {info.blocks_lost} archive blocks lost to a damaged log" if info.blocks_lost else ""
             self.status = (f"memory restored from {info.path}: {info.fill} tokens held, {info.tokens_seen} seen, "
                            f"{info.bytes / 1e6:.1f} MB in {info.seconds:.2f} s{lost}")
-            self._saved_state = _memory_state(stream)
+            self._saved_state = stream.version()
         self.schedule(period)
 
     def save(self, stream: KVStream, period: float) -> MemoryFileInfo:
@@ -77,7 +77,7 @@ class Checkpointer:
         # A failed write before this one is kept for the next checkpoint to report (the caller counts them there).
         self._write_failed = not self.wait()
         info = self._write(self._snapshot(stream, period))
-        self._saved_state = _memory_state(stream)
+        self._saved_state = stream.version()
         return info
 
     def checkpoint(self, stream: KVStream | None, period: float, *, wait: bool = False) -> bool:
@@ -87,14 +87,14 @@ class Checkpointer:
         if stream is None or self.memory_file is None:
             return True
         ok = self.wait()
-        if _memory_state(stream) == self._saved_state:
+        if stream.version() == self._saved_state:
             self.schedule(period)
             return ok
         try:
             snapshot = self._snapshot(stream, period)
         except Exception:
             return False
-        self._saved_state = _memory_state(stream)  # cleared again where the write fails
+        self._saved_state = stream.version()  # cleared again where the write fails
         if wait:
             try:
                 self._write(snapshot)
@@ -167,8 +167,3 @@ def release_free_memory() -> None:
     Jetson is GPU memory too."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
-
-
-def _memory_state(stream: KVStream) -> tuple:
-    return (stream.tokens_seen, stream.cache.fill, stream.cache.evictions, stream.texts_ingested,
-            stream.frames_ingested)

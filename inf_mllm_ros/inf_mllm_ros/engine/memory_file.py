@@ -106,17 +106,6 @@ def model_fingerprint(adapter) -> str:
     return digest.hexdigest()
 
 
-def required_settings(stream) -> dict:
-    """What a saved memory must have been made with to be used by this stream."""
-    return {
-        "capacity": stream.cache.capacity,
-        "policy": stream.policy.name,
-        "position_mode": stream.cache.position_mode,
-        "dtype": str(stream.adapter.dtype).replace("torch.", ""),
-        "layers": len(stream.cache.layers),
-    }
-
-
 def _checksum(tensors: dict[str, torch.Tensor], clock: str, log: str) -> str:
     """Over every tensor, the stream's clock and counters and the archive log's description (the header's other
     fields are checked against this stream: a damaged one is refused anyway)."""
@@ -133,23 +122,21 @@ def snapshot_memory(stream, path: str | os.PathLike, fingerprint: str | None = N
     file is in progress (it reads that file's log)."""
     start = time.monotonic()
     path = Path(path).resolve()  # through a link: replace the file it names, not the link
-    archive = stream.archive
-    log = _continued_log(path, archive.memory_id) or ArchiveLog(archive.memory_id)
-    new_blocks = archive.export_state(newer_than=log.last_block)  # copies
-    held = [b.index for b in archive.blocks]
-    tensors = {name: t.clone() for name, t in stream.cache.export_state().items()}  # a full layer's is a view
-    if held:
-        tensors["archive.held"] = torch.tensor(held, dtype=torch.long)
+    log = _continued_log(path, stream.memory_id) or ArchiveLog(stream.memory_id)
+    memory = stream.export_memory(blocks_after=log.last_block)
+    tensors = memory.cache
+    if memory.held:
+        tensors["archive.held"] = torch.tensor(memory.held, dtype=torch.long)
     header = {
         "format": FORMAT,
         "version": str(VERSION),
-        "model": fingerprint or model_fingerprint(stream.adapter),
-        "settings": json.dumps(required_settings(stream), sort_keys=True),
-        "stream": json.dumps(stream.clock_state(), sort_keys=True),
+        "model": fingerprint or stream.model_fingerprint(),
+        "settings": json.dumps(stream.memory_settings(), sort_keys=True),
+        "stream": json.dumps(memory.clock, sort_keys=True),
         "saved_at": f"{time.time():.3f}",
     }
-    return MemorySnapshot(path, log, new_blocks, held, tensors, header, stream.tokens_seen, stream.cache.fill, start,
-                          time.monotonic() - start)
+    return MemorySnapshot(path, log, memory.new_blocks, memory.held, tensors, header, memory.tokens_seen, memory.fill,
+                          start, time.monotonic() - start)
 
 
 def write_memory(snapshot: MemorySnapshot) -> MemoryFileInfo:
@@ -216,7 +203,7 @@ def load_memory(stream, path: str | os.PathLike, fingerprint: str | None = None)
     if header.get("version") != str(VERSION):
         raise MemoryFileError(VERSION_MISMATCH,
                               f"{path} has format version {header.get('version')}; this build reads version {VERSION}")
-    if header.get("model") != (fingerprint or model_fingerprint(stream.adapter)):
+    if header.get("model") != (fingerprint or stream.model_fingerprint()):
         raise MemoryFileError(MODEL_MISMATCH, f"{path} was written by another model")
     try:
         saved = json.loads(header["settings"])
@@ -224,7 +211,7 @@ def load_memory(stream, path: str | os.PathLike, fingerprint: str | None = None)
         log = ArchiveLog.from_description(json.loads(header["archive_log"]))
     except (KeyError, ValueError, TypeError) as exc:
         raise MemoryFileError(CORRUPT, f"{path}: unreadable header ({exc})") from exc
-    wanted = required_settings(stream)
+    wanted = stream.memory_settings()
     differ = {k: (saved.get(k), v) for k, v in wanted.items() if saved.get(k) != v}
     if differ:
         detail = ", ".join(f"{k} {old!r} in the file, {new!r} here" for k, (old, new) in sorted(differ.items()))
@@ -236,19 +223,15 @@ def load_memory(stream, path: str | os.PathLike, fingerprint: str | None = None)
     if _checksum(tensors, header["stream"], header["archive_log"]) != header.get("sha256"):
         raise MemoryFileError(CORRUPT, f"{path}: checksum mismatch (the file was changed or damaged)")
     held = tensors.pop("archive.held", torch.zeros(0, dtype=torch.long)).tolist()
-    records, _ = log.read(folder_for(path.resolve())) if held and stream.archive.enabled else ([], False)
+    records, _ = log.read(folder_for(path.resolve())) if held and stream.archives else ([], False)
     blocks = held_blocks(records, set(held))
     try:
-        stream.cache.import_state(tensors, dtype=stream.adapter.dtype, device=stream.adapter.device)
-        stream.archive.import_state(blocks, dtype=stream.adapter.dtype)
-        stream.archive.memory_id = log.memory_id
-        stream.restore_clock(clock)
+        stream.import_memory(tensors, blocks, log.memory_id, clock)
     except (KeyError, ValueError, RuntimeError) as exc:
-        stream.reset()
         raise MemoryFileError(CORRUPT, f"{path}: inconsistent memory ({exc})") from exc
     found = len(blocks["archive.blocks"]) if blocks else 0
-    lost = len(held) - found if stream.archive.enabled else 0
-    return MemoryFileInfo(str(path), len(data), time.monotonic() - start, stream.tokens_seen, stream.cache.fill,
+    lost = len(held) - found if stream.archives else 0
+    return MemoryFileInfo(str(path), len(data), time.monotonic() - start, stream.tokens_seen, stream.fill,
                           blocks_lost=lost)
 
 

@@ -75,6 +75,18 @@ class StreamStats:
         return asdict(self)
 
 
+@dataclass
+class MemoryExport:
+    """A copy of what a memory file keeps of a stream (engine/memory_file.py), made by `KVStream.export_memory`."""
+
+    cache: dict[str, Tensor]  # the cache's slots and counters
+    clock: dict  # the stream's clock and counters (`clock_state`)
+    held: list[int]  # the archive's blocks held, by index, oldest first
+    new_blocks: dict[str, Tensor]  # the archive's blocks asked for, as named tensors
+    tokens_seen: int
+    fill: int
+
+
 class KVStream:
     """Text, frames and questions into one model through a bounded KV cache.
 
@@ -159,6 +171,58 @@ class KVStream:
         self.time_origin = None if origin is None else float(origin)
         newest = state.get("newest_stamp")  # absent from the memory files of earlier versions
         self.newest_stamp = None if newest is None else float(newest)
+
+    # --- persistence: what engine/memory_file.py reads and writes, and nothing else ---------------------------
+    @property
+    def memory_id(self) -> str:
+        """Names this memory's archived blocks on disk (engine/archive_log.py): new with each new memory."""
+        return self.archive.memory_id
+
+    @property
+    def archives(self) -> bool:
+        """Whether the stream keeps an archive at all."""
+        return self.archive.enabled
+
+    def memory_settings(self) -> dict:
+        """What a saved memory must have been made with to be used by this stream."""
+        return {"capacity": self.cache.capacity, "policy": self.policy.name, "position_mode": self.cache.position_mode,
+                "dtype": str(self.adapter.dtype).replace("torch.", ""), "layers": len(self.cache.layers)}
+
+    def model_fingerprint(self) -> str:
+        """The model's fingerprint (engine/memory_file.py, `model_fingerprint`): a memory is used by this model only."""
+        from .memory_file import model_fingerprint
+
+        return model_fingerprint(self.adapter)
+
+    @property
+    def fill(self) -> int:
+        """Tokens the cache holds."""
+        return self.cache.fill
+
+    def version(self) -> tuple:
+        """Changes whenever the memory does (an input, an eviction, a kept answer): a save is due only then."""
+        return (self.tokens_seen, self.cache.fill, self.cache.evictions, self.texts_ingested, self.frames_ingested)
+
+    def export_memory(self, blocks_after: int = -1) -> MemoryExport:
+        """Copies of the memory: the cache, the clock, the archive's blocks held and those of index above
+        `blocks_after`."""
+        return MemoryExport(
+            cache={name: t.clone() for name, t in self.cache.export_state().items()},  # a full layer's is a view
+            clock=self.clock_state(), held=[b.index for b in self.archive.blocks],
+            new_blocks=self.archive.export_state(newer_than=blocks_after), tokens_seen=self.tokens_seen,
+            fill=self.cache.fill)
+
+    def import_memory(self, cache: dict[str, Tensor], blocks: dict[str, Tensor], memory_id: str, clock: dict) -> None:
+        """Replace the whole memory with a saved one: the cache's slots, the archive's blocks (named on disk by
+        `memory_id`) and the clock. KeyError, ValueError or RuntimeError where they do not fit this stream or each
+        other: the stream is then empty."""
+        try:
+            self.cache.import_state(cache, dtype=self.adapter.dtype, device=self.adapter.device)
+            self.archive.import_state(blocks, dtype=self.adapter.dtype, memory_id=memory_id)
+            self.restore_clock(clock)
+        except (KeyError, ValueError, RuntimeError):
+            self.reset()
+            raise
 
     @property
     def marker_clock(self) -> MarkerClock:
