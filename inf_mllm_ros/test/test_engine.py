@@ -66,24 +66,25 @@ def test_greedy_answer_matches_the_full_model(smollm2, reference, policy):
     assert "dock 3" in answer.text.lower()
 
 
-def test_a_system_turn_that_fails_leaves_nothing_and_is_pushed_again(smollm2):
+def test_a_system_turn_that_fails_leaves_nothing_and_is_pushed_again(smollm2, monkeypatch):
     # A system turn longer than a block, whose second block fails (as an out-of-memory error would): the
     # first block must not stay, and the next input opens the memory with the whole turn.
     config = StreamConfig(capacity=1024, chunk_size=16)
     stream = KVStream(smollm2, config)
-    forward, calls = stream._forward, []
+    forward, calls = smollm2.forward, []
 
-    def second_block_fails(*args, **kwargs):
+    def second_block_fails(*args, **kwargs):  # the model's forward, as the stream calls it once a block
         calls.append(1)
         if len(calls) == 2:
             raise RuntimeError("out of memory")
         return forward(*args, **kwargs)
 
-    stream._forward = second_block_fails
+    monkeypatch.setattr(smollm2, "forward", second_block_fails)
     with pytest.raises(RuntimeError, match="out of memory"):
         stream.push_text("Forklift F2 parked at dock 3.", 5.0)
     assert (stream.cache.fill, stream.cache.next_position, stream.tokens_seen) == (0, 0, 0)
     stream.push_text("Forklift F2 parked at dock 3.", 5.0)
+    monkeypatch.undo()
     fresh = KVStream(smollm2, config)
     fresh.push_text("Forklift F2 parked at dock 3.", 5.0)
     assert stream.stats() == fresh.stats()
@@ -91,16 +92,16 @@ def test_a_system_turn_that_fails_leaves_nothing_and_is_pushed_again(smollm2):
                                fresh.cache.layers[0].keys[..., : fresh.cache.fill, :])
 
 
-def test_a_stop_ends_a_long_text_at_its_block_and_keeps_what_went_in(smollm2):
+def test_a_stop_ends_a_long_text_at_its_block_and_keeps_what_went_in(smollm2, monkeypatch):
     # A shutdown must not wait for a long text: it stops at the end of the block being pushed.
     stream = KVStream(smollm2, StreamConfig(capacity=1024, chunk_size=32, system_prompt=""))
-    forward = stream._forward
+    forward = smollm2.forward
 
     def stop_during_the_first_block(*args, **kwargs):
         stream.stop_requested = True  # as close() does, from another thread, while the model runs
         return forward(*args, **kwargs)
 
-    stream._forward = stop_during_the_first_block
+    monkeypatch.setattr(smollm2, "forward", stop_during_the_first_block)
     with pytest.raises(StreamStoppedError, match="its first 32 of"):
         stream.push_text(TEXT)
     assert stream.tokens_seen == stream.cache.fill == 32 and stream.texts_ingested == 0
@@ -118,7 +119,7 @@ def test_an_answer_cut_by_the_headroom_says_so(smollm2):
     assert not kept.cut_by_headroom and kept.tokens_generated > cut.tokens_generated
 
 
-def test_a_stop_never_cuts_a_kept_question_short(smollm2):
+def test_a_stop_never_cuts_a_kept_question_short(smollm2, monkeypatch):
     # A question kept in memory and too long for the headroom goes in, in blocks, before its answer; a stop
     # then ends the answer, never the question, and the turn is closed: a dialogue turn stays whole.
     stream = KVStream(smollm2, StreamConfig(capacity=64, chunk_size=16, headroom=32, system_prompt=""))
@@ -126,13 +127,13 @@ def test_a_stop_never_cuts_a_kept_question_short(smollm2):
     question = " ".join(["Where did forklift F2 park, and when?"] * 6)
     turn = smollm2.tokenize_turn(stream.question_parts(question)).numel()
     assert turn > 32
-    before, forward = stream.tokens_seen, stream._forward
+    before, forward = stream.tokens_seen, smollm2.forward
 
     def stop_during_the_first_block(*args, **kwargs):
         stream.stop_requested = True
         return forward(*args, **kwargs)
 
-    stream._forward = stop_during_the_first_block
+    monkeypatch.setattr(smollm2, "forward", stop_during_the_first_block)
     with pytest.raises(StreamStoppedError, match="answering"):
         stream.ask(question, keep_in_memory=True)
     assert stream.tokens_seen == before + turn + stream._closing.numel()

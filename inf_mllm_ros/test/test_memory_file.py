@@ -316,7 +316,7 @@ def test_a_checkpoint_period_set_at_run_time_applies_at_once(folders, tmp_path):
         engine.close()
 
 
-def test_a_close_during_a_long_message_stops_it_at_its_block_and_saves_what_went_in(folders, tmp_path):
+def test_a_close_during_a_long_message_stops_it_at_its_block_and_saves_what_went_in(folders, tmp_path, monkeypatch):
     path = tmp_path / "m"
     settings = StreamConfig(capacity=48, policy="inf_mllm", chunk_size=8)
     engine = StreamingEngine(folders["llama"], settings, device="cpu", dtype="float32", memory_file=str(path))
@@ -324,7 +324,7 @@ def test_a_close_during_a_long_message_stops_it_at_its_block_and_saves_what_went
     engine.push_text(TEXTS[0], timeout=60)
     stream = engine.worker.stream
     before = stream.tokens_seen
-    forward, blocks = stream._forward, []
+    forward, blocks = stream.adapter.forward, []
 
     def close_at_the_second_block(*args, **kwargs):
         blocks.append(1)
@@ -332,7 +332,7 @@ def test_a_close_during_a_long_message_stops_it_at_its_block_and_saves_what_went
             engine.close(timeout=0)  # as a shutdown would, while a long message goes in
         return forward(*args, **kwargs)
 
-    stream._forward = close_at_the_second_block
+    monkeypatch.setattr(stream.adapter, "forward", close_at_the_second_block)  # the model, once a block
     future = engine.submit_text("Later: " + " ".join(TEXTS))
     engine.worker.thread.join(60)
     assert not engine.worker.thread.is_alive()
