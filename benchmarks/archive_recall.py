@@ -99,7 +99,7 @@ def wide_facts(trial: int, n: int, tuning: bool = False) -> tuple[list[dict], li
 
 
 def run_stream(adapter, paras, args, policy: str, cache: int, trial: int) -> list[dict]:
-    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.engine.stream_config import StreamConfig
 
     rng = random.Random(f"{args.set}-{trial}-{args.facts_at_once}")
@@ -186,7 +186,7 @@ def add_rows(out: Path, rows: list[dict]) -> None:
 def recall(args) -> None:
     import torch
 
-    from inf_mllm_ros.engine.loading import load_model
+    from inf_mllm_ros.engine.models.loading import load_model
 
     torch.set_num_threads(args.threads)
     out = RESULTS / args.out
@@ -214,8 +214,8 @@ def latency(args) -> None:
     small archive fills and then stays full."""
     import torch
 
-    from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.models.loading import load_model
+    from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.engine.stream_config import StreamConfig
 
     torch.set_num_threads(args.threads)
@@ -271,7 +271,7 @@ def latency(args) -> None:
 def ingest_times(adapter, paras: list[str], chunks: int = 48) -> dict:
     """Milliseconds per 64-token chunk once the cache is full, the archive on (shipped) and off, in turns on
     the same text: what recording every block costs (on a GPU, a copy to host memory per chunk)."""
-    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.engine.stream_config import StreamConfig
 
     ids = adapter.tokenize("\n\n".join(paras))
@@ -301,8 +301,8 @@ def perplexity(args) -> None:
     import torch
     import torch.nn.functional as F
 
-    from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.models.loading import load_model
+    from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.engine.stream_config import StreamConfig
 
     torch.set_num_threads(args.threads)

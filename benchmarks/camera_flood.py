@@ -61,8 +61,8 @@ def slots_held(stream, ranges: list[tuple[int, int]]) -> float:
 def run_one(args) -> list[dict]:
     import torch
 
-    from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.models.loading import load_model
+    from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.engine.stream_config import StreamConfig
 
     torch.set_num_threads(args.threads)
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not args.plot_only:
         records = load_records(args.out) if args.resume else []
-        from inf_mllm_ros.engine.policies import policy_defaults
+        from inf_mllm_ros.engine.memory.policies import policy_defaults
 
         # Streams measured before the archive (records without "archive") are measured again with it.
         done = {(r["policy"], str(r["cache_size"]), r["setting"], r.get("text_share")) for r in records

@@ -22,9 +22,9 @@ SMOKE = ["--cache", "128", "--chunks", "2", "--rounds", "1"]
 def main(argv: list[str] | None = None) -> None:
     import torch
 
-    from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.policies import POLICIES
-    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.models.loading import load_model
+    from inf_mllm_ros.engine.memory.policies import POLICIES
+    from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.engine.stream_config import StreamConfig
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

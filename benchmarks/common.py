@@ -23,7 +23,7 @@ DEFAULT_TEXT = ROOT.parent / "shared" / "data" / "texts" / "jack_sheppard_pg1621
 
 def policy_names() -> list[str]:
     """Every registered eviction policy, the full cache (the ceiling) first."""
-    from inf_mllm_ros.engine.policies import POLICIES
+    from inf_mllm_ros.engine.memory.policies import POLICIES
 
     return ["full"] + sorted(name for name in POLICIES if name != "full")
 

@@ -67,8 +67,8 @@ def schedule(rounds: int, tell_every: int, gaps: list[int], seed: int) -> dict[i
 def run_one(args) -> list[dict]:
     import torch
 
-    from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.models.loading import load_model
+    from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.engine.stream_config import StreamConfig
 
     torch.set_num_threads(args.threads)

@@ -27,7 +27,7 @@ def count_ops(stream, chunk) -> dict[str, Counter]:
     """Operations run in each phase of every layer while `chunk` is pushed, by aten name."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from inf_mllm_ros.engine.cache import BoundedKVCache, BoundedLayer
+    from inf_mllm_ros.engine.memory.cache import BoundedKVCache, BoundedLayer
 
     counts = {phase: Counter() for phase in PHASES.values()}
     total = counts["all"] = Counter()
@@ -75,9 +75,9 @@ SMOKE = ["--cache", "128"]
 def main(argv: list[str] | None = None) -> None:
     import torch
 
-    from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.policies import POLICIES
-    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.models.loading import load_model
+    from inf_mllm_ros.engine.memory.policies import POLICIES
+    from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.engine.stream_config import StreamConfig
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -43,7 +43,7 @@ def model_folder(name: str, dtype: str) -> str:
     """Build the benchmark's random-weight model once into the engine's model cache; reuse it after."""
     import torch
 
-    from inf_mllm_ros.engine.embedded_models import home
+    from inf_mllm_ros.engine.models.embedded_models import home
     from inf_mllm_ros.testing.random_models import build_model_folder
 
     if MODEL_CONFIGS[name] is None:
@@ -79,8 +79,8 @@ class Scene:
 def run_one(args) -> list[dict]:
     import torch
 
-    from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.models.loading import load_model
+    from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.engine.stream_config import StreamConfig
 
     if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):

@@ -2,10 +2,10 @@
 
 For each shape (testing/random_models.py SHAPES: the embedded default with its frames, a 2B VLM, a 7B text model):
 - decode: ms per answer token, eager (a forward through the cache per token), the static step and the compiled
-  step (engine/decode_step.py), and transformers' own `generate` on the same model; the floor is the bytes read
+  step (engine/memory/decode_step.py), and transformers' own `generate` on the same model; the floor is the bytes read
   per token (decoder and output layer) over the device's measured copy bandwidth;
 - ms per 64-token chunk once the cache is full, per eviction policy (the archive on, input eager), and for the
-  default policy through the ingest step eager, static and compiled (engine/ingest_step.py);
+  default policy through the ingest step eager, static and compiled (engine/memory/ingest_step.py);
 - ms per 640x480 frame (shapes that take frames);
 - answer latency (16 tokens, the shipped decode step) with 0, 16K and 64K archived tokens.
 Each token time is the difference of two answers, 1 and n+1 tokens long, over n: the question's own cost
@@ -59,7 +59,7 @@ def filled_stream(adapter, tokens: int, **config):
     """A stream past `tokens` tokens of random ids in 64-token chunks (the cache full and evicting)."""
     import torch
 
-    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.engine.stream_config import StreamConfig
 
     stream = KVStream(adapter, StreamConfig(**config))
@@ -159,9 +159,9 @@ def frame_ms(stream, frames: int) -> float:
 def measure(shape: str, args, record: dict) -> dict:
     import torch
 
-    from inf_mllm_ros.engine.decode_step import StaticDecoder
-    from inf_mllm_ros.engine.ingest_step import StaticIngester
-    from inf_mllm_ros.engine.policies import POLICIES
+    from inf_mllm_ros.engine.memory.decode_step import StaticDecoder
+    from inf_mllm_ros.engine.memory.ingest_step import StaticIngester
+    from inf_mllm_ros.engine.memory.policies import POLICIES
     from inf_mllm_ros.testing.random_models import random_adapter
 
     device = torch.device(args.device)

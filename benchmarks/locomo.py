@@ -266,7 +266,7 @@ def stream_records(adapter, conv: str, setting: str, names: list[str], cache: in
     """One conversation into a fresh stream with one setting, then its questions; `write` gets each record. The
     archive's stream also answers as `no_archive` (retrieval off) where that is asked: the cache is the same with
     the archive on or off (engine/stream_config.py), so one stream serves both."""
-    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.settings import DEFAULTS, stream_config
 
     unknown = set(SETTINGS[setting]) - set(DEFAULTS)
@@ -283,14 +283,14 @@ def stream_records(adapter, conv: str, setting: str, names: list[str], cache: in
     started = time.monotonic()
     memory = Path(args.memories) / f"{conv}_{setting}_{values['cache_size']}.mem" if args.memories else None
     if memory is not None and memory.exists():
-        from inf_mllm_ros.engine.memory_file import load_memory
+        from inf_mllm_ros.engine.persistence.memory_file import load_memory
 
         load_memory(stream, memory)
         spans = [tuple(s) for s in json.loads(memory.with_suffix(".spans.json").read_text())]
     else:
         spans = ingest(stream, turns, args.batch)
         if memory is not None:
-            from inf_mllm_ros.engine.memory_file import save_memory
+            from inf_mllm_ros.engine.persistence.memory_file import save_memory
 
             memory.parent.mkdir(parents=True, exist_ok=True)
             save_memory(stream, memory)
@@ -387,7 +387,7 @@ ABLATION = {
 def ablation(stream, conv: str, cache: int, questions: list[Question], held_turns) -> list[dict]:
     """Each question's five best moments (`recall`, ranked as an answer's evidence is) under each ABLATION variant:
     evidence hit@5 only, no answer."""
-    from inf_mllm_ros.engine import retriever
+    from inf_mllm_ros.engine.archive import retriever
 
     shipped = {name: getattr(retriever, name) for variant in ABLATION.values() for name in variant}
     records = []
@@ -553,7 +553,7 @@ def main(argv: list[str] | None = None) -> None:
         save()  # the declaration, before the first answer
         import torch
 
-        from inf_mllm_ros.engine.loading import load_model
+        from inf_mllm_ros.engine.models.loading import load_model
 
         torch.set_num_threads(args.threads)
         adapter = None

@@ -52,8 +52,8 @@ def run_one(args) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
-    from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.models.loading import load_model
+    from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.engine.stream_config import StreamConfig
 
     torch.manual_seed(0)
@@ -66,7 +66,7 @@ def run_one(args) -> list[dict]:
         n_tokens = min(n_tokens, adapter.max_context - args.chunk)
         capacity = n_tokens
     ids = ids[:n_tokens]
-    from inf_mllm_ros.engine.policies import POLICIES
+    from inf_mllm_ros.engine.memory.policies import POLICIES
 
     knobs = {**getattr(args, "policy_settings", {}),
              **{k: v for k, v in (("attention_bias", args.bias), ("recent_size", args.recent))
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     args.policies = args.policies or policy_names()
     if args.bias is None:
-        from inf_mllm_ros.engine.policies import policy_defaults
+        from inf_mllm_ros.engine.memory.policies import policy_defaults
 
         args.bias = policy_defaults("inf_mllm")["attention_bias"]
     if args.one:

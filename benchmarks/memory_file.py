@@ -30,9 +30,9 @@ def checkpoint(args) -> None:
 
     import torch
 
-    from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.memory_file import model_fingerprint, save_memory
-    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.models.loading import load_model
+    from inf_mllm_ros.engine.persistence.memory_file import model_fingerprint, save_memory
+    from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.engine.stream_config import StreamConfig
 
     torch.set_num_threads(2)
@@ -69,9 +69,9 @@ SMOKE = ["--caches", "128", "--repeats", "1"]
 def main(argv: list[str] | None = None) -> None:
     import torch
 
-    from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.memory_file import load_memory, model_fingerprint, save_memory
-    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.models.loading import load_model
+    from inf_mllm_ros.engine.persistence.memory_file import load_memory, model_fingerprint, save_memory
+    from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.engine.stream_config import StreamConfig
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

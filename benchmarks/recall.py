@@ -1,6 +1,6 @@
 """Recall of planted facts at distances of 1K to 8K tokens, per policy and cache size.
 
-    python -m inf_mllm_ros.engine.loading --prepare-qwen    # once: the 0.5B evaluation model
+    python -m inf_mllm_ros.engine.models.loading --prepare-qwen    # once: the 0.5B evaluation model
     python benchmarks/recall.py                              # caches 512 and 1024, mentioned and forgotten
     python benchmarks/recall.py --settings pinned --policies full inf_mllm
     python benchmarks/recall.py --plot-only
@@ -96,8 +96,8 @@ def value_kept(stream, positions: list[int]) -> float:
 
 
 def run_one(args) -> list[dict]:
-    from inf_mllm_ros.engine.loading import load_model
-    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.models.loading import load_model
+    from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.engine.stream_config import StreamConfig
 
     import torch

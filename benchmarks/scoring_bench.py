@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from common import RESULTS
-from inf_mllm_ros.engine import triton_scoring
-from inf_mllm_ros.engine.scoring import window_scores
+from inf_mllm_ros.engine.ops import triton_scoring
+from inf_mllm_ros.engine.ops.scoring import window_scores
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 12, 2, 128
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from common import load_records
-from inf_mllm_ros.engine.policies import policy_defaults
+from inf_mllm_ros.engine.memory.policies import policy_defaults
 
 SHIPPED_BIAS = policy_defaults("inf_mllm")["attention_bias"]
 

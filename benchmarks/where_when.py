@@ -71,7 +71,7 @@ def run_one(adapter, model: str, seed: int, setting: str, args) -> list[dict]:
     from inf_mllm_ros.bags.warehouse_layout import SHIFT_START, START_NS
     from inf_mllm_ros.bags.warehouse_scenario import build_scenario
     from inf_mllm_ros.engine.poses import Pose
-    from inf_mllm_ros.engine.stream import KVStream
+    from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.settings import DEFAULTS, stream_config
 
     scenario = build_scenario(args.duration, seed)
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.summary:
         import torch
 
-        from inf_mllm_ros.engine.loading import load_model
+        from inf_mllm_ros.engine.models.loading import load_model
 
         torch.set_num_threads(args.threads)
         seeds = {"tune": TUNE_SEEDS, "report": REPORT_SEEDS, "all": TUNE_SEEDS + REPORT_SEEDS}.get(args.seeds)

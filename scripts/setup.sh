@@ -102,7 +102,7 @@ rc=0
 python - <<'EOF' || rc=$?
 import ast, importlib.util, sys
 try:
-    spec = importlib.util.find_spec("inf_mllm_ros.engine.loading")
+    spec = importlib.util.find_spec("inf_mllm_ros.engine.models.loading")
 except ImportError:
     spec = None
 if spec is None or not spec.origin:
@@ -117,10 +117,10 @@ EOF
 case "$rc" in
     0)
         log "preparing the embedded models"
-        python -m inf_mllm_ros.engine.loading --prepare
+        python -m inf_mllm_ros.engine.models.loading --prepare
         ;;
-    3) log "inf_mllm_ros.engine.loading has no prepare_smollm2; skipping model preparation" ;;
-    *) die "could not inspect inf_mllm_ros.engine.loading" ;;
+    3) log "inf_mllm_ros.engine.models.loading has no prepare_smollm2; skipping model preparation" ;;
+    *) die "could not inspect inf_mllm_ros.engine.models.loading" ;;
 esac
 
 log "done; use it with: source scripts/env.sh"

@@ -39,8 +39,8 @@ def shift_log(events: int, seed: int = 0):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .engine.loading import load_model
-    from .engine.stream import KVStream
+    from .engine.models.loading import load_model
+    from .engine.runtime.stream import KVStream
     from .engine.stream_config import StreamConfig
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

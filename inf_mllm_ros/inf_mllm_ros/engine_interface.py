@@ -1,6 +1,6 @@
 """What the node uses of its engine, declared once: `EngineLike`.
 
-The node talks to `StreamingEngine` (engine/engine.py) through this interface only, and its tests pass a
+The node talks to `StreamingEngine` (engine/runtime/engine.py) through this interface only, and its tests pass a
 stand-in that provides the same members (test_node.py checks that both do). No ROS import, and no import
 of the model at run time: the engine's types appear in annotations only.
 """
@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:  # annotations only: importing this module loads nothing of the model
     import numpy as np
 
-    from .engine.adapters import ModelAdapter
-    from .engine.worker import EngineCounters
-    from .engine.memory_file import MemoryFileInfo
+    from .engine.models.adapters import ModelAdapter
+    from .engine.runtime.worker import EngineCounters
+    from .engine.persistence.memory_file import MemoryFileInfo
     from .engine.poses import Pose
-    from .engine.live_settings import LiveSettings
-    from .engine.stream import StreamStats
+    from .engine.runtime.live_settings import LiveSettings
+    from .engine.runtime.stream import StreamStats
 
 
 @runtime_checkable

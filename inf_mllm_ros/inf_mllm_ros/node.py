@@ -41,7 +41,7 @@ from rclpy.logging import get_logger
 from rclpy.signals import SignalHandlerOptions
 
 from .engine.api import EngineNotReadyError
-from .engine.engine import StreamingEngine
+from .engine.runtime.engine import StreamingEngine
 from .engine_interface import EngineLike
 from .executor import OnceQueuedExecutor
 from .input_rules import StreamClock

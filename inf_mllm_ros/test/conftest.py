@@ -44,7 +44,7 @@ def pytest_configure(config):
 def load_prepared(model: str, device: str = "cpu", dtype: str = "float32"):
     """An embedded model (float32 on the CPU unless told), or the test skipped where the model cannot be had
     here (not prepared, not downloadable, no GPU). A model that is there and fails to load fails the test."""
-    from inf_mllm_ros.engine.loading import ModelUnavailableError, load_model
+    from inf_mllm_ros.engine.models.loading import ModelUnavailableError, load_model
 
     try:
         return load_model(model, device=device, dtype=dtype)
@@ -88,7 +88,7 @@ def host_reads_after_attention(monkeypatch) -> list[str]:
     per layer per prompt: that path must ask the device nothing."""
     import torch
 
-    from inf_mllm_ros.engine.cache import BoundedKVCache
+    from inf_mllm_ros.engine.memory.cache import BoundedKVCache
 
     reads, inside = [], [False]
     after_attention = BoundedKVCache.after_attention

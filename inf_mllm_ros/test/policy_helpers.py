@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from inf_mllm_ros.engine.policies import SlotView, make_policy
+from inf_mllm_ros.engine.memory.policies import SlotView, make_policy
 
 FILL, KEEP, HEADS = 80, 40, 2
 SHIPPED = {}  # make_policy's defaults: the settings StreamConfig and the node ship

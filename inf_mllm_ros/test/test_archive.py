@@ -1,4 +1,4 @@
-"""The archive of the stream's KV (engine/archive.py): its bound, its bytes, its blocks, and retrieval's
+"""The archive of the stream's KV (engine/archive/archive.py): its bound, its bytes, its blocks, and retrieval's
 mechanics on tiny models of every family: what is placed before a question is the model's own keys and
 values, re-rotated right (frames too), and an answer that retrieved leaves the cache as it was."""
 
@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from inf_mllm_ros.engine import retrieval_heads as retrieval_heads_module
-from inf_mllm_ros.engine import retriever as retriever_module
-from inf_mllm_ros.engine.retriever import best_last
-from inf_mllm_ros.engine.archive import BOOKKEEPING_BYTES, ArchivedBlock, KVArchive
-from inf_mllm_ros.engine.archive_blocks import cut_turns
-from inf_mllm_ros.engine.rotary import shift_rotary
-from inf_mllm_ros.engine.loading import load_model
-from inf_mllm_ros.engine.retrieval_index import RetrievalIndex
+from inf_mllm_ros.engine.archive import retrieval_heads as retrieval_heads_module
+from inf_mllm_ros.engine.archive import retriever as retriever_module
+from inf_mllm_ros.engine.archive.retriever import best_last
+from inf_mllm_ros.engine.archive.archive import BOOKKEEPING_BYTES, ArchivedBlock, KVArchive
+from inf_mllm_ros.engine.archive.archive_blocks import cut_turns
+from inf_mllm_ros.engine.ops.rotary import shift_rotary
+from inf_mllm_ros.engine.models.loading import load_model
+from inf_mllm_ros.engine.archive.retrieval_index import RetrievalIndex
 from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
-from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -7,12 +7,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from inf_mllm_ros.engine import cache as cache_module
-from inf_mllm_ros.engine.adapters import CausalLMAdapter
-from inf_mllm_ros.engine.cache import CacheOverflowError
-from inf_mllm_ros.engine.cache_layer import BoundedLayer
-from inf_mllm_ros.engine.rotary import packed_positions, shift_rotary
-from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.memory import cache as cache_module
+from inf_mllm_ros.engine.models.adapters import CausalLMAdapter
+from inf_mllm_ros.engine.memory.cache import CacheOverflowError
+from inf_mllm_ros.engine.memory.cache_layer import BoundedLayer
+from inf_mllm_ros.engine.ops.rotary import packed_positions, shift_rotary
+from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 
 BOUNDED = ["inf_mllm", "streaming_llm", "h2o", "window"]
@@ -139,8 +139,8 @@ def _rotate_exact(k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tens
 def test_repacked_keys_stay_exact_over_a_thousand_repacks(dtype):
     """Every key that survives is rotated to its new position from the key the model gave, so rounding
     never accumulates: after 1,000 re-packs the newest-at-start keys are within one rounding of exact."""
-    from inf_mllm_ros.engine.cache import BoundedKVCache, ForwardPlan, PromptPositions
-    from inf_mllm_ros.engine.policies import make_policy
+    from inf_mllm_ros.engine.memory.cache import BoundedKVCache, ForwardPlan, PromptPositions
+    from inf_mllm_ros.engine.memory.policies import make_policy
 
     torch.manual_seed(0)
     dim, capacity, steps = 64, 1010, 1000

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inf_mllm_ros.engine import retrieval_heads as retrieval_heads_module
-from inf_mllm_ros.engine import scoring, triton_scoring
-from inf_mllm_ros.engine.loading import load_model
-from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.archive import retrieval_heads as retrieval_heads_module
+from inf_mllm_ros.engine.ops import scoring, triton_scoring
+from inf_mllm_ros.engine.models.loading import load_model
+from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.testing.random_models import build_model_folder
 

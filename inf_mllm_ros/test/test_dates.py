@@ -1,5 +1,5 @@
-"""Dates the memory can state: a marker says the day where it differs from the input before's (engine/chat.py), in
-the clock's time zone, and a block retrieved out of its day gets its day placed before it (engine/retriever.py),
+"""Dates the memory can state: a marker says the day where it differs from the input before's (engine/models/chat.py), in
+the clock's time zone, and a block retrieved out of its day gets its day placed before it (engine/archive/retriever.py),
 while a memory of one day reads as it always did."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from datetime import datetime, timezone
 import pytest
 import torch
 
-from inf_mllm_ros.engine.chat import MarkerClock, stamped
-from inf_mllm_ros.engine.loading import load_model
-from inf_mllm_ros.engine.naming import TIME_MARKER, said_words
-from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.models.chat import MarkerClock, stamped
+from inf_mllm_ros.engine.models.loading import load_model
+from inf_mllm_ros.engine.archive.naming import TIME_MARKER, said_words
+from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.testing.random_models import build_model_folder
 

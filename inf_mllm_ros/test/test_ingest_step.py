@@ -1,4 +1,4 @@
-"""The static ingest step (engine/ingest_step.py) on tiny models of every family: after each input the memory is the
+"""The static ingest step (engine/memory/ingest_step.py) on tiny models of every family: after each input the memory is the
 eager path's (the same slots kept, keys, values and scores within float32 tolerance), with evictions, re-packs,
 frames and pinned texts; no graph break under torch.compile(fullgraph=True, dynamic=False) and one graph per block
 size over a whole stream whose answers retrieve; a block the step cannot take goes in eagerly."""
@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch._dynamo.testing
 
-from inf_mllm_ros.engine.cache import CacheOverflowError
-from inf_mllm_ros.engine.ingest_step import StaticIngester, block_sizes
-from inf_mllm_ros.engine.loading import load_model
-from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.memory.cache import CacheOverflowError
+from inf_mllm_ros.engine.memory.ingest_step import StaticIngester, block_sizes
+from inf_mllm_ros.engine.models.loading import load_model
+from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
 

@@ -104,20 +104,20 @@ def test_no_import_cycle():
     assert not cycles, cycles
 
 
-@pytest.mark.parametrize("module", ["inf_mllm_ros.engine.engine", "inf_mllm_ros.engine.stream"])
+@pytest.mark.parametrize("module", ["inf_mllm_ros.engine.runtime.engine", "inf_mllm_ros.engine.runtime.stream"])
 def test_the_layout_rules_see_imports(module):
     """The checks above read real edges (a parser that found none would pass them all)."""
     found = {i for i, _ in imports(module, modules()[module])}
-    assert "inf_mllm_ros.engine.cache" in found or "inf_mllm_ros.engine.stream" in found, found
+    assert "inf_mllm_ros.engine.memory.cache" in found or "inf_mllm_ros.engine.runtime.stream" in found, found
 
 
 def test_the_layout_rules_see_imports_for_annotations_and_inside_functions():
-    retriever = {i for i, _ in imports("inf_mllm_ros.engine.retriever", modules()["inf_mllm_ros.engine.retriever"])}
-    assert "inf_mllm_ros.engine.archive" in retriever, "an import under TYPE_CHECKING"
-    loading = [(i, top) for i, top in imports("inf_mllm_ros.engine.worker", modules()["inf_mllm_ros.engine.worker"])]
-    assert ("inf_mllm_ros.engine.live_settings", True) in loading, "an import under TYPE_CHECKING, at module level"
+    retriever = {i for i, _ in imports("inf_mllm_ros.engine.archive.retriever", modules()["inf_mllm_ros.engine.archive.retriever"])}
+    assert "inf_mllm_ros.engine.archive.archive" in retriever, "an import under TYPE_CHECKING"
+    loading = [(i, top) for i, top in imports("inf_mllm_ros.engine.runtime.worker", modules()["inf_mllm_ros.engine.runtime.worker"])]
+    assert ("inf_mllm_ros.engine.runtime.live_settings", True) in loading, "an import under TYPE_CHECKING, at module level"
     offline = imports("inf_mllm_ros.bags.offline", modules()["inf_mllm_ros.bags.offline"])
-    assert ("inf_mllm_ros.engine.loading", False) in offline, "an import inside a function"
+    assert ("inf_mllm_ros.engine.models.loading", False) in offline, "an import inside a function"
 
 
 def package_classes() -> dict[str, list[str]]:
@@ -176,8 +176,9 @@ LAUNCH_FILE = REPO_ROOT / "inf_mllm_bringup" / "launch" / "inf_mllm.launch.py"
 
 def test_the_launch_file_reads_the_parameter_table_in_its_own_process_without_torch():
     """The launch process imports the parameter table itself (no child process): the table, the engine's door
-    (engine/api.py) and whatever else of the package the launch file imports load neither torch nor transformers,
-    which it would otherwise hold for as long as the node runs. Checked in a fresh interpreter."""
+    (engine/api.py and the other modules at the engine's top, of which it is made; the engine's parts are in its
+    folders) and whatever else of the package the launch file imports load neither torch nor transformers, which
+    it would otherwise hold for as long as the node runs. Checked in a fresh interpreter."""
     tree = ast.parse(LAUNCH_FILE.read_text())
     launched = sorted({node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                        and (node.module or "").startswith("inf_mllm_ros")})
@@ -186,7 +187,9 @@ def test_the_launch_file_reads_the_parameter_table_in_its_own_process_without_to
                    for node in ast.walk(tree))
     code = ("import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)\n"
             "print(','.join(m for m in ('torch', 'transformers') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-P", "-c", code, "inf_mllm_ros.engine.api", *launched],
+    door = sorted(f"inf_mllm_ros.engine.{path.stem}" for path in (PACKAGE / "engine").glob("*.py"))
+    assert "inf_mllm_ros.engine.api" in door
+    done = subprocess.run([sys.executable, "-P", "-c", code, *door, *launched],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "", f"{launched} load {done.stdout.strip()}"

@@ -1,5 +1,5 @@
-"""The words a question shares with archived messages (engine/lexical.py), weighed as BM25 weighs them, and the
-reply to a message that asks lifted beside it (engine/retriever.py)."""
+"""The words a question shares with archived messages (engine/archive/lexical.py), weighed as BM25 weighs them, and the
+reply to a message that asks lifted beside it (engine/archive/retriever.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from inf_mllm_ros.engine.lexical import asks, bm25, stem, terms
-from inf_mllm_ros.engine.loading import load_model
-from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.archive.lexical import asks, bm25, stem, terms
+from inf_mllm_ros.engine.models.loading import load_model
+from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.testing.random_models import build_model_folder
 

@@ -21,12 +21,13 @@ import numpy as np
 import pytest
 import torch
 
-from inf_mllm_ros.engine import archive_log, checkpoints
-from inf_mllm_ros.engine.engine import StreamingEngine
-from inf_mllm_ros.engine.loading import load_model
-from inf_mllm_ros.engine.memory_file import MemoryFileError, load_memory, save_memory
+from inf_mllm_ros.engine.persistence import archive_log
+from inf_mllm_ros.engine.runtime import checkpoints
+from inf_mllm_ros.engine.runtime.engine import StreamingEngine
+from inf_mllm_ros.engine.models.loading import load_model
+from inf_mllm_ros.engine.persistence.memory_file import MemoryFileError, load_memory, save_memory
 from inf_mllm_ros.testing.random_models import build_model_folder
-from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.engine.answering import StreamStoppedError
 
@@ -482,9 +483,9 @@ def test_a_damaged_log_costs_only_the_blocks_from_the_damage_on(folders, tmp_pat
 WRITER = """
 import sys, torch
 from inf_mllm_ros.engine import archive_log
-from inf_mllm_ros.engine.loading import load_model
-from inf_mllm_ros.engine.memory_file import save_memory
-from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.models.loading import load_model
+from inf_mllm_ros.engine.persistence.memory_file import save_memory
+from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.engine.answering import StreamStoppedError
 torch.set_num_threads(1)

@@ -7,9 +7,9 @@ import re
 import pytest
 import torch
 
-from inf_mllm_ros.engine.loading import load_model
-from inf_mllm_ros.engine.policies import policy_defaults
-from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.models.loading import load_model
+from inf_mllm_ros.engine.memory.policies import policy_defaults
+from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 
 from conftest import SHARED_TEXT

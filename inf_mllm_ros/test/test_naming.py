@@ -1,4 +1,4 @@
-"""What a question names (engine/naming.py): on the recall generator's facts of every kind (tuning seeds), the
+"""What a question names (engine/archive/naming.py): on the recall generator's facts of every kind (tuning seeds), the
 asked fact's message and the same fact told again name the question most, its siblings of the same form less, by
 more than the retriever's tolerance; frames name nothing. Of the messages that name a question, a fact told again
 with a new value since is left out, never the subject's mentions nor the fact without a newer value; a subject
@@ -10,8 +10,8 @@ import pytest
 
 from types import SimpleNamespace
 
-from inf_mllm_ros.engine.naming import naming_shares, said_words, text_words
-from inf_mllm_ros.engine.retriever import NAMES_QUESTION, NAMING_STEP, NAMING_TOLERANCE, NEWS_MESSAGES, Retriever
+from inf_mllm_ros.engine.archive.naming import naming_shares, said_words, text_words
+from inf_mllm_ros.engine.archive.retriever import NAMES_QUESTION, NAMING_STEP, NAMING_TOLERANCE, NEWS_MESSAGES, Retriever
 from inf_mllm_ros.testing.recall_facts import KINDS, facts, filler, told_again
 
 

@@ -38,8 +38,8 @@ from rclpy.action import ActionClient
 from inf_mllm_interfaces.action import Ask
 from inf_mllm_interfaces.msg import CacheStats, Description
 from inf_mllm_interfaces.srv import Query
-from inf_mllm_ros.engine.loading import SMALL_MODEL
-from inf_mllm_ros.engine.policies import policy_defaults
+from inf_mllm_ros.engine.models.loading import SMALL_MODEL
+from inf_mllm_ros.engine.memory.policies import policy_defaults
 from inf_mllm_ros.image_conversion import DEFAULT_MAX_DECODED_PIXELS, rgb_to_compressed_fields, rgb_to_image_fields
 from inf_mllm_ros.settings import PARAMETERS
 from inf_mllm_ros.testing.burst import burst_figures, burst_of_callers
@@ -868,8 +868,8 @@ class StandInEngine:
     adapter = None
 
     def __init__(self, model, config, *, on_ingested=None, **_kwargs):
-        from inf_mllm_ros.engine.worker import EngineCounters
-        from inf_mllm_ros.engine.live_settings import LiveSettings
+        from inf_mllm_ros.engine.runtime.worker import EngineCounters
+        from inf_mllm_ros.engine.runtime.live_settings import LiveSettings
 
         self.config = config
         self.settings = LiveSettings.of(config)
@@ -954,7 +954,7 @@ def test_the_engine_and_its_stand_in_provide_the_engine_interface():
     here rather than in a callback of a running node."""
     import inspect
 
-    from inf_mllm_ros.engine.engine import StreamingEngine
+    from inf_mllm_ros.engine.runtime.engine import StreamingEngine
     from inf_mllm_ros.engine.stream_config import StreamConfig
     from inf_mllm_ros.engine_interface import EngineLike
 
@@ -1025,9 +1025,9 @@ def local_node(request):
 
 
 def test_query_while_the_model_loads_then_fails_to_load(local_node, monkeypatch):
-    from inf_mllm_ros.engine import engine as engine_module
-    from inf_mllm_ros.engine.engine import StreamingEngine
-    from inf_mllm_ros.engine.loading import ModelLoadError
+    from inf_mllm_ros.engine.runtime import engine as engine_module
+    from inf_mllm_ros.engine.runtime.engine import StreamingEngine
+    from inf_mllm_ros.engine.models.loading import ModelLoadError
 
     release = threading.Event()
 
@@ -1057,7 +1057,7 @@ def test_query_while_the_model_loads_then_fails_to_load(local_node, monkeypatch)
 
 
 def test_busy_failing_and_slow_engine_answers_say_why(local_node):
-    from inf_mllm_ros.engine.engine import EngineBusyError
+    from inf_mllm_ros.engine.runtime.engine import EngineBusyError
 
     factory, engines = stand_in_factory()
     probe, node = local_node(factory, query_timeout=1.0)
@@ -1210,7 +1210,7 @@ def test_diagnostics_state_is_the_lifecycle_state_in_every_transition_failed_one
     state /diagnostics reports is the one the lifecycle's get_state service gives."""
     from lifecycle_msgs.srv import GetState
 
-    from inf_mllm_ros.engine.engine import EngineNotReadyError
+    from inf_mllm_ros.engine.runtime.engine import EngineNotReadyError
     from inf_mllm_ros.node import InfMLLMNode
 
     class FailsToLoad(StandInEngine):

@@ -19,7 +19,7 @@ from std_msgs.msg import String
 
 from inf_mllm_interfaces.msg import CacheStats
 from inf_mllm_interfaces.srv import Query, Recall
-from inf_mllm_ros.engine.loading import SMALL_MODEL
+from inf_mllm_ros.engine.models.loading import SMALL_MODEL
 from inf_mllm_ros.image_conversion import rgb_to_image_fields
 from ros_helpers import Latest, RosProbe
 from test_node import REPO_ROOT, NodeProcess

@@ -9,7 +9,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from inf_mllm_ros.engine.policies import POLICIES, make_policy
+from inf_mllm_ros.engine.memory.policies import POLICIES, make_policy
 
 from policy_helpers import FILL, KEEP, kept, view
 
@@ -41,7 +41,7 @@ def test_registry_lists_all_policies():
 
 def test_a_new_policy_with_one_knob_is_one_class(monkeypatch):
     """Registered by name, built with its setting, and its setting is a node parameter, checked like the others."""
-    import inf_mllm_ros.engine.policies as policies
+    import inf_mllm_ros.engine.memory.policies as policies
     from inf_mllm_ros import settings
 
     monkeypatch.setitem(policies.POLICIES, "every_other", None)  # taken out of the registry after the test
@@ -68,14 +68,14 @@ def test_a_new_policy_with_one_knob_is_one_class(monkeypatch):
 
 
 NEW_POLICY_FILE = '''
-"""Keep every n-th: a policy in a file of its own, as a new policy is added to engine/policies/."""
+"""Keep every n-th: a policy in a file of its own, as a new policy is added to engine/memory/policies/."""
 
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from inf_mllm_ros.engine.policies import EvictionPolicy, knob, register
+from inf_mllm_ros.engine.memory.policies import EvictionPolicy, knob, register
 
 
 @register

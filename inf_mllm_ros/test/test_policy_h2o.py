@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from inf_mllm_ros.engine.cache import BoundedKVCache, ForwardPlan, PromptPositions
-from inf_mllm_ros.engine.policies import make_policy
+from inf_mllm_ros.engine.memory.cache import BoundedKVCache, ForwardPlan, PromptPositions
+from inf_mllm_ros.engine.memory.policies import make_policy
 
 from policy_helpers import KEEP, PLAIN, inf, kept, uniform_with_saddle, view
 

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from inf_mllm_ros.engine.cache import BoundedKVCache, ForwardPlan, PromptPositions
-from inf_mllm_ros.engine.policies import SlotView, make_policy, policy_defaults
+from inf_mllm_ros.engine.memory.cache import BoundedKVCache, ForwardPlan, PromptPositions
+from inf_mllm_ros.engine.memory.policies import SlotView, make_policy, policy_defaults
 
 from policy_helpers import FILL, HEADS, KEEP, PLAIN, SHIPPED, inf, kept, uniform_with_saddle, view
 

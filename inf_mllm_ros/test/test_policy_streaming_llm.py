@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inf_mllm_ros.engine.policies import make_policy
+from inf_mllm_ros.engine.memory.policies import make_policy
 
 from policy_helpers import FILL, KEEP, kept, view
 

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 
 from inf_mllm_ros.testing.recall_facts import GENRES, KINDS, MENTIONS, facts, filler, told_again

@@ -26,7 +26,7 @@ from std_srvs.srv import Trigger
 from inf_mllm_interfaces.msg import CacheStats
 from inf_mllm_ros.bags.bag_io import iter_messages
 from inf_mllm_ros.bags.sample_bag import build_scenario, write_sample_bag
-from inf_mllm_ros.engine.loading import SMALL_MODEL
+from inf_mllm_ros.engine.models.loading import SMALL_MODEL
 from inf_mllm_ros.bags.stream_inputs import Question, input_kind, parse_ask, questions_due, stream_inputs
 from inf_mllm_ros.input_rules import FrameGate, StreamClock
 from inf_mllm_ros.settings import DEFAULTS

@@ -1,4 +1,4 @@
-"""The retrieval index (engine/retrieval_index.py): what a question scores the archive's blocks with.
+"""The retrieval index (engine/archive/retrieval_index.py): what a question scores the archive's blocks with.
 
 Its scores are checked against a plain computation over the archive's own keys (every block, every scoring
 head, one question token at a time), on streams that wrap the archive round at several lengths; the reference
@@ -12,10 +12,10 @@ import random
 import pytest
 import torch
 
-from inf_mllm_ros.engine.loading import load_model
-from inf_mllm_ros.engine.retrieval_index import REFERENCE_WEIGHT, RetrievalIndex
-from inf_mllm_ros.engine.rotary import shift_rotary
-from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.models.loading import load_model
+from inf_mllm_ros.engine.archive.retrieval_index import REFERENCE_WEIGHT, RetrievalIndex
+from inf_mllm_ros.engine.ops.rotary import shift_rotary
+from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.testing.random_models import build_model_folder
 

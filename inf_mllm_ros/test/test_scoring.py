@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from inf_mllm_ros.engine import scoring, triton_scoring
-from inf_mllm_ros.engine.scoring import visible_counts, window_scores
+from inf_mllm_ros.engine.ops import scoring, triton_scoring
+from inf_mllm_ros.engine.ops.scoring import visible_counts, window_scores
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
@@ -245,7 +245,7 @@ if __name__ == "__main__" and sys.argv[1:] == ["--triton-cases"]:
 
 @pytest.mark.parametrize("n_past,q,block", [(0, 5, 128), (37, 9, 4), (100, 1, 128)])
 def test_fused_attention_matches_sdpa_and_window_scores(n_past, q, block):
-    from inf_mllm_ros.engine.scoring import attention_with_window_scores
+    from inf_mllm_ros.engine.ops.scoring import attention_with_window_scores
 
     torch.manual_seed(3)
     query, key, value = torch.randn(6, q, 16), torch.randn(2, n_past + q, 16), torch.randn(2, n_past + q, 16)

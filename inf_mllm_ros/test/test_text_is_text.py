@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from inf_mllm_ros.engine.loading import load_model
+from inf_mllm_ros.engine.models.loading import load_model
 from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
-from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.engine.text_rules import is_blank, is_undecodable
 from inf_mllm_ros.engine.text_rules import TextRefused

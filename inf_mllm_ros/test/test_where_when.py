@@ -1,5 +1,5 @@
 """Where and when: the robot's poses kept beside its inputs (engine/poses.py), evidence for answers and recall
-without an answer (engine/evidence.py).
+without an answer (engine/archive/evidence.py).
 
 Pose rules on their own; poses travelling with the archive's blocks and surviving a restart on a tiny model;
 the planted moment found first, by a question's evidence and by a recall, on real SmolLM2 weights over streams
@@ -13,10 +13,10 @@ import random
 import numpy as np
 import pytest
 
-from inf_mllm_ros.engine.loading import load_model
-from inf_mllm_ros.engine.memory_file import load_memory, save_memory
+from inf_mllm_ros.engine.models.loading import load_model
+from inf_mllm_ros.engine.persistence.memory_file import load_memory, save_memory
 from inf_mllm_ros.engine.poses import Pose, PoseHistory, PoseRefusedError, interpolate
-from inf_mllm_ros.engine.stream import KVStream
+from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.testing.random_models import build_model_folder
 

@@ -141,9 +141,9 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
     it). ``adapter``: a model already loaded (otherwise ``settings['model']`` is loaded). ``echo`` is
     called with a line for each answer and notice. Raises BagError, ModelLoadError, UsageError.
     """
-    from ..engine.adapters import FramesNotSupportedError
+    from ..engine.models.adapters import FramesNotSupportedError
     from ..engine.poses import PoseHistory, PoseRefusedError
-    from ..engine.stream import KVStream
+    from ..engine.runtime.stream import KVStream
 
     echo = echo or (lambda line: None)
     started = time.monotonic()
@@ -175,7 +175,7 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
     try:
         config, result.settings = checked_config(settings), dict(settings)
         if adapter is None:
-            from ..engine.loading import load_model, use_torch_threads
+            from ..engine.models.loading import load_model, use_torch_threads
 
             use_torch_threads(model_threads(settings))  # as the node's engine does
             adapter = load_model(settings["model"], **load_settings(settings))
@@ -370,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         return fail(f"cannot write {out}: {exc}")
 
-    from ..engine.loading import ModelLoadError
+    from ..engine.models.loading import ModelLoadError
 
     print(f"{PROG}: {bag_path} -> {out}/ (model {settings['model']}, cache {settings['cache_size']} tokens, "
           f"policy {settings['eviction_policy']}"

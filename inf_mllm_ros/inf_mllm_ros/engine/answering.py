@@ -1,7 +1,7 @@
 """What a stream's answer is, and one answer's own state while it is decoded.
 
-`KVStream.ask` (engine/stream.py) tokenizes a question as a turn of the chat template, has the archive's best
-blocks for it placed after the cache's (engine/retriever.py) and decodes the answer greedily, in the cache's
+`KVStream.ask` (engine/runtime/stream.py) tokenizes a question as a turn of the chat template, has the archive's best
+blocks for it placed after the cache's (engine/archive/retriever.py) and decodes the answer greedily, in the cache's
 headroom (then taken away again) or kept in the memory as a dialogue turn. `AnswerTurn` is what belongs to one
 answer alone: whom to tell the answer so far, and the caller's cancel.
 """
@@ -51,7 +51,7 @@ class Answer:
     # Archived tokens placed before the question for this answer, and the stream times of their blocks.
     retrieved_tokens: int = 0
     retrieved_stamps: list = field(default_factory=list)
-    # The inputs the question pointed to most, heaviest first (engine/evidence.py).
+    # The inputs the question pointed to most, heaviest first (engine/archive/evidence.py).
     evidence: list[Evidence] = field(default_factory=list)
 
 

@@ -5,13 +5,13 @@ Its configuration (`StreamConfig` and the defaults of the engine's own settings)
 its errors, what an answer and its evidence are, and the rules an input is checked by. Importing this module
 loads neither torch nor transformers (test_layout.py checks it), so that a process that only reads the parameter
 table (the launch file's) or speaks to the engine through ROS stays small. The engine itself (`StreamingEngine`,
-engine/engine.py) is imported by whoever makes one.
+engine/runtime/engine.py) is imported by whoever makes one.
 """
 
 from __future__ import annotations
 
 from .answering import DEFAULT_DESCRIPTION_PROMPT, QUOTE_CHARS, Answer, AnswerCancelledError, Evidence
-from .chat import CLOCKS
+from .models.chat import CLOCKS
 from .model_errors import FramesNotSupportedError, ModelLoadError, ModelUnavailableError
 from .policy_knobs import policy_knobs
 from .poses import Pose, PoseRefusedError
@@ -19,7 +19,7 @@ from .stream_config import DEFAULT_SYSTEM_PROMPT, MIN_CAPACITY, STEP_MODES, Stre
 from .text_rules import CheckedText, TextRefused, checked_text
 from .value_rules import MIN_PERIOD, ValueRule
 
-# The embedded model a stream runs when no model is named (engine/embedded_models.py).
+# The embedded model a stream runs when no model is named (engine/models/embedded_models.py).
 DEFAULT_MODEL = "onevision-qwen2.5-0.5b"
 # Bounds of the waiting queues (the node's max_pending_texts and max_pending_queries default to these).
 DEFAULT_MAX_PENDING_TEXTS = 64

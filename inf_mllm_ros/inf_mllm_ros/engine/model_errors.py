@@ -1,5 +1,5 @@
-"""The errors of finding and loading a model (engine/loading.py, engine/embedded_models.py), and of giving it
-what it cannot take."""
+"""The errors of finding and loading a model (engine/models/loading.py, engine/models/embedded_models.py), and of
+giving it what it cannot take."""
 
 from __future__ import annotations
 

@@ -96,7 +96,7 @@ SHIPPED_KNOBS: dict[str, dict[str, Field]] = {
     kind.name: {f.name: f for f in fields(kind)}
     for kind in (FullKnobs, WindowKnobs, StreamingLLMKnobs, H2OKnobs, InfMLLMKnobs)
 }
-# The policies (EvictionPolicy classes, engine/policies/) by name, as their modules register them (`register`).
+# The policies (EvictionPolicy classes, engine/memory/policies/) by name, as their modules register them (`register`).
 POLICIES: dict[str, type] = {}
 
 

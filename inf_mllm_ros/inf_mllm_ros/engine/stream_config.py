@@ -1,17 +1,17 @@
-"""What shapes a stream's memory: `StreamConfig`, the settings a `KVStream` (engine/stream.py) is made with."""
+"""What shapes a stream's memory: `StreamConfig`, the settings a `KVStream` (engine/runtime/stream.py) is made with."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .chat import MarkerClock
+from .models.chat import MarkerClock
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are the memory of a mobile robot. Camera frames and messages arrive with their time in seconds. "
     "Answer questions about what happened briefly and precisely."
 )
 
-# How an answer is decoded, and an input's blocks taken in (engine/decode_step.py, engine/ingest_step.py).
+# How an answer is decoded, and an input's blocks taken in (engine/memory/decode_step.py, engine/memory/ingest_step.py).
 STEP_MODES = ("auto", "eager", "static", "compiled")
 
 # The smallest memory that still holds the sinks, a recent window and a few candidates.
@@ -38,25 +38,25 @@ class StreamConfig:
     answer_prompt: str = ""
     max_frame_pixels: int | None = None  # bound on a frame's resolution before the vision tower
     scoring_backend: str = "auto"
-    # The archive of the stream's KV in host memory (engine/archive.py): its bound (0: none), its block, and
+    # The archive of the stream's KV in host memory (engine/archive/archive.py): its bound (0: none), its block, and
     # the most archived tokens placed before a question. The headroom makes room for them whether or not the
     # archive is on, so that the cache is the same either way.
     archive_size: int = 32768
     archive_block: int = 32
     retrieve_tokens: int = 256
-    # How an answer not kept in memory is decoded (engine/decode_step.py): "eager" (a forward per token through
+    # How an answer not kept in memory is decoded (engine/memory/decode_step.py): "eager" (a forward per token through
     # the cache), "static" (one fixed-shape step per token over the cache's storage), "compiled" (that step
     # under torch.compile; CUDA graphs on a GPU), "auto" (compiled on CUDA, else eager). Same tokens either way.
     decode_step: str = "auto"
-    # How an input's blocks go through the model (engine/ingest_step.py), with the same choices: "static" pads
+    # How an input's blocks go through the model (engine/memory/ingest_step.py), with the same choices: "static" pads
     # each block to one of a few sizes and takes it in one fixed-shape step over the cache's storage. The same
     # memory either way.
     ingest_step: str = "auto"
-    # How an input's time reads to the model (engine/chat.py, `MarkerClock`): "stream" (h:mm:ss.s since the
+    # How an input's time reads to the model (engine/models/chat.py, `MarkerClock`): "stream" (h:mm:ss.s since the
     # memory's first input) or "wall" (the time of day of its stamp in `time_zone`, as hh:mm:ss).
     clock: str = "stream"
     time_zone: str = "UTC"
-    # The most inputs an answer names as its evidence (engine/evidence.py; 0: none). Scored with the archive's
+    # The most inputs an answer names as its evidence (engine/archive/evidence.py; 0: none). Scored with the archive's
     # retrieval: an answer with retrieval on pays nothing more for it.
     evidence: int = 5
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from ..engine.adapters.base import image_only_processor_class
-from ..engine.vlm_parts import IDEFICS3_TOKENS, idefics3_parts
+from ..engine.models.adapters.base import image_only_processor_class
+from ..engine.models.vlm_parts import IDEFICS3_TOKENS, idefics3_parts
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava", "llava_onevision", "idefics3")
 TEXT_FAMILIES = ("llama",)
@@ -256,8 +256,8 @@ def build_default_shape(folder: Path | None, *, seed: int = 0, dtype: torch.dtyp
     around Qwen2.5-0.5B's decoder, vocabulary and tied output layer."""
     from transformers import LlavaOnevisionForConditionalGeneration
 
-    from ..engine.embedded_models import ONEVISION_VISION
-    from ..engine.vlm_parts import onevision_parts
+    from ..engine.models.embedded_models import ONEVISION_VISION
+    from ..engine.models.vlm_parts import onevision_parts
 
     tokenizer = synthetic_tokenizer(["<image>", "<video>"], _CHATML.replace("IMAGE", "<image>"))
     text = dict(_text_sizes("qwen2.5-0.5b"), vocab_size=QWEN_VOCAB, tie_word_embeddings=True,
@@ -271,7 +271,7 @@ def build_default_shape(folder: Path | None, *, seed: int = 0, dtype: torch.dtyp
 def random_adapter(shape: str, *, device: str | torch.device, dtype: torch.dtype, seed: int = 0):
     """A benchmark shape (SHAPES) with random weights, made in memory on `device` (no folder: a 7B model's
     weights would take minutes to write and read), behind the adapter of its family."""
-    from ..engine.adapters import adapter_for
+    from ..engine.models.adapters import adapter_for
 
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose one of {tuple(SHAPES)}")

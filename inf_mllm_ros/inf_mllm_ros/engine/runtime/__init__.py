@@ -1,0 +1,2 @@
+"""The stream and what runs it: `KVStream` (one stream through one model), the threaded `StreamingEngine`, its
+worker, work queue, live settings and checkpoints."""

@@ -1,0 +1,642 @@
+"""One endless stream through one model, in constant memory.
+
+`KVStream` is single-threaded: it owns the model adapter and the bounded cache, turns text, frames
+and questions into prompts, pushes them in chunks (evicting after each), and generates answers. The
+threaded `StreamingEngine` wraps it for concurrent callers.
+
+This module holds the stream's state and figures, the pushing of inputs and the answering of questions; its
+configuration is `StreamConfig` (engine/stream_config.py), an answer's types are in engine/answering.py, and
+retrieval from the archive for a question is the stream's `Retriever` (engine/archive/retriever.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..models.adapters import ModelAdapter, Prompt
+from ..answering import (
+    DEFAULT_DESCRIPTION_PROMPT,
+    Answer,
+    AnswerCancelledError,
+    AnswerTurn,
+    StreamStoppedError,
+    TokenCallback,
+)
+from ..archive.archive import KVArchive
+from ..ops.attention import CACHE_ARGUMENT
+from ..memory.cache import BoundedKVCache
+from ..memory.forward_plan import ForwardPlan, PromptPositions
+from ..models.chat import MarkerClock, check_stamp, stamped
+from ..memory.decode_step import StaticDecoder, resolve_decode_step
+from ..memory.ingest_step import StaticIngester
+from ..memory.policies import make_policy
+from ..stream_config import StreamConfig
+from ..archive.evidence import Evidence
+from ..poses import Pose
+from ..archive.retrieval_heads import retrieval_heads
+from ..archive.retriever import Retrieval, Retriever
+from ..text_rules import checked_text
+
+
+
+@dataclass
+class StreamStats:
+    """The memory's figures at one moment: the cache, the archive, the inputs taken, the policy in force."""
+
+    capacity: int
+    fill: int
+    tokens_seen: int
+    tokens_evicted: int
+    evictions: int
+    frames_ingested: int
+    texts_ingested: int
+    pinned_held: int  # tokens of pinned texts held in every layer and head
+    kv_bytes: int
+    cache_bytes: int
+    archive_tokens: int  # tokens held in the archive (host memory)
+    archive_blocks: int
+    archive_bytes: int  # host bytes of the archive's storage, once full
+    archive_size: int  # its bound, in tokens
+    policy: str
+    policy_settings: dict  # the policy's name and every setting, as it runs now
+    position_mode: str
+    next_position: int
+    newest_frame_stamp: float | None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class MemoryExport:
+    """A copy of what a memory file keeps of a stream (engine/persistence/memory_file.py), made by
+    `KVStream.export_memory`."""
+
+    cache: dict[str, Tensor]  # the cache's slots and counters
+    clock: dict  # the stream's clock and counters (`clock_state`)
+    held: list[int]  # the archive's blocks held, by index, oldest first
+    new_blocks: dict[str, Tensor]  # the archive's blocks asked for, as named tensors
+    tokens_seen: int
+    fill: int
+
+
+class KVStream:
+    """Text, frames and questions into one model through a bounded KV cache.
+
+    Setting `stop_requested` (from any thread) ends the current answer at the next token, and a text message
+    being pushed at the end of its current block (chunk_size tokens), with StreamStoppedError, so a shutdown
+    waits for neither a long generation nor a long text. The blocks that went in stay (a message cut
+    short, as when a push fails part-way); a frame (a few blocks at most) and a kept question or answer
+    are finished first, so that a frame's layout and a dialogue turn stay whole. Either way the memory a
+    shutdown saves is consistent: every block in it was attended and evicted after.
+
+    Questions: `ask`, `describe`; `recall` finds the moments a text points to, without an answer.
+    """
+
+    stop_requested = False
+
+    def __init__(self, adapter: ModelAdapter, config: StreamConfig | None = None):
+        self.adapter = adapter
+        self.config = config or StreamConfig()
+        cfg = self.config
+        self.policy = make_policy(cfg.policy, capacity=cfg.capacity, **cfg.policy_settings)
+        max_context = adapter.max_context
+        if cfg.position_mode == "cache" and max_context and cfg.capacity + cfg.slots_headroom > max_context:
+            raise ValueError(
+                f"capacity {cfg.capacity} + headroom {cfg.slots_headroom} exceeds the model's context "
+                f"of {max_context} tokens"
+            )
+        self.cache = BoundedKVCache(
+            adapter.num_layers,
+            cfg.capacity,
+            self.policy,
+            headroom=cfg.slots_headroom,
+            position_mode=cfg.position_mode,
+            rope_inv_freq=adapter.rope_inv_freq() if cfg.position_mode == "cache" else None,
+            scoring_backend=cfg.scoring_backend,
+        )
+        try:
+            inv_freq = adapter.rope_inv_freq()
+        except (AttributeError, RuntimeError, ValueError):
+            inv_freq = None  # no rotary embedding found: nothing can be re-placed, so nothing is archived
+        self.archive = KVArchive(cfg.archive_size, cfg.archive_block, inv_freq)
+        self.retriever = Retriever(self.archive, self.cache, adapter, self, self.retrieval_heads)
+        self._stop_ids = adapter.stop_token_ids
+        step = resolve_decode_step(cfg.decode_step, adapter.device)
+        # The fixed-shape step for answers not kept in memory; None: every token through `_forward`.
+        self.static_decoder = None if step == "eager" else StaticDecoder(adapter, self.cache, step)
+        step = resolve_decode_step(cfg.ingest_step, adapter.device, "ingest_step")
+        # The fixed-shape step for an input's blocks; None: every block through the cache's layers.
+        self.static_ingester = (None if step == "eager"
+                                else StaticIngester(adapter, self.cache, cfg.chunk_size, step))
+        # The caller's time of stream time 0 (the node: its clock's seconds at the first input). Saved with
+        # the memory, so that after a restart new inputs are timed on the clock of the memory's; a reset
+        # keeps it, as the caller's clock goes on.
+        self.time_origin: float | None = None
+        self.reset()
+
+    # --- state ---------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget everything; the system prompt is pushed again with the next input."""
+        self.cache.reset()
+        self.archive.reset()
+        self.tokens_seen = 0
+        self.frames_ingested = 0
+        self.texts_ingested = 0
+        self.newest_frame_stamp: float | None = None
+        self.newest_stamp: float | None = None  # the last stamped input's: the day its marker said
+        self._started = False
+
+    def clock_state(self) -> dict:
+        """The stream's clock and counters (saved with the memory; see memory_file)."""
+        return {"tokens_seen": self.tokens_seen, "frames_ingested": self.frames_ingested,
+                "texts_ingested": self.texts_ingested, "newest_frame_stamp": self.newest_frame_stamp,
+                "started": self._started, "time_origin": self.time_origin, "newest_stamp": self.newest_stamp}
+
+    def restore_clock(self, state: dict) -> None:
+        self.tokens_seen = int(state["tokens_seen"])
+        self.frames_ingested = int(state["frames_ingested"])
+        self.texts_ingested = int(state["texts_ingested"])
+        stamp = state["newest_frame_stamp"]
+        self.newest_frame_stamp = None if stamp is None else float(stamp)
+        self._started = bool(state["started"])
+        origin = state["time_origin"]
+        self.time_origin = None if origin is None else float(origin)
+        newest = state.get("newest_stamp")  # absent from the memory files of earlier versions
+        self.newest_stamp = None if newest is None else float(newest)
+
+    # --- persistence: what engine/persistence/memory_file.py reads and writes, and nothing else
+    # ---------------------------
+    @property
+    def memory_id(self) -> str:
+        """Names this memory's archived blocks on disk (engine/persistence/archive_log.py): new with each new memory."""
+        return self.archive.memory_id
+
+    @property
+    def archives(self) -> bool:
+        """Whether the stream keeps an archive at all."""
+        return self.archive.enabled
+
+    def memory_settings(self) -> dict:
+        """What a saved memory must have been made with to be used by this stream."""
+        return {"capacity": self.cache.capacity, "policy": self.policy.name, "position_mode": self.cache.position_mode,
+                "dtype": str(self.adapter.dtype).replace("torch.", ""), "layers": len(self.cache.layers)}
+
+    def model_fingerprint(self) -> str:
+        """The model's fingerprint (engine/persistence/memory_file.py, `model_fingerprint`): a memory is used by this
+        model only."""
+        from ..persistence.memory_file import model_fingerprint
+
+        return model_fingerprint(self.adapter)
+
+    @property
+    def fill(self) -> int:
+        """Tokens the cache holds."""
+        return self.cache.fill
+
+    def version(self) -> tuple:
+        """Changes whenever the memory does (an input, an eviction, a kept answer): a save is due only then."""
+        return (self.tokens_seen, self.cache.fill, self.cache.evictions, self.texts_ingested, self.frames_ingested)
+
+    def export_memory(self, blocks_after: int = -1) -> MemoryExport:
+        """Copies of the memory: the cache, the clock, the archive's blocks held and those of index above
+        `blocks_after`."""
+        return MemoryExport(
+            cache={name: t.clone() for name, t in self.cache.export_state().items()},  # a full layer's is a view
+            clock=self.clock_state(), held=[b.index for b in self.archive.blocks],
+            new_blocks=self.archive.export_state(newer_than=blocks_after), tokens_seen=self.tokens_seen,
+            fill=self.cache.fill)
+
+    def import_memory(self, cache: dict[str, Tensor], blocks: dict[str, Tensor], memory_id: str, clock: dict) -> None:
+        """Replace the whole memory with a saved one: the cache's slots, the archive's blocks (named on disk by
+        `memory_id`) and the clock. KeyError, ValueError or RuntimeError where they do not fit this stream or each
+        other: the stream is then empty."""
+        try:
+            self.cache.import_state(cache, dtype=self.adapter.dtype, device=self.adapter.device)
+            self.archive.import_state(blocks, dtype=self.adapter.dtype, memory_id=memory_id)
+            self.restore_clock(clock)
+        except (KeyError, ValueError, RuntimeError):
+            self.reset()
+            raise
+
+    @property
+    def marker_clock(self) -> MarkerClock:
+        """How the next input's time reads to the model (the wall clock needs `time_origin`)."""
+        return MarkerClock(self.config.clock, self.config.time_zone, self.time_origin, self.newest_stamp)
+
+    def set_policy_knob(self, name: str, value) -> None:
+        """Change one of the policy's live settings (from the next eviction); ValueError if it cannot."""
+        self.policy.set_knob(name, value)
+        self.config.policy_settings = {**self.config.policy_settings, name: getattr(self.policy, name)}
+
+    def stats(self) -> StreamStats:
+        return StreamStats(
+            capacity=self.cache.capacity,
+            fill=self.cache.fill,
+            tokens_seen=self.tokens_seen,
+            tokens_evicted=self.cache.tokens_evicted,
+            evictions=self.cache.evictions,
+            frames_ingested=self.frames_ingested,
+            texts_ingested=self.texts_ingested,
+            pinned_held=self.cache.pinned_held(),
+            kv_bytes=self.cache.kv_nbytes(),
+            cache_bytes=self.cache.nbytes(),
+            archive_tokens=self.archive.tokens,
+            archive_blocks=len(self.archive.blocks),
+            archive_bytes=self.archive.nbytes(),
+            archive_size=self.archive.size,
+            policy=self.policy.name,
+            policy_settings=self.policy.describe(),
+            position_mode=self.cache.position_mode,
+            next_position=self.cache.next_position,
+            newest_frame_stamp=self.newest_frame_stamp,
+        )
+
+    # --- input -----------------------------------------------------------------------------------------
+    def push_text(self, text: str, stamp: float | None = None, *, pin: bool = False, pose: Pose | None = None) -> int:
+        """Push one message as a user turn; returns the number of tokens it took. A pinned message is kept
+        ahead of what attention chooses, within the policy's pin budget (`InfMLLMPolicy.pin_share`; the
+        baselines ignore pins). `pose`: where the robot was at `stamp`, kept with the message's blocks."""
+        return self.push_texts([(text, stamp, pin, pose)])[0]
+
+    def push_texts(self, items: list[tuple]) -> list[int]:
+        """Push several messages, each its own user turn with its own time marker, as one prompt.
+
+        Items are (text, stamp), (text, stamp, pin) or (text, stamp, pin, pose). One model call (in chunk_size
+        blocks) for all of them; the memory ends exactly as if each had been pushed with push_text in turn, apart
+        from where evictions fall. Returns each message's token count.
+        """
+        items = [(text, stamp, bool(rest and rest[0]), rest[1] if len(rest) > 1 else None)
+                 for text, stamp, *rest in items]
+        if not items:
+            return []
+        items = [(checked_text(text), stamp, pin, pose) for text, stamp, pin, pose in items]
+        for _, stamp, _, _ in items:
+            check_stamp(stamp, "text")
+        self._ensure_started()
+        clock, turns = self.marker_clock, []
+        for text, stamp, _, _ in items:
+            turns.append(self.adapter.tokenize_turn(self.adapter.chat.user_parts(stamped(text, stamp, clock))))
+            clock = clock.after(stamp)
+        pinned = torch.cat([torch.full((len(t),), pin) for t, (_, _, pin, _) in zip(turns, items)])
+        self._push(self.adapter.text_prompt(torch.cat(turns)), pinned=pinned if bool(pinned.any()) else False,
+                   stoppable=True, turns=[(len(t), stamp, pose) for t, (_, stamp, _, pose) in zip(turns, items)])
+        self.texts_ingested += len(items)
+        self.newest_stamp = clock.previous
+        return [int(t.numel()) for t in turns]
+
+    def push_frame(self, rgb: np.ndarray, stamp: float | None = None, *, pose: Pose | None = None) -> int:
+        """Push one camera frame (H x W x 3 uint8 RGB) as a user turn; returns its token count. `pose`: where the
+        robot was at `stamp`."""
+        prompt = self.adapter.frame_prompt(rgb, stamp, max_pixels=self.config.max_frame_pixels, clock=self.marker_clock)
+        self._ensure_started()
+        n = self._push(prompt, turns=[(len(prompt), stamp, pose)])
+        self.frames_ingested += 1
+        if stamp is not None:
+            self.newest_frame_stamp = self.newest_stamp = stamp
+        return n
+
+    def push_tokens(self, token_ids: Tensor | list[int], *, return_logits: bool = False) -> Tensor | None:
+        """Push raw token ids (no chat formatting), chunk by chunk; optionally return their logits."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long)
+        if ids.numel() == 0:
+            raise ValueError("no tokens to push")
+        logits = self._push(self.adapter.text_prompt(ids), return_logits=return_logits)
+        return logits if return_logits else None
+
+    # --- pushing -------------------------------------------------------------------------------------
+    def _ensure_started(self) -> None:
+        """Open the memory with the system turn before its first input. If pushing it fails (out of memory, a
+        stop), nothing of it stays and the next input tries again: a memory without its system turn would
+        answer differently for as long as it lives."""
+        if self._started:
+            return
+        if self.config.system_prompt:
+            # Tokenized as the characters it is, like every text (ModelAdapter.tokenize_turn).
+            system = self.adapter.tokenize_turn(self.adapter.chat.system_parts(self.config.system_prompt))
+            try:
+                self._push(self.adapter.text_prompt(system), stoppable=True)
+            except BaseException:
+                self.cache.reset()  # it held nothing before: the system turn comes first
+                self.archive.reset()
+                self.tokens_seen = 0
+                raise
+        self._started = True
+
+    def _push(self, prompt: Prompt, *, return_logits: bool = False, last_logits: bool = False,
+              pinned: bool | Tensor = False, stoppable: bool = False, turns: list[tuple] | None = None):
+        """Push a prompt in blocks of at most chunk_size tokens, evicting after each block. Returns its
+        token count, or every token's logits (`return_logits`), or the last token's (`last_logits`).
+
+        Text is contiguous in 1-D, so each block is a prompt of its own (positions re-based, packed after
+        each). A frame keeps one base position for all its blocks so its 2-D layout stays intact, and its
+        positions are packed once it is complete. `pinned`: for the whole prompt, or a mask of its tokens.
+        `turns`: (token count, stream time[, pose]) of each message in the prompt, for the archive's blocks.
+
+        What went through the model is archived once the prompt ends, also when it ends early.
+        """
+        total = len(prompt)
+        if total == 0:
+            raise ValueError("empty prompt")
+        try:
+            result = self._push_blocks(prompt, return_logits, last_logits, pinned, stoppable)
+        finally:
+            self.archive.end_prompt(frame=prompt.token_ids is None, turns=turns or [(total, None)],
+                                    token_ids=prompt.token_ids)
+        if any(step is not None and not step.ready for step in (self.static_decoder, self.static_ingester)):
+            self._warm_up_steps()
+        return result
+
+    def _warm_up_steps(self) -> None:
+        """Make the static steps ready with the memory's first input, not at its first question. A model whose step
+        cannot be made (a compiler that fails on it) decodes (or takes input) eagerly, with the reason logged: the
+        input that went in stays, and the memory and answers are the same either way."""
+        try:
+            if self.static_decoder is not None and not self.static_decoder.ready:
+                self.static_decoder.warm_up()
+        except Exception as exc:
+            logging.getLogger(__name__).warning("decode_step %r not available (%s: %s); answers decode eagerly",
+                                                self.static_decoder.mode, type(exc).__name__, exc)
+            self.static_decoder = None
+        if self.static_ingester is None or self.static_ingester.ready:
+            return
+        try:
+            self.static_ingester.warm_up()
+        except Exception as exc:
+            logging.getLogger(__name__).warning("ingest_step %r not available (%s: %s); inputs go in eagerly",
+                                                self.static_ingester.mode, type(exc).__name__, exc)
+            self.static_ingester = None
+
+    def _push_blocks(self, prompt: Prompt, return_logits: bool, last_logits: bool, pinned: bool | Tensor,
+                     stoppable: bool):
+        total = len(prompt)
+        chunk = self.config.chunk_size
+        base = self.cache.next_position
+        outputs = []
+        for start in range(0, total, chunk):
+            if start and stoppable and self.stop_requested:
+                raise StreamStoppedError(f"stopped while taking in a text: its first {start} of {total} tokens went in")
+            block = prompt.slice(start, min(start + chunk, total))
+            last = start + chunk >= total
+            if prompt.token_ids is not None:
+                # Text positions count from 0 (`text_prompt`): the block's first is `start`.
+                offset = self.cache.next_position - start
+                pack = True
+            else:
+                offset, pack = base, last
+            logits = self._forward(block, offset, evict=True, pack=pack, observe=True, all_logits=return_logits,
+                                   pinned=pinned if isinstance(pinned, bool) else pinned[start : start + len(block)],
+                                   record=True, static=True)
+            if return_logits:
+                outputs.append(logits)
+        if return_logits:
+            return torch.cat(outputs)
+        return logits[-1:] if last_logits else total
+
+    def _forward(self, prompt: Prompt, offset: int, *, evict: bool, pack: bool, observe: bool,
+                 all_logits: bool = False, pinned: bool | Tensor = False, record: bool = False,
+                 static: bool = False, capture: dict[int, Tensor] | None = None) -> Tensor:
+        """One forward of the model over `prompt` at `offset`; `record`: the archive copies its keys and values;
+        `static`: through the stream's static ingest step where the block fits it; `capture`: filled with each
+        layer's queries."""
+        q = len(prompt)
+        device = prompt.embeds.device
+        start = prompt.position_ids if prompt.position_ids.dim() == 1 else prompt.position_ids.min(0).values
+        positions = PromptPositions(
+            start=(start + offset).to(device=device, dtype=torch.long),
+            end=(prompt.extent + offset).to(device=device, dtype=torch.long),
+            first_seq=self.tokens_seen,
+            frame=prompt.token_ids is None,  # text prompts carry their token ids; a frame's are embeddings
+            pinned=pinned if isinstance(pinned, bool) else pinned.to(device),
+        )
+        recording = self.archive.recording(len(self.cache.layers)) if record else None
+        plan = ForwardPlan(positions, evict=evict, pack=pack, observe=observe, recorder=recording, capture=capture)
+        self.cache.stage(plan)
+        position_ids = self.adapter.model_position_ids(prompt.position_ids, offset)
+        ingester = self.static_ingester if static else None
+        try:
+            if ingester is not None and ingester.fits(plan, all_logits=all_logits):
+                logits = ingester.run(prompt.embeds, position_ids, plan)
+            else:
+                with torch.inference_mode():
+                    logits = self.adapter.forward(prompt.embeds, position_ids, self.cache, all_logits=all_logits,
+                                                  **{CACHE_ARGUMENT: self.cache})
+        finally:
+            self.cache.unstage()
+            if recording is not None:
+                self.archive.end_forward(recording, positions.start, positions.end, positions.first_seq)
+        self.tokens_seen += q
+        return logits
+
+
+    # --- questions -----------------------------------------------------------------------------------
+    def ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
+            on_token: TokenCallback | None = None, cancel: threading.Event | None = None) -> Answer:
+        """Answer greedily from what is in memory. Without keep_in_memory the cache is left as it was.
+
+        on_token gets the answer so far after each token. Setting `cancel` stops the answer at the next token
+        with AnswerCancelledError and leaves the memory as it was, also with keep_in_memory (the question
+        and answer are kept only once the answer is complete), unless the question is too long for the
+        headroom and has to be pushed into the memory before the answer: it then stays, with the answer so
+        far and its turn closed.
+        """
+        question = checked_text(question, "question")
+        return self._exchange(self.question_parts(question), max_new_tokens, keep_in_memory,
+                              AnswerTurn(on_token, cancel, self._stopped, self._answer_text), retrieve=True)
+
+    def question_parts(self, question: str) -> tuple[str, str, str]:
+        """A question's turn as (template before, its words, the rest): the answer prompt follows its words, outside
+        them, so that retrieval reads the question alone."""
+        head, words, tail = self.adapter.chat.question_parts(question)
+        prompt = self.config.answer_prompt
+        return (head, words, f" {prompt}{tail}") if prompt else (head, words, tail)
+
+    def describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None) -> Answer:
+        """A description of the scene so far; never stays in memory."""
+        return self._exchange(self.adapter.chat.question_parts(prompt or DEFAULT_DESCRIPTION_PROMPT), max_new_tokens,
+                              False, AnswerTurn(None, None, self._stopped, self._answer_text))
+
+    def recall(self, text: str, *, limit: int = 5, since: float | None = None, until: float | None = None,
+               near: tuple[float, float, float] | None = None) -> list[Evidence]:
+        """The moments that `text` points to most, best first, without an answer: the archive's blocks (held by
+        the cache or not) scored as a question scores them, those stamped between `since` and `until` (stream
+        time) and, with `near` (x, y, radius), those whose pose lies within the radius. ValueError for an
+        unusable argument."""
+        text = checked_text(text, "recall text")
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        if since is not None and until is not None and until < since:
+            raise ValueError(f"the time window ends ({until}) before it begins ({since})")
+        if near is not None and not near[2] > 0:
+            raise ValueError(f"the radius must be > 0 m, got {near[2]}")
+        if not self.archive.enabled or not self.archive.blocks:
+            return []
+        ids, content = self.question_ids(self.adapter.chat.question_parts(text))
+        if self.cache.slots - self.cache.fill - ids.numel() < 1:
+            raise ValueError(f"recall text of {ids.numel()} tokens does not fit in the cache headroom")
+        return self.retriever.recall(ids, content, limit, since, until, near)
+
+    def retrieval_heads(self) -> Tensor | None:
+        """The model's retrieval heads (engine/archive/retrieval_heads.py), found on a stream of this kind at first
+        use."""
+        return retrieval_heads(self.adapter, lambda **settings: type(self)(self.adapter, type(self.config)(**settings)))
+
+    def question_ids(self, parts: tuple[str, str, str]) -> tuple[Tensor, slice]:
+        """A question turn's ids, and where its own words are among them (all of it where the template's
+        pieces do not tokenize apart)."""
+        ids = self.adapter.tokenize_turn(parts)
+        head, tail = (len(self.adapter.tokenize(p)) if p else 0 for p in (parts[0], parts[2]))
+        return ids, slice(head, len(ids) - tail) if 0 < len(ids) - head - tail else slice(0, len(ids))
+
+    def content_queries(self, ids: Tensor, content: slice) -> tuple[Tensor, Tensor]:
+        """The queries of every layer for a question's own words (`ids` at `content`), asked of the cache as it is
+        (the question is taken away again), and the positions they were rotated with."""
+        fill, frontier, frontiers = self.cache.fill, self.cache.next_position, self.cache.frontiers()
+        captured: dict[int, Tensor] = {}
+        try:
+            self._forward(self.adapter.text_prompt(ids), frontier, evict=False, pack=False, observe=False,
+                          capture=captured)
+        finally:
+            self.cache.truncate(fill, frontiers)
+            self.tokens_seen -= len(ids)
+        queries = torch.stack([captured[i][:, content] for i in range(len(self.cache.layers))])
+        return queries, torch.arange(frontier, frontier + ids.numel())[content]  # text: as _forward placed them
+
+    def turn_tokens(self, text: str) -> int:
+        """How many tokens `text` takes as a user turn."""
+        return len(self.adapter.tokenize_turn(self.adapter.chat.user_parts(text)))
+
+    def place_turn(self, text: str) -> None:
+        """Put `text` as a user turn after the cache's own, in the headroom, unkept: for one answer (the caller
+        truncates the cache back afterwards, as for the blocks the retriever places)."""
+        ids = self.adapter.tokenize_turn(self.adapter.chat.user_parts(text))
+        self._forward(self.adapter.text_prompt(ids), self.cache.next_position, evict=False, pack=False, observe=False)
+
+    @functools.cached_property
+    def _closing(self) -> Tensor | None:
+        """The template's end of an assistant turn, which closes a kept answer (tokenized once, when needed)."""
+        suffix = self.adapter.chat.assistant_suffix
+        return self.adapter.tokenize(suffix) if suffix else None
+
+    def _stopped(self) -> bool:
+        return self.stop_requested
+
+    def _answer_text(self, tokens: list[int]) -> str:
+        return self.adapter.decode([t for t in tokens if t not in self._stop_ids]).strip()
+
+    def _exchange(self, question_parts: tuple[str, str, str], max_new_tokens: int | None, keep: bool,
+                  turn: AnswerTurn, *, retrieve: bool = False) -> Answer:
+        start = time.monotonic()
+        self._ensure_started()
+        max_new = max_new_tokens or self.config.max_new_tokens
+        ids, content = self.question_ids(question_parts)
+        tokens, retrieval = self._answer_tokens(ids, max_new, keep, turn, content if retrieve else None)
+        # Only the headroom ends an answer before max_new without its stop token (a cancel or stop raises).
+        cut = not keep and len(tokens) < max_new and bool(tokens) and tokens[-1] not in self._stop_ids
+        return Answer(
+            text=self._answer_text(tokens),
+            tokens_generated=len(tokens),
+            latency=time.monotonic() - start,
+            tokens_seen=self.tokens_seen,
+            cache_fill=self.cache.fill,
+            newest_frame_stamp=self.newest_frame_stamp,
+            kept_in_memory=keep,
+            cut_by_headroom=cut,
+            retrieved_tokens=sum(b.length for b in retrieval.placed),
+            retrieved_stamps=[b.stamp for b in retrieval.placed],
+            evidence=retrieval.evidence,
+        )
+
+    def _answer_tokens(self, ids: Tensor, max_new: int, keep: bool, turn: AnswerTurn,
+                       retrieve: slice | None = None) -> tuple[list[int], Retrieval]:
+        """The answer's tokens and what was retrieved for it; `retrieve`: where the question's own words are, to
+        retrieve from the archive with (None: the cache alone)."""
+        # Room in the headroom for the question and the whole answer.
+        fits = self.cache.slots - self.cache.fill - ids.numel() >= max_new
+        closing = self._closing
+        retrieval = Retrieval()
+        if keep and fits:
+            # Answer as if not kept, then keep question and answer as one prompt: a cancelled answer
+            # leaves the memory as it was. What was retrieved for it is not kept: it is in the archive already.
+            tokens, retrieval = self._answer_tokens(ids, max_new, False, turn, retrieve)
+            kept = [t for t in tokens if t not in self._stop_ids]
+            prompt = torch.cat([ids, torch.tensor(kept, dtype=torch.long, device=ids.device)]
+                               + ([closing.to(ids.device)] if closing is not None else []))
+            self._push(self.adapter.text_prompt(prompt))
+            return tokens, retrieval
+        if keep:
+            logits = self._push(self.adapter.text_prompt(ids), last_logits=True)
+            try:
+                tokens = self._generate(logits, max_new, turn, keep=True)
+            except (StreamStoppedError, AnswerCancelledError):
+                # The question and the answer so far are in the memory: end the turn, so that it stays whole.
+                if closing is not None:
+                    self._push(self.adapter.text_prompt(closing))
+                raise
+            tail = [tokens[-1]] if tokens and tokens[-1] not in self._stop_ids else []
+            tail_ids = torch.tensor(tail, dtype=torch.long, device=ids.device)
+            if closing is not None:
+                tail_ids = torch.cat([tail_ids, closing])
+            if tail_ids.numel():
+                self._push(self.adapter.text_prompt(tail_ids))
+            return tokens, retrieval
+        room = self.cache.slots - self.cache.fill - ids.numel()
+        if room < 1:
+            raise ValueError(
+                f"question of {ids.numel()} tokens does not fit in the cache headroom "
+                f"({self.cache.slots - self.cache.fill} free slots); ask a shorter question or keep it in memory"
+            )
+        max_new = min(max_new, room)
+        snapshot = (self.cache.fill, self.cache.frontiers(), self.tokens_seen)
+        try:
+            if retrieve is not None:
+                budget = min(self.config.retrieve_tokens, room - max_new)
+                retrieval = self.retriever.retrieve(ids, retrieve, budget, self.config.evidence,
+                                                    spare=room - max_new - budget)
+            logits = self._forward(self.adapter.text_prompt(ids), self.cache.next_position, evict=False,
+                                   pack=False, observe=False)
+            tokens = self._generate(logits, max_new, turn, keep=False)
+        finally:
+            self.cache.truncate(snapshot[0], snapshot[1])
+            self.tokens_seen = snapshot[2]
+        return tokens, retrieval
+
+    def _generate(self, logits: Tensor, max_new: int, turn: AnswerTurn, *, keep: bool) -> list[int]:
+        """Greedy decoding; the last token is returned but not pushed. An answer not kept in memory takes the
+        stream's static step where it has one (engine/memory/decode_step.py): the same tokens, read back in groups."""
+        if not keep and self.static_decoder is not None:
+            reported = 0
+
+            def on_read(tokens: list[int]) -> None:
+                nonlocal reported
+                for n in range(reported + 1, len(tokens) + 1):
+                    turn.check()
+                    turn.report(tokens[:n])
+                reported = len(tokens)
+
+            turn.check()
+            return self.static_decoder.generate(logits, max_new, self._stop_ids, on_read)
+        tokens: list[int] = []
+        for step in range(max_new):
+            turn.check()
+            token = int(logits[-1].argmax())
+            tokens.append(token)
+            turn.report(tokens)
+            if token in self._stop_ids or step == max_new - 1:
+                break
+            prompt = self.adapter.text_prompt(torch.tensor([token], dtype=torch.long))
+            # A kept answer may outgrow the headroom: evict once the storage is about to fill up.
+            evict = keep and self.cache.fill + 2 > self.cache.slots
+            logits = self._forward(prompt, self.cache.next_position, evict=evict, pack=evict, observe=keep,
+                                   record=keep)
+        return tokens
+
+__all__ = ["KVStream", "StreamStats"]

@@ -1,0 +1,209 @@
+"""The engine's worker thread: it loads the model, then takes jobs in the work queue's order (work_queue.py),
+applies a new snapshot of the live settings between two jobs, pushes texts in batches and keeps the figures
+`stats()` gives, and saves the memory when a checkpoint is due.
+
+`WorkBoard` is what the engine's callers (engine.py) and the worker share, under one lock; `EngineWorker` owns
+the thread, the stream and the figures taken after each job.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from ..models.loading import use_torch_threads
+from .stream import KVStream, StreamStats
+from ..stream_config import StreamConfig
+from .work_queue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from .checkpoints import Checkpointer
+    from .live_settings import LiveSettings
+    from .work_queue import Job
+
+
+@dataclass
+class EngineCounters:
+    """What the engine counts as it runs: refusals, drops, answers, failed saves, the longest text wait."""
+
+    frames_dropped: int = 0
+    texts_refused: int = 0
+    queries_answered: int = 0
+    queries_failed: int = 0
+    checkpoints_failed: int = 0
+    longest_text_wait_s: float = 0.0  # from a text's submission to the start of the model call that takes it
+
+
+@dataclass
+class WorkBoard:
+    """What the engine's callers and its worker share, read and written under `lock` (the worker waits on it):
+    the work waiting, the live settings as last changed, whether the engine is closed, the figures counted, and
+    whether the model is ready (or why it failed to load)."""
+
+    settings: LiveSettings
+    lock: threading.Condition = field(default_factory=threading.Condition)
+    work: WorkQueue = field(default_factory=WorkQueue)
+    counters: EngineCounters = field(default_factory=EngineCounters)
+    ready: threading.Event = field(default_factory=threading.Event)
+    closed: bool = False
+    load_error: Exception | None = None
+    abandoned: set[Future] = field(default_factory=set)  # running queries whose callers were told they failed
+
+    def closed_reason(self) -> str:
+        return f"model failed to load: {self.load_error}" if self.load_error else "engine is closed"
+
+    def count_query(self, future: Future, ok: bool) -> None:
+        """Count a finished query once, before its caller can see the result (see `StreamingEngine.abandon`)."""
+        with self.lock:
+            answered = ok and future not in self.abandoned
+            self.abandoned.discard(future)
+            future.counted_answered = answered
+            if answered:
+                self.counters.queries_answered += 1
+            else:
+                self.counters.queries_failed += 1
+
+
+class EngineWorker:
+    """The thread that runs the model for one engine.
+
+    board: shared with the engine's callers. loader: gives the model adapter (called on the thread). config: the
+    stream's settings as made (the live ones come from the board). checkpoints: the memory file. on_ingested: told
+    "text" or "frame" after an input went in. on_load_failed: called once if the model cannot be loaded (the engine
+    closes). torch_threads: torch's threads on this thread (0: torch's default).
+    """
+
+    def __init__(self, board: WorkBoard, loader: Callable, config: StreamConfig, checkpoints: Checkpointer, *,
+                 on_ingested: Callable[[str], None] | None = None, on_load_failed: Callable[[], None],
+                 torch_threads: int = 0):
+        self.board, self.config, self.checkpoints = board, config, checkpoints
+        self.on_ingested, self.on_load_failed, self.torch_threads = on_ingested, on_load_failed, torch_threads
+        self.stream: KVStream | None = None
+        self.stats: StreamStats | None = None  # the stream's figures after the last finished job (under the lock)
+        self._applied: LiveSettings | None = None  # the live settings the stream has
+        self.thread = threading.Thread(target=self._run, args=(loader,), name="inf_mllm_engine", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self, loader) -> None:
+        board = self.board
+        use_torch_threads(self.torch_threads)
+        try:
+            adapter = loader()
+            with board.lock:  # with the settings changed while it loaded
+                self._applied = board.settings
+                self.stream = KVStream(adapter, self._applied.stream_config(self.config))
+            if self.stream.archive.enabled:
+                self.stream.retrieval_heads()  # found (or read) while loading, so that no question waits for them
+            if self.checkpoints.memory_file is not None:
+                self.checkpoints.restore(self.stream, self._applied.checkpoint_period)
+            self._snapshot_stats()
+            board.ready.set()
+        except Exception as exc:  # reported through load_error and every later query
+            board.load_error = exc
+            self.on_load_failed()
+            return
+        while True:
+            with board.lock:
+                while not (board.closed or board.work):
+                    if self.checkpoints.due:
+                        break
+                    board.lock.wait(min(self.checkpoints.next_due - time.monotonic(), 3600.0))
+                if board.closed:
+                    break
+                settings = board.settings
+                jobs = (board.work.next_jobs(self.config.capacity, self.config.chunk_size, settings.frame_period,
+                                             settings.max_text_delay) if board.work else [])
+            try:
+                self._take(jobs, settings)
+            except Exception as exc:  # the worker's own bookkeeping, not a job, failed: it must not end the worker
+                log.exception("the engine's worker recovered from an error between jobs")
+                for job in jobs:  # every caller still waiting hears why
+                    future = job.future
+                    if not future.done() and (future.running() or future.set_running_or_notify_cancel()):
+                        future.set_exception(exc)
+        if self.checkpoints.memory_file is not None:
+            self.checkpoint(wait=True)  # the last save, after the job that close() stopped or let finish
+
+    def _take(self, jobs: list[Job], settings: LiveSettings) -> None:
+        """Apply new live settings, then run the jobs taken (or a due checkpoint, when none)."""
+        if settings is not self._applied:
+            self._apply(settings)
+        if not jobs:  # a checkpoint is due and nothing waits
+            self.checkpoint()
+            return
+        kind = jobs[0].kind
+        ok = self._run_texts(jobs) if kind == "text" else self._run_job(jobs[0])
+        # Only an input that went in changed the memory (a description of an unchanged one is skipped).
+        if ok and self.on_ingested is not None and kind in ("text", "frame"):
+            self.on_ingested(kind)
+        if self.checkpoints.due:
+            self.checkpoint()
+
+    def checkpoint(self, *, wait: bool = False) -> None:
+        """Save the memory if it changed: copied on this thread, between jobs, and written on the writer's (here
+        too with `wait`)."""
+        if not self.checkpoints.checkpoint(self.stream, self.board.settings.checkpoint_period, wait=wait):
+            with self.board.lock:
+                self.board.counters.checkpoints_failed += 1
+
+    def _apply(self, settings: LiveSettings) -> None:
+        """Give the stream a new snapshot of the live settings (between jobs)."""
+        stream, before = self.stream, self._applied
+        for name, value in settings.policy_settings.items():
+            if before.policy_settings.get(name) != value:
+                stream.set_policy_knob(name, value)
+        stream.config = settings.stream_config(stream.config)
+        self._applied = settings
+
+    def _run_job(self, job: Job) -> bool:
+        """A frame, a question or a control job; its future gets the outcome. False if it did not run or failed."""
+        if not job.future.set_running_or_notify_cancel():
+            return False
+        try:
+            outcome, ok = job.run(self.stream), True
+        except Exception as exc:  # the caller gets the reason (a prompt that failed part-way in, out of memory
+            # say, leaves the blocks that went in: a message cut short)
+            outcome, ok = exc, False
+        self._snapshot_stats()
+        if job.kind == "query":
+            self.board.count_query(job.future, ok)
+        (job.future.set_result if ok else job.future.set_exception)(outcome)
+        return ok
+
+    def _run_texts(self, batch: list[Job]) -> bool:
+        """Push a batch of texts in one model call; each future gets its own token count. False if none
+        went in."""
+        live = [(job.text, job.future) for job in batch if job.future.set_running_or_notify_cancel()]
+        if not live:
+            return False
+        start = time.monotonic()
+        counters = self.board.counters
+        counters.longest_text_wait_s = max(counters.longest_text_wait_s, start - min(job.submitted for job in batch))
+        try:
+            counts = self.stream.push_texts([item for item, _ in live])
+        except Exception as exc:  # every caller gets the reason (see _run_job on a prompt failed part-way in)
+            self._snapshot_stats()
+            for _, future in live:
+                future.set_exception(exc)
+            return False
+        with self.board.lock:
+            self.board.work.took_texts(sum(len(item[0]) for item, _ in live), sum(counts), time.monotonic() - start,
+                                       self.config.chunk_size)
+        self._snapshot_stats()
+        for (_, future), n in zip(live, counts):
+            future.set_result(n)
+        return True
+
+    def _snapshot_stats(self) -> None:
+        """Take the figures `stats()` gives before any caller hears that a job ended, so that one who
+        reads them next (a reset's caller publishing stats) never sees the memory as it was before."""
+        with self.board.lock:
+            self.stats = self.stream.stats()
