@@ -11,7 +11,7 @@ from rcl_interfaces.srv import SetParameters
 from rclpy.executors import ExternalShutdownException
 from rclpy.parameter import Parameter
 
-from inf_mllm_ros.executor import OnceQueuedExecutor
+from inf_mllm_ros.node.executor import OnceQueuedExecutor
 
 
 class RosProbe:

@@ -12,7 +12,7 @@ from rclpy.executors import MultiThreadedExecutor
 from rclpy.task import Future
 from std_srvs.srv import Trigger
 
-from inf_mllm_ros.executor import BoundedCallbackGroup, OnceQueuedExecutor
+from inf_mllm_ros.node.executor import BoundedCallbackGroup, OnceQueuedExecutor
 from inf_mllm_ros.testing.executor_flood import run_flood
 
 

@@ -934,7 +934,7 @@ def engine_members_the_node_uses() -> set[str]:
     `self.node.engine.X`, or a local `engine.X`), from their source."""
     import ast
 
-    import inf_mllm_ros.node as node_module
+    import inf_mllm_ros.node.lifecycle as node_module
 
     used = set()
     for path in sorted(Path(node_module.__file__).parent.glob("node*.py")):
@@ -956,7 +956,7 @@ def test_the_engine_and_its_stand_in_provide_the_engine_interface():
 
     from inf_mllm_ros.engine.runtime.engine import StreamingEngine
     from inf_mllm_ros.engine.stream_config import StreamConfig
-    from inf_mllm_ros.engine_interface import EngineLike
+    from inf_mllm_ros.node.engine_interface import EngineLike
 
     members = protocol_members(EngineLike)
     assert engine_members_the_node_uses() == members
@@ -994,7 +994,7 @@ def local_node(request):
     """An InfMLLMNode in this process, made with the given engine factory, and a probe to call it. The node sets
     torch's threads process-wide (`torch_threads`); they are set back for the tests after it."""
     import torch
-    from inf_mllm_ros.node import InfMLLMNode
+    from inf_mllm_ros.node.lifecycle import InfMLLMNode
     from rclpy.parameter import Parameter
 
     made, threads = [], torch.get_num_threads()
@@ -1140,7 +1140,7 @@ def test_a_failing_save_and_failing_descriptions_show_in_diagnostics(local_node)
 def test_health_goes_on_while_a_managed_configure_loads_the_model():
     """A lifecycle manager's configure holds the node's default callback group while the model loads;
     /diagnostics must still say so."""
-    from inf_mllm_ros.node import InfMLLMNode
+    from inf_mllm_ros.node.lifecycle import InfMLLMNode
     from rclpy.parameter import Parameter
 
     loaded = threading.Event()
@@ -1211,7 +1211,7 @@ def test_diagnostics_state_is_the_lifecycle_state_in_every_transition_failed_one
     from lifecycle_msgs.srv import GetState
 
     from inf_mllm_ros.engine.runtime.engine import EngineNotReadyError
-    from inf_mllm_ros.node import InfMLLMNode
+    from inf_mllm_ros.node.lifecycle import InfMLLMNode
 
     class FailsToLoad(StandInEngine):
         def wait_ready(self, timeout=None):

@@ -55,7 +55,7 @@ def run_flood(executor_kind: str, *, seconds: float = 5.0, topics: int = 3, rate
     from rclpy.qos import QoSProfile
     from std_msgs.msg import String
 
-    from ..executor import OnceQueuedExecutor
+    from ..node.executor import OnceQueuedExecutor
 
     context = rclpy.Context()
     rclpy.init(context=context)

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:  # annotations only: importing this module loads nothing of the model
     import numpy as np
 
-    from .engine.models.adapters import ModelAdapter
-    from .engine.runtime.worker import EngineCounters
-    from .engine.persistence.memory_file import MemoryFileInfo
-    from .engine.poses import Pose
-    from .engine.runtime.live_settings import LiveSettings
-    from .engine.runtime.stream import StreamStats
+    from ..engine.models.adapters import ModelAdapter
+    from ..engine.runtime.worker import EngineCounters
+    from ..engine.persistence.memory_file import MemoryFileInfo
+    from ..engine.poses import Pose
+    from ..engine.runtime.live_settings import LiveSettings
+    from ..engine.runtime.stream import StreamStats
 
 
 @runtime_checkable

@@ -1,6 +1,6 @@
 """The robot's pose topic, and evidence as messages.
 
-`PoseInput` belongs to the node (node.py): it subscribes to `pose_topic` once the topic's type is known
+`PoseInput` belongs to the node (node/lifecycle.py): it subscribes to `pose_topic` once the topic's type is known
 (nav_msgs/Odometry, geometry_msgs/PoseStamped or geometry_msgs/PoseWithCovarianceStamped, read from the graph,
 so that one parameter serves every robot), keeps the poses in a `PoseHistory` (engine/poses.py) and gives the
 pose at an input's stamp. A pose that cannot be used is refused with its reason through the node's refusal
@@ -20,9 +20,9 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from inf_mllm_interfaces.msg import Evidence as EvidenceMsg
 
-from .engine.api import Evidence
-from .engine.poses import Pose, PoseHistory, PoseRefusedError
-from .input_rules import POSE_MESSAGE_TYPES, pose_message, stamp_seconds
+from ..engine.api import Evidence
+from ..engine.poses import Pose, PoseHistory, PoseRefusedError
+from ..input_rules import POSE_MESSAGE_TYPES, pose_message, stamp_seconds
 
 POSE_TYPES = dict(zip(POSE_MESSAGE_TYPES, (Odometry, PoseStamped, PoseWithCovarianceStamped)))
 # Best effort takes a reliable publisher's poses too; a robot's odometry comes at tens of Hz.
@@ -73,7 +73,7 @@ class PoseInput:
                                  + ", ".join(POSE_TYPES))
             return False
         msgtype = known[0]
-        # A group of its own, as each input has (node_inputs.py, `subscribe`): odometry comes at tens of Hz.
+        # A group of its own, as each input has (node/inputs.py, `subscribe`): odometry comes at tens of Hz.
         self._subscription = self._node.create_subscription(POSE_TYPES[msgtype], name,
                                                             lambda msg: self._on_pose(msg, msgtype), POSE_QOS,
                                                             callback_group=MutuallyExclusiveCallbackGroup())

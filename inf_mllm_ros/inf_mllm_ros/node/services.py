@@ -1,6 +1,6 @@
 """The node's services and action: `~/query`, `~/recall`, `~/reset`, `~/save_memory` and `~/ask`.
 
-`Services` is a part the node (node.py) owns. The services exist in every lifecycle state, so a
+`Services` is a part the node (node/lifecycle.py) owns. The services exist in every lifecycle state, so a
 caller always hears why not instead of nothing, and they wait for the engine in callback groups of their
 own, so a multi-threaded executor keeps serving topics, timers and parameters while the model works. Every
 caller gets a response: a refusal in the node's state, a timeout, a failure of the model and a shutdown
@@ -31,14 +31,14 @@ from geometry_msgs.msg import PoseArray
 from inf_mllm_interfaces.action import Ask
 from inf_mllm_interfaces.srv import Query, Recall
 
-from .engine.api import AnswerCancelledError, EngineBusyError, EngineNotReadyError, TextRefused, checked_text
+from ..engine.api import AnswerCancelledError, EngineBusyError, EngineNotReadyError, TextRefused, checked_text
 from .engine_interface import EngineLike
 from .executor import BoundedCallbackGroup
-from .input_rules import stamp_seconds
-from .node_health import NodeCounters
-from .node_inputs import Inputs
-from .node_poses import evidence_msgs, pose_msg
-from .settings import MAX_NEW_TOKENS_LIMIT
+from ..input_rules import stamp_seconds
+from .health import NodeCounters
+from .inputs import Inputs
+from .poses import evidence_msgs, pose_msg
+from ..settings import MAX_NEW_TOKENS_LIMIT
 
 # Services: the requests that wait to be taken, and the responses. Questions beyond max_pending_queries wait
 # here, untaken (a request costs its bytes), so the history is deep: with the default depth (10) the middleware

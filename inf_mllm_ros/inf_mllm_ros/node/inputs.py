@@ -1,6 +1,6 @@
 """The node's inputs, and what the engine reports back about them: camera frames and texts in, descriptions out.
 
-`Inputs` is a part the node (node.py) owns. Subscription callbacks only judge, convert and hand a
+`Inputs` is a part the node (node/lifecycle.py) owns. Subscription callbacks only judge, convert and hand a
 message to the engine, never waiting for the model: `frame_rate` is applied before decoding (FrameGate),
 texts are refused with a reason before they reach the engine (input_rules), and each refused input is
 counted and logged once per kind. Whatever the engine reports from its worker thread (an input done, a
@@ -24,11 +24,11 @@ from std_msgs.msg import String
 
 from inf_mllm_interfaces.msg import Description
 
-from .engine.api import EngineBusyError, EngineNotReadyError, FrameDroppedError, FramesNotSupportedError, TextRefused
-from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
-from .input_rules import FrameGate, StreamClock, stamp_seconds, text_message
-from .node_health import NodeCounters
-from .node_poses import PoseInput
+from ..engine.api import EngineBusyError, EngineNotReadyError, FrameDroppedError, FramesNotSupportedError, TextRefused
+from ..image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
+from ..input_rules import FrameGate, StreamClock, stamp_seconds, text_message
+from .health import NodeCounters
+from .poses import PoseInput
 
 # Camera: newest frame only. Text: reliable, never dropped by the middleware.
 IMAGE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.BEST_EFFORT,

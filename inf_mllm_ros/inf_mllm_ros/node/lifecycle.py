@@ -15,11 +15,11 @@ A thin lifecycle node over `StreamingEngine`, which runs the model on its own wo
 - on SIGINT or SIGTERM the node stops the model, saves the memory and answers every caller still
   waiting ("node is shutting down") before it leaves the graph.
 
-The node owns its parts, one module each: node_inputs.py (`Inputs`: frames, texts, the outbox of engine
-reports, descriptions), node_services.py (`Services`: the services and the action) and node_health.py (`Health`:
-`~/cache_stats`, `/diagnostics`); node_parameters.py declares and checks the parameters. This module wires them,
+The node owns its parts, one module each: node/inputs.py (`Inputs`: frames, texts, the outbox of engine
+reports, descriptions), node/services.py (`Services`: the services and the action) and node/health.py (`Health`:
+`~/cache_stats`, `/diagnostics`); node/parameters.py declares and checks the parameters. This module wires them,
 holds the lifecycle, applies a parameter change to whatever reads it, and has the process's main. The node
-uses the engine through `EngineLike` (engine_interface.py).
+uses the engine through `EngineLike` (node/engine_interface.py).
 
 Runnable as `ros2 run inf_mllm_ros inf_mllm_node`.
 """
@@ -40,16 +40,16 @@ from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackRet
 from rclpy.logging import get_logger
 from rclpy.signals import SignalHandlerOptions
 
-from .engine.api import EngineNotReadyError
-from .engine.runtime.engine import StreamingEngine
+from ..engine.api import EngineNotReadyError
+from ..engine.runtime.engine import StreamingEngine
 from .engine_interface import EngineLike
 from .executor import OnceQueuedExecutor
-from .input_rules import StreamClock
-from .node_health import Health, NodeCounters
-from .node_inputs import Inputs
-from .node_parameters import change_problem, declare_parameters
-from .node_services import Services
-from .settings import (BY_NAME, PARAMETERS, frame_period, live_engine_changes, load_settings, model_threads,
+from ..input_rules import StreamClock
+from .health import Health, NodeCounters
+from .inputs import Inputs
+from .parameters import change_problem, declare_parameters
+from .services import Services
+from ..settings import (BY_NAME, PARAMETERS, frame_period, live_engine_changes, load_settings, model_threads,
                        stream_config)
 
 NODE_NAME = "inf_mllm"
@@ -135,7 +135,7 @@ class InfMLLMNode(LifecycleNode):
             self.inputs.description_error = None  # a failure is news only while descriptions run
         if period > 0.0:
             callback = {"description": self.inputs.on_description_timer, "stats": self.health.publish_stats}[name]
-            # A group each, as each input has (node_inputs.py, `subscribe`): the description's is the reports'.
+            # A group each, as each input has (node/inputs.py, `subscribe`): the description's is the reports'.
             group = self.inputs.reports_group if name == "description" else MutuallyExclusiveCallbackGroup()
             self._periodic[name] = self.create_timer(period, callback, callback_group=group)
 

@@ -2,7 +2,7 @@
 
 `declare_parameters` declares every parameter of `settings.PARAMETERS` with its ROS descriptor; `change_problem`
 refuses what the descriptors cannot (a policy's name, a period's 0-or-at-least rule, a knob of another policy).
-The node (node.py) fans a live change out to whatever reads it: the frame gate, the engine, or a timer.
+The node (node/lifecycle.py) fans a live change out to whatever reads it: the frame gate, the engine, or a timer.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
 from rclpy.exceptions import InvalidParameterValueException
 
-from .settings import BY_NAME, PARAMETERS, Param, knob_problem, value_problem
+from ..settings import BY_NAME, PARAMETERS, Param, knob_problem, value_problem
 
 
 def descriptor(p: Param) -> ParameterDescriptor:

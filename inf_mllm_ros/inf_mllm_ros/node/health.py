@@ -1,6 +1,6 @@
 """The node's figures and health: `~/cache_stats` and `/diagnostics`.
 
-`Health` is a part the node (node.py) owns. `~/cache_stats` carries the cache's and the node's counters
+`Health` is a part the node (node/lifecycle.py) owns. `~/cache_stats` carries the cache's and the node's counters
 (`NodeCounters`, written by the node's inputs and services) after every input and every `stats_period`;
 `/diagnostics` carries one DiagnosticStatus every `diagnostics_period`, with a level and a one-line message as
 robot monitors read them, from a timer in a callback group of its own so that it goes on while a configure
