@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from .engine.poses import Pose
-from .engine.text_rules import CheckedText, TextRefused, checked_text
+from .engine.text_rules import CheckedText, checked_text
 
 
 def stamp_seconds(header_stamp: Any | None, now_ns: int) -> float:
@@ -36,17 +36,11 @@ class StreamClock:
         return seconds - self.origin
 
 
-# What the node adds to a refused text message's reason, by its kind.
-TEXT_ADVICE = {"text_too_long": "; split it into shorter messages", "text_empty": " refused (no visible character)"}
-
-
 def text_message(text: Any, max_text_chars: int) -> CheckedText:
-    """A text message as the node and the offline runner take it, checked once (engine/text_rules.py): the engine
-    and the stream take the CheckedText as it is. Raises TextRefused with its kind and reason."""
-    try:
-        return checked_text(text, "text message", max_text_chars)
-    except TextRefused as exc:
-        raise TextRefused(exc.kind, f"{exc}{TEXT_ADVICE.get(exc.kind, '')}") from None
+    """A text message as the node and the bag tools take it from a topic: the one text rule (engine/text_rules.py,
+    `checked_text`), so the engine and the stream take the CheckedText as it is. Raises TextRefused with its kind
+    and reason."""
+    return checked_text(text, "text message", max_text_chars)
 
 
 # The pose messages a robot publishes, by type name: where the pose is in each.

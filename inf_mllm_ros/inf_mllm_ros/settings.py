@@ -164,7 +164,7 @@ PARAMETERS = (
           "Longest answer or description, in tokens (a query may ask for its own).",
           read_only=False, low=1, high=MAX_NEW_TOKENS_LIMIT, engine_field="max_new_tokens"),
     Param("max_text_chars", 4000, "Longest text message or question accepted, in characters; longer ones "
-          "are refused.", read_only=False, low=1, high=1_000_000),
+          "are refused.", read_only=False, low=1, high=1_000_000, engine_field="max_text_chars"),
     Param("max_decoded_pixels", DEFAULT_MAX_DECODED_PIXELS, "Largest compressed frame accepted, in pixels "
           "(width x height read from its header before decoding); default: a 4K frame.",
           read_only=False, low=1, high=1 << 26),

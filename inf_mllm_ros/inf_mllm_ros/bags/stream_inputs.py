@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from ..engine.text_rules import is_blank
+from ..engine.text_rules import TextRefused, checked_text, is_blank
 from ..image_conversion import ImageConversionError, msg_to_rgb
-from ..engine.text_rules import TextRefused
 from ..input_rules import POSE_MESSAGE_TYPES, FrameGate, StreamClock, pose_message, stamp_seconds, text_message
 from .bag_io import Bag, BagError, BagMessage
 
@@ -235,7 +234,10 @@ def parse_ask(text: str) -> Question:
         time_s = math.nan
     if not sep or is_blank(question) or not math.isfinite(time_s) or time_s < 0:
         raise ValueError(f"--ask must look like 'SECONDS:question', e.g. '8:Where did F2 park?', got {text!r}")
-    return Question(time_s, question.strip())
+    try:
+        return Question(time_s, checked_text(question, "question"))
+    except TextRefused as exc:
+        raise ValueError(f"--ask {text!r}: {exc}") from None
 
 
 def load_questions(path: str | Path) -> list[Question]:
@@ -260,6 +262,10 @@ def load_questions(path: str | Path) -> list[Question]:
             raise ValueError(f"{path}: entry {i} needs a number time_s and a question") from None
         if is_blank(question) or not math.isfinite(time_s) or time_s < 0:
             raise ValueError(f"{path}: entry {i} needs a time_s >= 0 and a non-empty question")
+        try:
+            question = checked_text(question, "question")
+        except TextRefused as exc:
+            raise ValueError(f"{path}: entry {i}: {exc}") from None
         try:
             about = None if entry.get("about_s") is None else float(entry["about_s"])
             place = None if entry.get("place_xy") is None else tuple(float(v) for v in entry["place_xy"][:2])

@@ -37,6 +37,7 @@ class StreamConfig:
     # facts recalled from the cache after a camera flood fell from 9 to 5 of 12 (test_recall.py; docs/benchmarks.md).
     answer_prompt: str = ""
     max_frame_pixels: int | None = None  # bound on a frame's resolution before the vision tower
+    max_text_chars: int | None = None  # longest text, question or recall text taken, in characters (None: any)
     scoring_backend: str = "auto"
     # The archive of the stream's KV in host memory (engine/archive/archive.py): its bound (0: none), its block, and
     # the most archived tokens placed before a question. The headroom makes room for them whether or not the

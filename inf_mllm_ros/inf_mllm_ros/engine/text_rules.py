@@ -9,9 +9,13 @@ hyphen, bidirectional marks...) and the other code points Unicode marks as ignor
 (variation selectors, Hangul fillers, tags). ``str.strip`` alone keeps a text of zero-width
 characters, which tokenizes into tokens that say nothing.
 
-A text is checked once, where it first comes in (`checked_text`: the node's topic or service, the offline runner,
-the engine's or the stream's own caller); it then travels as a `CheckedText`, which the engine and the stream
-take as it is.
+Whitespace around a text says nothing and is taken off, wherever the text comes from (a topic, a service, a
+questions file, a caller of the engine). A text longer than `max_text_chars` (the node's parameter, the engine's
+`StreamConfig.max_text_chars`) is refused.
+
+One rule, `checked_text`, for every place: a text is checked once, where it first comes in (the node's topic or
+service, the bag tools, the engine's or the stream's own caller), with the same bound; it then travels as a
+`CheckedText`, which the engine and the stream take as it is.
 """
 
 from __future__ import annotations
@@ -70,6 +74,10 @@ def text_problem(text: object, what: str = "text") -> str | None:
     return None
 
 
+# What a refused text message's reason adds, by its kind: what its sender can do.
+TEXT_ADVICE = {"text_too_long": "; split it into shorter messages", "text_empty": " refused (no visible character)"}
+
+
 class TextRefused(ValueError):
     """A text or a question refused, with its reason and its kind: `<what>_too_long`, `<what>_empty` or
     `<what>_undecodable` (`what`'s first word: text, question, recall)."""
@@ -86,16 +94,22 @@ class CheckedText(str):
 
 
 def checked_text(text: object, what: str = "text", max_chars: int | None = None) -> CheckedText:
-    """`text` once checked (a `CheckedText` is returned as it is): not longer than `max_chars` (None: no bound),
-    not blank, not only invalid UTF-8. Raises TextRefused with the reason otherwise."""
+    """`text` once checked (a `CheckedText` is returned as it is), without the whitespace around it: not longer
+    than `max_chars` (None: no bound), not blank, not only invalid UTF-8. Raises TextRefused with the reason
+    otherwise."""
     if isinstance(text, CheckedText):
         return text
     kind = what.split()[0]
     # The length first: the blank check reads up to the first visible character, which may be the last.
-    if isinstance(text, str) and max_chars is not None and len(text) > max_chars:
-        raise TextRefused(f"{kind}_too_long", f"{what} of {len(text)} characters refused: longer than "
-                                              f"max_text_chars ({max_chars})")
+    if isinstance(text, str) and max_chars is not None and len(text) > max_chars and len(text.strip()) > max_chars:
+        refused(f"{kind}_too_long", f"{what} of {len(text.strip())} characters refused: longer than "
+                                    f"max_text_chars ({max_chars})")
     problem = text_problem(text, what)
     if problem:
-        raise TextRefused(f"{kind}_empty" if is_blank(text) else f"{kind}_undecodable", problem)
-    return CheckedText(text)
+        refused(f"{kind}_empty" if is_blank(text) else f"{kind}_undecodable", problem)
+    return CheckedText(text.strip())
+
+
+def refused(kind: str, reason: str):
+    """Raise TextRefused with the reason and, for a text message, what its sender can do."""
+    raise TextRefused(kind, reason + TEXT_ADVICE.get(kind, ""))

@@ -151,7 +151,7 @@ class Services:
             return self._query_failed(response, unusable)
         max_new = request.max_new_tokens or self.node.param("max_new_tokens")
         try:  # bounded in length too: a kept question goes in whole before its answer, and must stop soon
-            question = checked_text(request.question.strip(), "question", self.node.param("max_text_chars"))
+            question = checked_text(request.question, "question", self.node.param("max_text_chars"))
         except TextRefused as exc:
             return self._query_failed(response, str(exc))
         if max_new > MAX_NEW_TOKENS_LIMIT:
@@ -227,7 +227,7 @@ class Services:
         problem = unusable
         if not problem:
             try:
-                text = checked_text(request.text.strip(), "recall text", self.node.param("max_text_chars"))
+                text = checked_text(request.text, "recall text", self.node.param("max_text_chars"))
             except TextRefused as exc:
                 problem = str(exc)
         if not problem and request.max_results > MAX_RECALL_RESULTS:

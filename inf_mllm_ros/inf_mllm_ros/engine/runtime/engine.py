@@ -128,7 +128,7 @@ class StreamingEngine:
         was at `stamp`; see `KVStream.push_text`). The future gives its token count."""
         # Refused at the door: queued texts go into the model together, and one bad text would fail them all.
         try:
-            text = checked_text(text)
+            text = checked_text(text, "text", self._board.settings.max_text_chars)
         except TextRefused as exc:
             return _failed(exc)
         try:
@@ -158,7 +158,7 @@ class StreamingEngine:
                    on_token=None, cancel: threading.Event | None = None) -> Future:
         """Queue a question; `on_token` and `cancel` as in KVStream.ask (on_token runs on the worker thread)."""
         try:
-            question = checked_text(question, "question")
+            question = checked_text(question, "question", self._board.settings.max_text_chars)
         except TextRefused as exc:
             with self._board.lock:
                 self.counters.queries_failed += 1
@@ -174,7 +174,7 @@ class StreamingEngine:
                       near: tuple[float, float, float] | None = None) -> Future:
         """Queue a recall (`KVStream.recall`): the moments `text` points to most, as evidence, without an answer."""
         try:
-            text = checked_text(text, "recall text")
+            text = checked_text(text, "recall text", self._board.settings.max_text_chars)
         except TextRefused as exc:
             return _failed(exc)
         return self._submit_query(lambda s: s.recall(text, limit=limit, since=since, until=until, near=near))

@@ -19,10 +19,9 @@ from ..stream_config import StreamConfig
 
 @dataclass(frozen=True)
 class LiveSettings:
-    """What may change at run time: the stream's system prompt, answer prompt and answer length, the policy's live
-    knobs,
-    the frame period (what a text call may take while a camera is live), the time bound on waiting texts and the
-    checkpoint period."""
+    """What may change at run time: the stream's system prompt, answer prompt, answer length and longest text, the
+    policy's live knobs, the frame period (what a text call may take while a camera is live), the time bound on
+    waiting texts and the checkpoint period."""
 
     system_prompt: str | None = StreamConfig.system_prompt
     max_new_tokens: int = StreamConfig.max_new_tokens
@@ -31,13 +30,14 @@ class LiveSettings:
     max_text_delay: float = 0.0  # the model's seconds of texts a question waits for (WorkQueue.next_jobs); 0: all
     checkpoint_period: float = 0.0  # seconds between saves of a changed memory; 0: on request and at close
     answer_prompt: str = StreamConfig.answer_prompt
+    max_text_chars: int | None = StreamConfig.max_text_chars  # the one text rule's bound (engine/text_rules.py)
 
     @classmethod
     def of(cls, config: StreamConfig, *, frame_period: float = 0.0, max_text_delay: float = 0.0,
            checkpoint_period: float = 0.0) -> LiveSettings:
         """The live part of a stream configuration, with the engine's own settings."""
         return cls(config.system_prompt, config.max_new_tokens, MappingProxyType(dict(config.policy_settings)),
-                   frame_period, max_text_delay, checkpoint_period, config.answer_prompt)
+                   frame_period, max_text_delay, checkpoint_period, config.answer_prompt, config.max_text_chars)
 
     def changed(self, config: StreamConfig, **changes) -> LiveSettings:
         """A new snapshot with `changes` (`policy_settings`: the knobs that change, others kept), checked as the
@@ -56,6 +56,8 @@ class LiveSettings:
                                   **changes)
         if new.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {new.max_new_tokens}")
+        if new.max_text_chars is not None and new.max_text_chars < 1:
+            raise ValueError(f"max_text_chars must be >= 1, got {new.max_text_chars}")
         for name in ("frame_period", "max_text_delay", "checkpoint_period"):
             if getattr(new, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(new, name)}")
@@ -64,5 +66,5 @@ class LiveSettings:
     def stream_config(self, config: StreamConfig) -> StreamConfig:
         """`config` (a new object) with these settings' stream part."""
         return dataclasses.replace(config, system_prompt=self.system_prompt, max_new_tokens=self.max_new_tokens,
-                                   answer_prompt=self.answer_prompt,
+                                   answer_prompt=self.answer_prompt, max_text_chars=self.max_text_chars,
                                    policy_settings={**config.policy_settings, **self.policy_settings})

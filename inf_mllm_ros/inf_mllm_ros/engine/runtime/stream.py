@@ -43,7 +43,7 @@ from ..archive.evidence import Evidence
 from ..poses import Pose
 from ..archive.retrieval_heads import retrieval_heads
 from ..archive.retriever import Retrieval, Retriever
-from ..text_rules import checked_text
+from ..text_rules import CheckedText, checked_text
 
 
 
@@ -278,7 +278,7 @@ class KVStream:
                  for text, stamp, *rest in items]
         if not items:
             return []
-        items = [(checked_text(text), stamp, pin, pose) for text, stamp, pin, pose in items]
+        items = [(self.check_text(text), stamp, pin, pose) for text, stamp, pin, pose in items]
         for _, stamp, _, _ in items:
             check_stamp(stamp, "text")
         self._ensure_started()
@@ -448,9 +448,13 @@ class KVStream:
         headroom and has to be pushed into the memory before the answer: it then stays, with the answer so
         far and its turn closed.
         """
-        question = checked_text(question, "question")
+        question = self.check_text(question, "question")
         return self._exchange(self.question_parts(question), max_new_tokens, keep_in_memory,
                               AnswerTurn(on_token, cancel, self._stopped, self._answer_text), retrieve=True)
+
+    def check_text(self, text: object, what: str = "text") -> CheckedText:
+        """A text, question or recall text by the one text rule (engine/text_rules.py), with this stream's bound."""
+        return checked_text(text, what, self.config.max_text_chars)
 
     def question_parts(self, question: str) -> tuple[str, str, str]:
         """A question's turn as (template before, its words, the rest): the answer prompt follows its words, outside
@@ -470,7 +474,7 @@ class KVStream:
         the cache or not) scored as a question scores them, those stamped between `since` and `until` (stream
         time) and, with `near` (x, y, radius), those whose pose lies within the radius. ValueError for an
         unusable argument."""
-        text = checked_text(text, "recall text")
+        text = self.check_text(text, "recall text")
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
         if since is not None and until is not None and until < since:
