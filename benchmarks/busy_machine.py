@@ -25,7 +25,8 @@ from pathlib import Path
 from common import load_records, machine, write_records
 from inf_mllm_ros.testing.burst import burst_figures, burst_of_callers
 from inf_mllm_ros.testing.cpu_load import busy_cores, cores_less_one
-from inf_mllm_ros.testing.flood import NODE_PARAMS, node_under_flood, reference_flood, shared_cpu_figures
+from inf_mllm_ros.testing.flood import (NODE_PARAMS, SHARED_QUESTION_TOKENS, node_under_flood, reference_flood,
+                                        shared_cpu_figures)
 from inf_mllm_ros.testing.node_process import Driver, NodeProcess, default_domain_id
 
 OUT = "busy_machine.json"
@@ -87,12 +88,14 @@ def node_namespace() -> str:
 
 def flood_runs(args, records: list) -> None:
     for run in range(args.runs):
-        reference = reference_flood(MODEL, busy=args.busy)
+        reference = reference_flood(MODEL, busy=args.busy, question_tokens=args.question_tokens)
         with tempfile.TemporaryDirectory(prefix="inf_mllm_flood_") as folder:
-            flood = node_under_flood(MODEL, Path(folder), default_domain_id(), publisher="timers", busy=args.busy)
+            flood = node_under_flood(MODEL, Path(folder), default_domain_id(), publisher="timers", busy=args.busy,
+                                     question_tokens=args.question_tokens)
         figures = shared_cpu_figures(reference, flood)
         record = {"part": "flood", "model": MODEL, "run": run, "code": args.label,
                   "node_params": json.dumps(NODE_PARAMS), "publisher": "timers, rclpy MultiThreadedExecutor",
+                  "question_tokens": args.question_tokens,
                   **{k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()},
                   "busy_processes": args.busy, "device": machine()}
         print(json.dumps(record), flush=True)
@@ -107,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--processes", type=int, default=10, help="calling processes in a burst")
     p.add_argument("--clients", type=int, default=10, help="clients in each calling process")
     p.add_argument("--busy", type=int, default=cores_less_one(), help="CPU-bound processes beside")
+    p.add_argument("--question-tokens", type=int, default=SHARED_QUESTION_TOKENS,
+                   help="the flood question's max_new_tokens, in the node and the reference alike")
     p.add_argument("--label", default="current", help="names the code measured")
     args = p.parse_args(argv)
     records = load_records(OUT)

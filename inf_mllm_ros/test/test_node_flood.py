@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from inf_mllm_ros.testing.cpu_load import cores_less_one
-from inf_mllm_ros.testing.flood import (FLOOD_S, FRAME_RATE, MAX_TEXT_DELAY, QUESTION_AT, WINDOW_S, flood_figures,
-                                        frames_per_window, node_under_flood, reference_flood, reference_pace,
-                                        shared_cpu_figures)
+from inf_mllm_ros.testing.flood import (FLOOD_S, FRAME_RATE, MAX_TEXT_DELAY, QUESTION_AT, SHARED_QUESTION_TOKENS,
+                                        WINDOW_S, flood_figures, frames_per_window, node_under_flood, reference_flood,
+                                        reference_pace, shared_cpu_figures)
 
 # Pace is measured: alone, not beside other tests.
 pytestmark = pytest.mark.serial
@@ -91,7 +91,8 @@ def test_on_a_shared_cpu_the_flood_keeps_the_pace_one_process_keeps_beside_the_s
     every text sent is taken or refused with a count (none lost between the publisher and the model)."""
     busy = cores_less_one()
     reference = reference_flood("smolvlm-smollm2", busy=busy)
-    flood = node_under_flood("smolvlm-smollm2", tmp_path, publisher="timers", busy=busy)
+    flood = node_under_flood("smolvlm-smollm2", tmp_path, publisher="timers", busy=busy,
+                             question_tokens=SHARED_QUESTION_TOKENS)
     figures = shared_cpu_figures(reference, flood)
     print(figures)
     assert flood["answer"] is not None and flood["answer"].success, flood["answer"]

@@ -16,7 +16,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from ..engine.engine import EngineBusyError, StreamingEngine
+from ..engine.runtime.engine import EngineBusyError, StreamingEngine
 from ..engine.stream_config import StreamConfig
 from ..input_rules import FrameGate
 from ..settings import BY_NAME
@@ -34,6 +34,10 @@ REFERENCE_S = 15.0  # the in-process run under the same traffic
 NODE_PARAMS = {"cache_size": 256, "torch_threads": 1, "frame_rate": FRAME_RATE, "stats_period": 0.5,
                "description_period": 0.0}
 MAX_TEXT_DELAY = BY_NAME["max_text_delay"].default
+# On a shared CPU the question's answer is cut at this many tokens in the node and the reference alike: its time then
+# measures the wait and the model's pace, not how long an answer the two memories happen to give (up to 64 tokens,
+# 0.1 to 0.2 s each on a shared core).
+SHARED_QUESTION_TOKENS = 16
 
 
 def text(n: int) -> str:
@@ -82,7 +86,7 @@ def reference_pace(model: str, stamped: bool = True) -> dict:
         torch.set_num_threads(threads)
 
 
-def reference_flood(model: str, busy: int = 0) -> dict:
+def reference_flood(model: str, busy: int = 0, question_tokens: int = SHARED_QUESTION_TOKENS) -> dict:
     """The engine in this process, one torch thread, under the flood's traffic for the whole flood (FLOOD_S) through
     the node's frame gate, its inputs stamped as the node stamps them, with the question at QUESTION_AT, beside
     `busy` CPU-bound processes: frames and texts taken, and the question's time from asked to answered."""
@@ -108,18 +112,19 @@ def reference_flood(model: str, busy: int = 0) -> dict:
                     engine.submit_text(text(sent), elapsed)
                     sent, next_text = sent + 1, next_text + TEXT_EVERY
                 if question is None and elapsed >= QUESTION_AT:
-                    question = engine.submit_ask(QUESTION, max_new_tokens=BY_NAME["max_new_tokens"].default)
+                    question = engine.submit_ask(QUESTION, max_new_tokens=question_tokens)
                     asked = time.monotonic()
                 if question is not None and answered is None and question.done():
                     answered = time.monotonic() - asked
                 time.sleep(0.004)
             stats = engine.stats()
-            question.result(timeout=120)
+            answer = question.result(timeout=120)
             if answered is None:
                 answered = time.monotonic() - asked
             cores = load.cores_taken() if load is not None else 0.0
         return {"frames": stats.frames_ingested, "texts": stats.texts_ingested, "texts_sent": sent,
-                "answer_s": answered, "busy_cores": cores}
+                "answer_s": answered, "answer_tokens": answer.tokens_generated, "answer": answer.text,
+                "busy_cores": cores}
     finally:
         engine.close()
         torch.set_num_threads(threads)
@@ -133,6 +138,9 @@ def shared_cpu_figures(reference: dict, flood: dict) -> dict:
             "frame_share": round(frames / max(reference["frames"], 1), 3),
             "frames_per_window": [n for _, n in frames_per_window(flood["series"])],
             "question_answered_s": flood["answered_s"], "reference_answer_s": reference["answer_s"],
+            "answer": flood["answer"].answer if flood["answer"] is not None else None,
+            "node_answer_latency_s": flood["answer"].latency if flood["answer"] is not None else None,
+            "reference_answer": reference["answer"], "reference_answer_tokens": reference["answer_tokens"],
             "texts_per_s": texts / elapsed, "reference_texts": reference["texts"], "texts_sent": flood["texts_sent"],
             "texts_taken": flood["texts_taken"], "texts_refused": flood["texts_refused"],
             "texts_unaccounted": flood["texts_sent"] - flood["texts_taken"] - flood["texts_refused"],
@@ -177,12 +185,12 @@ class _TimerPublisher:
 
 
 def node_under_flood(model: str, tmp_path: Path, domain_id: int | None = None, *, publisher: str = "loop",
-                     busy: int = 0) -> dict:
+                     busy: int = 0, question_tokens: int = 0) -> dict:
     """The flood into a fresh node from this process; the node's figures every half second from the first message.
 
     publisher "loop": published from this thread, the driver spinning the node's executor; "timers": published from
     timers, the driver spinning rclpy's MultiThreadedExecutor. busy: CPU-bound processes beside, from the first
-    message to the end of the flood."""
+    message to the end of the flood. question_tokens: the question's max_new_tokens (0: the node's)."""
     domain_id = int(os.environ["ROS_DOMAIN_ID"]) if domain_id is None else domain_id
     node = NodeProcess(domain_id, dict(NODE_PARAMS, model=model), tmp_path)
     driver = Driver(domain_id, name="flood_driver", executor="rclpy" if publisher == "timers" else "once_queued")
@@ -217,7 +225,7 @@ def node_under_flood(model: str, tmp_path: Path, domain_id: int | None = None, *
                     driver.publish_text(text(sent))
                     sent, next_text = sent + 1, next_text + TEXT_EVERY
                 if question is None and elapsed >= QUESTION_AT:
-                    question, asked = driver.ask(QUESTION), time.monotonic()
+                    question, asked = driver.ask(QUESTION, question_tokens), time.monotonic()
                 if question is not None and answered is None and question.done():
                     answered = time.monotonic() - asked
                 if elapsed >= next_sample:

@@ -141,7 +141,7 @@ class Scene:
 class Driver:
     """The test's own rclpy node, in its own context and domain: camera and text publishers, the query client, the
     latest cache_stats. It spins the node's own executor; `executor="rclpy"` spins rclpy's MultiThreadedExecutor
-    instead, as many robot nodes do (its spinning thread is busy under load: executor.py)."""
+    instead, as many robot nodes do (its spinning thread is busy under load: node/executor.py)."""
 
     def __init__(self, domain_id: int, namespace: str = NAMESPACE, name: str = "soak_driver",
                  executor: str = "once_queued"):
@@ -154,7 +154,7 @@ class Driver:
         from inf_mllm_interfaces.msg import CacheStats
         from inf_mllm_interfaces.srv import Query
 
-        from ..executor import OnceQueuedExecutor
+        from ..node.executor import OnceQueuedExecutor
 
         self._rclpy, self._Image, self._String, self._Query = rclpy, Image, String, Query
         self.context = rclpy.Context()
@@ -206,8 +206,8 @@ class Driver:
     def publish_text(self, text: str) -> None:
         self.text.publish(self._String(data=text))
 
-    def ask(self, question: str):
-        return self.query.call_async(self._Query.Request(question=question))
+    def ask(self, question: str, max_new_tokens: int = 0):
+        return self.query.call_async(self._Query.Request(question=question, max_new_tokens=max_new_tokens))
 
     def close(self) -> None:
         self.executor.shutdown(timeout_sec=5)
