@@ -86,7 +86,9 @@ PARAMETERS = (
     Param("model", DEFAULT_MODEL, "A transformers model folder, or an embedded model: 'onevision-qwen2.5-0.5b' (the "
           "default: real Qwen2.5-0.5B text answers, UNTRAINED vision whose frames carry no content), "
           "'smolvlm-smollm2' (small and fast: real SmolLM2-135M text, UNTRAINED vision, frame descriptions not "
-          "meaningful), 'smollm2' or 'qwen2.5-0.5b' (text only)."),
+          "meaningful), 'smollm2' or 'qwen2.5-0.5b' (text only); or a hub id 'Org/Name', from the local hub cache "
+          "or downloaded (a path that exists is always a folder)."),
+    Param("model_revision", "", "With a hub id for `model`: its branch, tag or commit; empty: main."),
     Param("device", "auto", "Where the model runs.", constraints="auto, cpu, cuda or cuda:N"),
     Param("dtype", "auto", "Weights and cache precision; auto: bfloat16/float16 on GPU, float32 on CPU.",
           constraints="auto, float32, bfloat16 or float16"),

@@ -125,7 +125,7 @@ class Health:
         pending = engine.pending if engine is not None else {"texts": 0, "queries": 0, "frame": False}
         level, message = DiagnosticStatus.OK, "active: taking input and answering"
         if engine is None:
-            level, message = DiagnosticStatus.WARN, "not configured: no model loaded"
+            level, message = DiagnosticStatus.WARN, node.model_download or "not configured: no model loaded"
         elif engine.load_error is not None:
             level, message = DiagnosticStatus.ERROR, f"model failed to load: {engine.load_error}"
         elif not engine.ready.is_set():

@@ -41,6 +41,7 @@ from rclpy.logging import get_logger
 from rclpy.signals import SignalHandlerOptions
 
 from ..engine.api import EngineNotReadyError
+from ..engine.models.loading import fetch_model
 from ..engine.runtime.engine import StreamingEngine
 from .engine_interface import EngineLike
 from .executor import OnceQueuedExecutor
@@ -83,6 +84,7 @@ class InfMLLMNode(LifecycleNode):
         # Set while autostart configures and activates: callers then hear "model is still loading".
         self.autostarting = bool(self.param("autostart"))
         self.stopping = threading.Event()  # set at shutdown: queries are answered "node is shutting down"
+        self.model_download = ""  # while configure downloads a hub model: its progress, for /diagnostics
         self._periodic: dict[str, object] = {}  # the description and stats timers (see _set_timer)
         self.counters = NodeCounters()
         self.health = Health(self, self.counters)
@@ -181,7 +183,7 @@ class InfMLLMNode(LifecycleNode):
                 + "".join(f", {k} {v}" for k, v in config.policy_settings.items()) + ")")
             started = time.monotonic()
             self.engine = self._engine_factory(
-                self.param("model"), config, **load_settings(values),
+                self._fetch_model(values), config, **load_settings(values),
                 max_pending_texts=self.param("max_pending_texts"),
                 max_pending_queries=self.param("max_pending_queries"),
                 on_ingested=lambda kind: self.inputs.post("ingested", kind),
@@ -209,6 +211,27 @@ class InfMLLMNode(LifecycleNode):
         self.inputs.stream_clock = StreamClock(self.engine.time_origin)
         self._report_ready(time.monotonic() - started)
         return TransitionCallbackReturn.SUCCESS
+
+    def _fetch_model(self, values: dict):
+        """The `model` parameter, a hub id made its local folder: from the hub cache, or downloaded with the bytes
+        done and in all in the log (every 10 %) and on /diagnostics (engine/models/hub.py)."""
+        logged = [-1]
+
+        def progress(done: int, total: int) -> None:
+            self.model_download = f"downloading model: {done / 1e6:.1f} of {total / 1e6:.1f} MB"
+            tenth = 10 * done // total if total else 10
+            if tenth > logged[0]:
+                logged[0] = tenth
+                self.get_logger().info(self.model_download)
+
+        try:
+            model = fetch_model(values["model"], values["model_revision"],
+                                trust_remote_code=values["trust_remote_code"], progress=progress)
+        finally:
+            self.model_download = ""
+        if model != values["model"]:
+            self.get_logger().info(f"model {values['model']!r} is the folder {model}")
+        return model
 
     def _report_ready(self, seconds: float) -> None:
         self.get_logger().info(f"model ready in {seconds:.1f} s")

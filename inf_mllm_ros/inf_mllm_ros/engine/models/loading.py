@@ -1,6 +1,7 @@
-"""Finding and loading models: the embedded models (engine/models/embedded_models.py) and any local transformers
-model folder, each behind the adapter of its family (engine/models/adapters/); the command line that prepares the
-embedded models (`python -m inf_mllm_ros.engine.models.loading --prepare`).
+"""Finding and loading models: the embedded models (engine/models/embedded_models.py), any local transformers
+model folder and a hub id (`Org/Name`, from the local hub cache or downloaded: engine/models/hub.py), each behind
+the adapter of its family (engine/models/adapters/); the command line that prepares the embedded models
+(`python -m inf_mllm_ros.engine.models.loading --prepare`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .embedded_models import (
     prepare_small_vlm,
     prepare_smollm2,
 )
+from .hub import Progress, is_hub_id, resolve_hub_model
 from ..model_errors import ModelLoadError, ModelUnavailableError
 
 log = logging.getLogger(__name__)
@@ -36,12 +38,24 @@ def use_torch_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def resolve_model(model: str | os.PathLike | None) -> Path:
-    """The folder for a model name or path; the embedded models are prepared on first use (Qwen2.5's
-    weights, for the default and `qwen2.5-0.5b`, are downloaded then: about 490 MB)."""
+def fetch_model(model: str | os.PathLike | None, revision: str = "", *, trust_remote_code: bool = False,
+                progress: Progress | None = None) -> str | os.PathLike | None:
+    """A hub id's local folder (from the hub cache, or downloaded with `progress(done, total)` in bytes: see hub.py);
+    any other model (a folder, an embedded name) as it is."""
+    if not is_hub_id(model):  # the embedded names hold no slash
+        return model
+    return str(resolve_hub_model(str(model), revision, trust_remote_code=trust_remote_code, progress=progress))
+
+
+def resolve_model(model: str | os.PathLike | None, revision: str = "", *, trust_remote_code: bool = False,
+                  progress: Progress | None = None) -> Path:
+    """The folder for a model name, path or hub id (`Org/Name` at `revision`, empty: main; a path that exists is
+    always a folder); the embedded models are prepared on first use (Qwen2.5's weights, for the default and
+    `qwen2.5-0.5b`, are downloaded then: about 490 MB)."""
     embedded = prepare_embedded(None if model is None else str(model))
     if embedded is not None:
         return embedded
+    model = fetch_model(model, revision, trust_remote_code=trust_remote_code, progress=progress)
     folder = Path(model).expanduser()
     if not folder.exists():
         raise ModelLoadError(f"model folder {folder} does not exist")
@@ -87,11 +101,13 @@ def load_model(
     device: str = "auto",
     dtype: str = "auto",
     trust_remote_code: bool = False,
+    revision: str = "",
 ) -> ModelAdapter:
-    """Load a model folder (or the embedded default) behind the adapter of its family."""
+    """Load a model folder, hub id (at `revision`) or embedded model (the default) behind the adapter of its
+    family."""
     from transformers import AutoConfig
 
-    folder = resolve_model(model)
+    folder = resolve_model(model, revision, trust_remote_code=trust_remote_code)
     dev = pick_device(device)
     torch_dtype = pick_dtype(dtype, dev)
     try:
