@@ -178,7 +178,8 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
             from ..engine.models.loading import load_model, use_torch_threads
 
             use_torch_threads(model_threads(settings))  # as the node's engine does
-            adapter = load_model(settings["model"], **load_settings(settings))
+            adapter = load_model(settings["model"], revision=settings.get("model_revision", ""),
+                                 **load_settings(settings))
         stream = KVStream(adapter, config)
         result.model = {k: str(v) for k, v in adapter.describe().items()}
         if adapter.notice:
