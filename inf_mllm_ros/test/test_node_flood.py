@@ -96,7 +96,7 @@ def test_on_a_shared_cpu_the_flood_keeps_the_pace_one_process_keeps_beside_the_s
     figures = shared_cpu_figures(reference, flood)
     print(figures)
     assert flood["answer"] is not None and flood["answer"].success, flood["answer"]
-    assert reference["busy_cores"] >= 0.3 and flood["busy_cores"] >= 0.3, figures  # the load took its share
+    assert reference["busy_cores"] >= 0.2 and flood["busy_cores"] >= 0.2, figures  # the load took its share
     assert reference["frames"] >= 5, reference  # the reference itself took frames at some pace
     assert figures["frames"] >= SHARED_FRAME_SHARE * reference["frames"], figures
     assert figures["question_answered_s"] <= reference["answer_s"] + SHARED_ANSWER_EXTRA_S, figures
