@@ -1,7 +1,7 @@
 """A burst of callers across processes, as planners' code would make them: `processes` processes of `clients`
 `~/query` clients each, with the default client settings (a 10-deep history), made at once and each calling once at
 the same wall-clock moment; each process then spins a plain `SingleThreadedExecutor` until every one of its callers
-heard back or `timeout` seconds passed. `test_node.py` runs one burst beside a busy core; `benchmarks/query_burst.py`
+heard back or `timeout` seconds passed. `test_node.py` runs one burst beside a busy core; `benchmarks/busy_machine.py`
 records runs of it.
 
 A calling process (`python -m inf_mllm_ros.testing.burst SERVICE CLIENTS START_AT TIMEOUT`) prints one JSON line:
