@@ -482,7 +482,7 @@ def test_a_damaged_log_costs_only_the_blocks_from_the_damage_on(folders, tmp_pat
 
 WRITER = """
 import sys, torch
-from inf_mllm_ros.engine import archive_log
+from inf_mllm_ros.engine.persistence import archive_log
 from inf_mllm_ros.engine.models.loading import load_model
 from inf_mllm_ros.engine.persistence.memory_file import save_memory
 from inf_mllm_ros.engine.runtime.stream import KVStream

@@ -938,7 +938,7 @@ def engine_members_the_node_uses() -> set[str]:
     import inf_mllm_ros.node.lifecycle as node_module
 
     used = set()
-    for path in sorted(Path(node_module.__file__).parent.glob("node*.py")):
+    for path in sorted(Path(node_module.__file__).parent.glob("*.py")):
         for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(n, ast.Attribute):
                 continue

@@ -164,7 +164,7 @@ def test_triton_backend_without_triton_raises(monkeypatch):
 def test_triton_module_imports_without_triton():
     code = (
         "import sys; sys.modules['triton'] = None\n"
-        "from inf_mllm_ros.engine import triton_scoring\n"
+        "from inf_mllm_ros.engine.ops import triton_scoring\n"
         "assert not triton_scoring.available()\n"
         "print('ok')\n"
     )
