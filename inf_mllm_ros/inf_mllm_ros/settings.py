@@ -199,11 +199,6 @@ def value_problem(name: str, value) -> str | None:
     return p.rule.problem(value)
 
 
-def launch_table() -> list[dict]:
-    """Each parameter's rule and description, as JSON records (`python -m inf_mllm_ros.settings` prints them)."""
-    return [{**p.rule.to_json(), "description": p.description} for p in PARAMETERS]
-
-
 def stream_config(values: dict) -> StreamConfig:
     """The engine configuration from parameter values (missing ones take their defaults)."""
     kwargs = {}
@@ -266,8 +261,3 @@ def knob_problem(name: str, policy: str) -> str | None:
         return f"{name} applies to the {', '.join(having)} policy only; this node runs {policy!r}"
     return None
 
-
-if __name__ == "__main__":
-    import json
-
-    print(json.dumps(launch_table()))

@@ -21,6 +21,7 @@ service, the bag tools, the engine's or the stream's own caller), with the same 
 from __future__ import annotations
 
 import unicodedata
+from typing import NoReturn
 
 __all__ = ["CheckedText", "TextRefused", "checked_text", "is_blank", "is_undecodable", "text_problem"]
 
@@ -110,6 +111,6 @@ def checked_text(text: object, what: str = "text", max_chars: int | None = None)
     return CheckedText(text.strip())
 
 
-def refused(kind: str, reason: str):
+def refused(kind: str, reason: str) -> NoReturn:
     """Raise TextRefused with the reason and, for a text message, what its sender can do."""
     raise TextRefused(kind, reason + TEXT_ADVICE.get(kind, ""))

@@ -6,12 +6,10 @@ engine, and the policies' knobs, the node's parameters and the offline runner us
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 # Periods below this (other than 0, off) would keep an executor thread busy with timers.
 MIN_PERIOD = 0.05
-
-_TYPES = {t.__name__: t for t in (bool, int, float, str)}
 
 
 def as_declared(value, expected: type):
@@ -82,11 +80,3 @@ class ValueRule:
         if problem:
             raise ValueError(f"{self.name}:={text!r}: {problem}")
         return value
-
-    def to_json(self) -> dict:
-        return {**asdict(self), "type": self.type.__name__, "choices": list(self.choices)}
-
-    @classmethod
-    def from_json(cls, record: dict) -> "ValueRule":
-        fields = {k: record[k] for k in ("name", "low", "high", "step", "period")}
-        return cls(type=_TYPES[record["type"]], choices=tuple(record["choices"]), **fields)
