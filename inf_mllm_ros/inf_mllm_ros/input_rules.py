@@ -13,6 +13,14 @@ from typing import Any
 
 from .engine.poses import Pose
 from .engine.text_rules import CheckedText, checked_text
+from .engine.value_rules import camera_problem
+
+# The topic a single camera comes on, relative to the node (remapped by the launch file's image_topic).
+DEFAULT_IMAGE_TOPIC = "image"
+# Topic segments that say what a topic carries rather than which camera: a camera is named by the last segment of
+# its topic that is none of these ("front/image_raw" -> front, "/arm_cam/color/image_rect" -> arm_cam).
+GENERIC_TOPIC_WORDS = frozenset({"image", "image_raw", "image_rect", "image_color", "image_rect_color", "image_mono",
+                                 "color", "rgb", "camera", "compressed"})
 
 
 def stamp_seconds(header_stamp: Any | None, now_ns: int) -> float:
@@ -98,3 +106,38 @@ class FrameGate:
 
 
 __all__ = ["FrameGate", "StreamClock", "stamp_seconds", "text_message"]
+
+
+def camera_topics(image_topics: list[str], camera_names: list[str]) -> list[tuple[str, str]]:
+    """Each camera's (name, image topic). One topic: the robot's one camera, unnamed (its frames say no camera, as
+    before there were several). Several: each named by `camera_names` (same order) or, where that is empty, by its
+    topic (GENERIC_TOPIC_WORDS). Empty entries are left out (a parameter's empty default). ValueError for no topic,
+    a topic given twice, names that do not match the topics, a name given twice or one the camera rule refuses."""
+    topics = [t.strip() for t in image_topics if t.strip()]
+    names = [n.strip() for n in camera_names if n.strip()]
+    if not topics:
+        raise ValueError("image_topics names no topic")
+    if len(set(topics)) != len(topics):
+        raise ValueError(f"image_topics names a topic twice: {topics}")
+    if len(topics) == 1:
+        return [(names[0] if names else "", topics[0])]
+    if names and len(names) != len(topics):
+        raise ValueError(f"camera_names gives {len(names)} names for {len(topics)} image_topics")
+    names = names or [topic_camera_name(t) for t in topics]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two cameras have one name {names}: set camera_names")
+    for name in names:
+        problem = camera_problem(name)
+        if problem:
+            raise ValueError(f"{problem}; set camera_names")
+    return list(zip(names, topics))
+
+
+def topic_camera_name(topic: str) -> str:
+    """A camera's name from its topic: the last segment that names no kind of image (GENERIC_TOPIC_WORDS), else
+    the topic's segments joined."""
+    segments = [s for s in topic.strip("/~").split("/") if s]
+    for segment in reversed(segments):
+        if segment.lower() not in GENERIC_TOPIC_WORDS:
+            return segment
+    return "_".join(segments)

@@ -27,6 +27,7 @@ from .engine.api import (
     policy_knobs,
 )
 from .image_conversion import DEFAULT_MAX_DECODED_PIXELS
+from .input_rules import DEFAULT_IMAGE_TOPIC
 
 MAX_NEW_TOKENS_LIMIT = 4096
 
@@ -133,6 +134,15 @@ PARAMETERS = (
           engine_field="time_zone"),
     Param("evidence", StreamConfig.evidence, "The most inputs an answer names as its evidence (stamp, kind, cache or "
           "archive, pose, text, weight), heaviest first; 0: none.", low=0, high=64, engine_field="evidence"),
+    Param("image_topics", [DEFAULT_IMAGE_TOPIC], "The cameras' image topics (sensor_msgs/Image; each also as "
+          "<topic>/compressed). One: the robot's camera, unnamed, as the launch file's image_topic remaps it. "
+          "Several: each camera's frames pass frame_rate on their own and their markers and evidence name the camera "
+          "(camera_names, else the last segment of the topic that names no kind of image: front/image_raw -> front)."),
+    Param("camera_names", [""], "The cameras' names, one per image_topics entry in its order ([''] : from the "
+          "topics); a letter, then letters, digits or underscores."),
+    Param("camera_timeout", 5.0, "Seconds without a frame after which a camera is reported silent on /diagnostics "
+          "(one that has sent frames, or any of several image_topics); 0: never.", read_only=False, low=0.0,
+          high=86400.0),
     Param("pose_topic", "", "The robot's pose (nav_msgs/Odometry, geometry_msgs/PoseStamped or "
           "geometry_msgs/PoseWithCovarianceStamped, found from the topic's type): each frame and text is kept with "
           "the pose at its stamp. Empty: no poses."),

@@ -11,7 +11,7 @@ import torch
 from inf_mllm_ros.engine.archive import retrieval_heads as retrieval_heads_module
 from inf_mllm_ros.engine.archive import retriever as retriever_module
 from inf_mllm_ros.engine.archive.retriever import best_last
-from inf_mllm_ros.engine.archive.archive import BOOKKEEPING_BYTES, ArchivedBlock, KVArchive
+from inf_mllm_ros.engine.archive.archive import BOOKKEEPING_BYTES, ArchivedBlock, KVArchive, Turn
 from inf_mllm_ros.engine.archive.archive_blocks import cut_turns
 from inf_mllm_ros.engine.ops.rotary import shift_rotary
 from inf_mllm_ros.engine.models.loading import load_model
@@ -266,7 +266,7 @@ def test_a_reset_empties_the_archive_and_a_resize_keeps_the_newest_blocks():
         recording.take(0, keys[0][None], keys[0][None])
         recording.take(1, keys[1][None], keys[1][None])
         archive.end_forward(recording, torch.arange(30), torch.arange(1, 31), 30 * i)
-        archive.end_prompt(frame=False, turns=[(30, float(i))])
+        archive.end_prompt(frame=False, turns=[Turn(30, float(i))])
     assert archive.tokens == 90
     newest = archive.blocks[-1].first_seq
     archive.resize(40)

@@ -457,7 +457,7 @@ def test_while_a_camera_is_live_a_text_call_ends_before_the_next_frame_is_due():
         per_block = work.block_chars(block)
 
         def blocks(elapsed: float) -> int:  # the frame came `elapsed` seconds ago
-            work.last_frame_offered = time.monotonic() - elapsed
+            work.frame_offered[""] = time.monotonic() - elapsed
             return work.text_call_chars(1024, block, period) // per_block
 
         for elapsed in (0.0, rng.uniform(0.2, 0.8) * period):

@@ -32,6 +32,7 @@ EVIDENCE = {
     "stamp": "builtin_interfaces/Time",
     "has_stamp": "boolean",
     "kind": "string",
+    "camera": "string",
     "source": "string",
     "has_pose": "boolean",
     "pose": "geometry_msgs/Pose",
@@ -40,7 +41,8 @@ EVIDENCE = {
     "weight": "float",
 }
 RECALL_REQUEST = {"text": "string", "max_results": "uint32", "since": "builtin_interfaces/Time",
-                  "until": "builtin_interfaces/Time", "x": "double", "y": "double", "radius": "double"}
+                  "until": "builtin_interfaces/Time", "x": "double", "y": "double", "radius": "double",
+                  "camera": "string"}
 RECALL_RESPONSE = {"success": "boolean", "message": "string",
                    "moments": "sequence<inf_mllm_interfaces/Evidence>", "latency": "float"}
 DESCRIPTION = {

@@ -901,10 +901,10 @@ class StandInEngine:
     def submit_text(self, text, stamp=None, *, pin=False, pose=None):
         return Future()
 
-    def submit_frame(self, rgb, stamp=None, *, pose=None):
+    def submit_frame(self, rgb, stamp=None, *, pose=None, camera=""):
         return Future()
 
-    def submit_recall(self, text, *, limit=5, since=None, until=None, near=None):
+    def submit_recall(self, text, *, limit=5, since=None, until=None, near=None, camera=""):
         return self.answer()
 
     def submit_reset(self):

@@ -15,7 +15,7 @@ from inf_mllm_ros.settings import stream_config as node_stream_config
 
 from conftest import REPO_ROOT
 
-ROS_TYPES = {bool: "bool", int: "int", float: "double", str: "string"}
+ROS_TYPES = {bool: "bool", int: "int", float: "double", str: "string", list: "string[]"}
 
 
 def readme_parameter_rows() -> list[list[str]]:

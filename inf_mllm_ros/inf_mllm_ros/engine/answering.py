@@ -29,6 +29,7 @@ class Evidence:
     text: str  # the text's words (cut to QUOTE_CHARS); empty for a frame
     weight: float  # how much the question points to it (its retrieval score; higher: more)
     first_seq: int  # the stream index of its first token
+    camera: str = ""  # the camera a frame came from, where the robot has several
 
 
 DEFAULT_DESCRIPTION_PROMPT = "Describe briefly what the robot sees and what happened most recently."

@@ -6,6 +6,7 @@ engine, and the policies' knobs, the node's parameters and the offline runner us
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # Periods below this (other than 0, off) would keep an executor thread busy with timers.
@@ -24,6 +25,10 @@ def setting_problem(name: str, value, expected: type, low: float | None = None, 
     """Why `value` is refused for a setting of type `expected` in [low, high] (numbers; with `step`, on a grid
     from `low`), or None. An int is taken for a float (`as_declared`)."""
     value = as_declared(value, expected)
+    if expected is list:  # a list of strings (ROS's string array; a tuple is taken for one)
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            return f"{name} must be a list of strings, got {value!r}"
+        return None
     if type(value) is not expected:
         return f"{name} must be of type {expected.__name__}, got {value!r}"
     if low is None or isinstance(value, (bool, str)):
@@ -39,6 +44,21 @@ def period_problem(name: str, value: float) -> str | None:
     """Why a period is refused (0 turns it off; a tiny one would busy the executor), or None."""
     if 0.0 < value < MIN_PERIOD:
         return f"{name} must be 0 (off) or at least {MIN_PERIOD} s, got {value:g}"
+    return None
+
+
+# A camera's name, as its frames' markers and evidence say it: a ROS name token, short enough for the memory file.
+CAMERA_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
+
+
+def camera_problem(name: object) -> str | None:
+    """Why `name` cannot name a camera (a letter, then letters, digits or underscores, 32 at most), or None; ""
+    (a robot's one camera) names none."""
+    if name == "":
+        return None
+    if not isinstance(name, str) or CAMERA_NAME.fullmatch(name) is None:
+        return (f"camera name {name!r} refused: a letter, then letters, digits or underscores, 32 characters at "
+                "most")
     return None
 
 
@@ -72,6 +92,9 @@ class ValueRule:
                 if text.strip().lower() not in ("true", "false"):
                     raise ValueError
                 value = text.strip().lower() == "true"
+            elif self.type is list:  # "a, b" or "[a, b]"
+                inner = text.strip().removeprefix("[").removesuffix("]")
+                value = [item.strip().strip("'\"") for item in inner.split(",")] if inner.strip() else []
             else:
                 value = self.type(text if self.type is str else text.strip())
         except ValueError:

@@ -123,6 +123,7 @@ class Health:
         rate_limited = (node_drops - prev[1]) / span if span > 0 else 0.0
         behind = (model_drops - prev[2]) / span if span > 0 else 0.0
         pending = engine.pending if engine is not None else {"texts": 0, "queries": 0, "frame": False}
+        silent = node.inputs.silent_cameras(node.param("camera_timeout")) if node.active else []
         level, message = DiagnosticStatus.OK, "active: taking input and answering"
         if engine is None:
             level, message = DiagnosticStatus.WARN, node.model_download or "not configured: no model loaded"
@@ -136,6 +137,9 @@ class Health:
             message = "inactive: the memory is kept, no input is taken"
         elif node.inputs.description_error:
             level, message = DiagnosticStatus.WARN, f"descriptions failing: {node.inputs.description_error}"
+        elif silent:
+            level, message = DiagnosticStatus.WARN, "camera silent: " + ", ".join(
+                f"{name} ({seconds:.0f} s without a frame)" for name, seconds in silent)
         elif behind > WARN_MODEL_DROPS_PER_S:
             level, message = DiagnosticStatus.WARN, f"model behind the camera: {behind:.1f} frames/s replaced unseen"
         elif pending["texts"] > node.param("max_pending_texts") // 2:
@@ -164,6 +168,8 @@ class Health:
             "last_checkpoint_s": f"{saved.seconds if saved else 0.0:.3f}",
             "last_checkpoint_held_s": f"{saved.held_s if saved else 0.0:.3f}",  # the model waited this long
             "longest_text_wait_s": f"{counters.longest_text_wait_s if counters else 0.0:.2f}",
+            "cameras": ", ".join(name or topic for name, topic in node.inputs.cameras),
+            "cameras_silent": ", ".join(name for name, _ in silent),
             "last_error": last_error,
         }
         return DiagnosticStatus(level=level, name=f"{node.get_fully_qualified_name()}: memory", message=message,

@@ -1,7 +1,7 @@
 """The node's inputs, and what the engine reports back about them: camera frames and texts in, descriptions out.
 
 `Inputs` is a part the node (node/lifecycle.py) owns. Subscription callbacks only judge, convert and hand a
-message to the engine, never waiting for the model: `frame_rate` is applied before decoding (FrameGate),
+message to the engine, never waiting for the model: `frame_rate` is applied before decoding, per camera (FrameGate),
 texts are refused with a reason before they reach the engine (input_rules), and each refused input is
 counted and logged once per kind. Whatever the engine reports from its worker thread (an input done, a
 description) goes through an outbox and a guard condition, so that publishing and logging happen on the
@@ -13,11 +13,13 @@ from __future__ import annotations
 import math
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from typing import Callable
 
 from builtin_interfaces.msg import Time
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.exceptions import InvalidParameterValueException
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import String
@@ -26,7 +28,7 @@ from inf_mllm_interfaces.msg import Description
 
 from ..engine.api import EngineBusyError, EngineNotReadyError, FrameDroppedError, FramesNotSupportedError, TextRefused
 from ..image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
-from ..input_rules import FrameGate, StreamClock, stamp_seconds, text_message
+from ..input_rules import FrameGate, StreamClock, camera_topics, stamp_seconds, text_message
 from .health import NodeCounters
 from .poses import PoseInput
 
@@ -51,7 +53,14 @@ class Inputs:
         self.node, self.counters, self.publish_stats = node, counters, publish_stats
         self._kinds_logged: set[str] = set()
         self.stream_clock = StreamClock()  # the model sees times since the first input
-        self.frame_gate = FrameGate(node.param("frame_rate"))
+        try:  # read-only parameters: a camera list that cannot be taken ends the constructor, as a bad value does
+            self.cameras = camera_topics(node.param("image_topics"), node.param("camera_names"))
+        except ValueError as exc:
+            raise InvalidParameterValueException("image_topics", node.param("image_topics"), str(exc)) from None
+        # Each camera's frames pass frame_rate on their own: a robot's cameras see different things at once.
+        self.frame_gates = {name: FrameGate(node.param("frame_rate")) for name, _ in self.cameras}
+        self._last_frame: dict[str, float] = {}  # when each camera's last frame came (time.monotonic)
+        self._subscribed_at = 0.0
         self._frame_id = ""
         self._inputs_done = 0  # bumped per ingested input and reset, so descriptions skip an unchanged memory
         self._described_at = -1
@@ -92,12 +101,21 @@ class Inputs:
         # model, short of the GIL, took almost nothing meanwhile. Alone in its group, an input is waited on only
         # when its last callback has ended, so its messages still go in one at a time and in order.
         node = self.node
-        self.subscriptions = [
-            node.create_subscription(Image, "image", lambda m: self._offer_frame(m, image_msg_to_rgb, "image"),
-                                     IMAGE_QOS, callback_group=MutuallyExclusiveCallbackGroup()),
-            node.create_subscription(CompressedImage, "image/compressed",
-                                     lambda m: self._offer_frame(m, self._decode_compressed, "compressed"), IMAGE_QOS,
-                                     callback_group=MutuallyExclusiveCallbackGroup()),
+        self.subscriptions = []
+        for camera, topic in self.cameras:
+            said = f"{camera} " if camera else ""
+            self.subscriptions += [
+                node.create_subscription(
+                    Image, topic, lambda m, c=camera, s=f"{said}image": self._offer_frame(m, image_msg_to_rgb, s, c),
+                    IMAGE_QOS, callback_group=MutuallyExclusiveCallbackGroup()),
+                node.create_subscription(
+                    CompressedImage, f"{topic}/compressed",
+                    lambda m, c=camera, s=f"{said}compressed": self._offer_frame(m, self._decode_compressed, s, c),
+                    IMAGE_QOS, callback_group=MutuallyExclusiveCallbackGroup()),
+            ]
+        self._subscribed_at = time.monotonic()
+        self._last_frame.clear()
+        self.subscriptions += [
             node.create_subscription(String, "text", self._on_text, TEXT_QOS,
                                      callback_group=MutuallyExclusiveCallbackGroup()),
             # What the robot must not forget (a task, a code, a rule): kept ahead of what attention chooses.
@@ -112,32 +130,59 @@ class Inputs:
         self.subscriptions = []
         self.poses.stop()
 
+    @property
+    def camera_names(self) -> list[str]:
+        """The cameras' names (none for a robot's one camera)."""
+        return [name for name, _ in self.cameras if name]
+
+    def set_frame_rate(self, rate: float) -> None:
+        with self.counters.lock:  # the gates judge frames under it, on the image topics' threads
+            for gate in self.frame_gates.values():
+                gate.rate = rate
+
+    def silent_cameras(self, timeout: float) -> list[tuple[str, float]]:
+        """The cameras without a frame for over `timeout` s while subscribed, with the seconds since their last (or
+        since subscribing): one that has sent frames, or any of several (a robot's one camera that never sent a
+        frame may be none: a robot that only talks). Empty with timeout 0 or when not subscribed."""
+        if timeout <= 0 or not self.subscriptions:
+            return []
+        now, silent = time.monotonic(), []
+        for name, topic in self.cameras:
+            last = self._last_frame.get(name)
+            if last is None and len(self.cameras) == 1:
+                continue
+            quiet = now - (last if last is not None else self._subscribed_at)
+            if quiet > timeout:
+                silent.append((name or topic, quiet))
+        return silent
+
     # --- input -------------------------------------------------------------------------------------------
-    def _offer_frame(self, msg, convert, source: str) -> None:
+    def _offer_frame(self, msg, convert, source: str, camera: str) -> None:
         # frame_rate is judged by the frame's time before decoding, so a frame held back costs nothing.
         seconds = stamp_seconds(msg.header.stamp, self.node.get_clock().now().nanoseconds)
+        self._last_frame[camera] = time.monotonic()
         with self.counters.lock:
-            admitted = self.frame_gate.admit(seconds)
+            admitted = self.frame_gates[camera].admit(seconds)
             if not admitted:
                 self.counters.frames_dropped += 1
         if admitted:
-            self._ingest_frame(msg, convert, source)
+            self._ingest_frame(msg, convert, source, camera)
         else:
             self.publish_stats()  # as for a frame the model had no time for: a lockstep replay waits on it
 
     def _decode_compressed(self, msg):
         return compressed_msg_to_rgb(msg, max_pixels=self.node.param("max_decoded_pixels"))
 
-    def _ingest_frame(self, msg, convert, source: str) -> None:
+    def _ingest_frame(self, msg, convert, source: str, camera: str) -> None:
         try:
             rgb = convert(msg)
         except ImageConversionError as exc:
-            self.reject(f"{source}_{exc.kind}", f"{source} message refused: {exc}")
+            self.reject(f"{source.replace(' ', '_')}_{exc.kind}", f"{source} message refused: {exc}")
             return
         self._frame_id = msg.header.frame_id
         pose = self.poses.at(stamp_seconds(msg.header.stamp, self.node.get_clock().now().nanoseconds))
         try:
-            future = self.node.engine.submit_frame(rgb, self._stream_time(msg.header.stamp), pose=pose)
+            future = self.node.engine.submit_frame(rgb, self._stream_time(msg.header.stamp), pose=pose, camera=camera)
         except EngineNotReadyError as exc:
             self.reject("engine_closed", f"frame refused: {exc}")
             return

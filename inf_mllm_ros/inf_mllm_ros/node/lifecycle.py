@@ -116,8 +116,7 @@ class InfMLLMNode(LifecycleNode):
                     return SetParametersResult(successful=False, reason=str(exc))
         for p in params:
             if p.name == "frame_rate":
-                with self.counters.lock:  # the gate judges frames under it, on the image topics' threads
-                    self.inputs.frame_gate.rate = p.value
+                self.inputs.set_frame_rate(p.value)
             elif p.name == "description_period" and self.active:
                 self._set_timer("description", p.value)
             elif p.name == "stats_period" and self.health.stats_open:

@@ -111,7 +111,8 @@ def pose_msg(pose: Pose) -> PoseMsg:
 
 def evidence_msgs(evidence: list[Evidence], ros_time, frame_id: str) -> list[EvidenceMsg]:
     """Evidence as messages; `ros_time` turns a stream time into a builtin_interfaces/Time."""
-    return [EvidenceMsg(stamp=ros_time(e.stamp), has_stamp=e.stamp is not None, kind=e.kind, source=e.source,
+    return [EvidenceMsg(stamp=ros_time(e.stamp), has_stamp=e.stamp is not None, kind=e.kind, camera=e.camera,
+                        source=e.source,
                         has_pose=e.pose is not None, pose=pose_msg(e.pose) if e.pose is not None else PoseMsg(),
                         frame_id=frame_id if e.pose is not None else "", text=e.text, weight=e.weight)
             for e in evidence]

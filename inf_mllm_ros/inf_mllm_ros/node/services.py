@@ -240,13 +240,17 @@ class Services:
                         for t in (request.since, request.until))
         if not problem and since is not None and until is not None and until < since:
             problem = "the time window ends before it begins (until < since)"
+        if not problem and request.camera and request.camera not in self.inputs.camera_names:
+            problem = (f"no camera {request.camera!r}: this node's cameras are "
+                       f"{', '.join(self.inputs.camera_names) or 'one, unnamed'}")
         if problem:
             response.success, response.message = False, problem
             return response
         timeout = self.node.param("query_timeout")
         try:
             future = engine.submit_recall(text, limit=request.max_results or DEFAULT_RECALL_RESULTS, since=since,
-                                          until=until, near=place if request.radius > 0 else None)
+                                          until=until, near=place if request.radius > 0 else None,
+                                          camera=request.camera)
             moments = future.result(timeout=timeout)
         except FutureTimeoutError:
             engine.abandon(future)

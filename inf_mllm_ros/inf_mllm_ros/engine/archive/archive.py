@@ -58,10 +58,40 @@ class ArchivedBlock:
     stamp: float | None  # the input's stream time, where it had one
     message: int = -1  # shared by the pieces of one long message (retrieved with it), else the block's own
     pose: Pose | None = None  # where the robot was at the input's stamp, where known
+    camera: str = ""  # the camera a frame came from, where the robot has several
 
     @property
     def seq_end(self) -> int:
         return self.first_seq + self.length
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One message of a prompt, as the archive's blocks keep it: its token count, stream time (None: unstamped),
+    where the robot was then and, for a frame of a named camera, which."""
+
+    length: int
+    stamp: float | None = None
+    pose: Pose | None = None
+    camera: str = ""
+
+
+# A camera's name as the archive saves it: UTF-8, zero-padded to this many bytes (the node's names are ROS name
+# tokens, and the engine's rule bounds their length: engine/text_rules.py, `checked_camera`).
+CAMERA_NAME_BYTES = 32
+
+
+def camera_codes(names: list[str]) -> Tensor:
+    """[len(names), CAMERA_NAME_BYTES] uint8: the names as saved."""
+    out = torch.zeros((len(names), CAMERA_NAME_BYTES), dtype=torch.uint8)
+    for i, name in enumerate(names):
+        raw = name.encode()[:CAMERA_NAME_BYTES]
+        out[i, : len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    return out
+
+
+def camera_names(codes: Tensor) -> list[str]:
+    return [bytes(row).rstrip(b"\0").decode(errors="replace") for row in codes.tolist()]
 
 
 @dataclass
@@ -164,10 +194,10 @@ class KVArchive:
     def discard_pending(self) -> None:
         self._pending = None
 
-    def end_prompt(self, *, frame: bool, turns: list[tuple], token_ids: Tensor | None = None) -> None:
-        """Cut what the prompt put through the model into blocks and archive them. `turns`: (token count,
-        stream time[, pose]) of each message in it, so that blocks follow messages; tokens recorded before them
-        (a kept answer's, generated one by one) are a turn of their own. `token_ids`: the prompt's (text)."""
+    def end_prompt(self, *, frame: bool, turns: list[Turn], token_ids: Tensor | None = None) -> None:
+        """Cut what the prompt put through the model into blocks and archive them. `turns`: each message in it,
+        so that blocks follow messages; tokens recorded before them (a kept answer's, generated one by one) are a
+        turn of their own. `token_ids`: the prompt's (text)."""
         pending, self._pending = self._pending, None
         self._host_copies_done()
         if pending is None or not self.enabled:
@@ -175,15 +205,13 @@ class KVArchive:
         keys, values = torch.cat(pending.keys, dim=2), torch.cat(pending.values, dim=2)
         start, end = torch.cat(pending.start), torch.cat(pending.end)
         total = keys.shape[2]
-        lengths = [turn[0] for turn in turns]
-        stamps = [turn[1] for turn in turns]
-        poses = [turn[2] if len(turn) > 2 else None for turn in turns]
+        lengths = [turn.length for turn in turns]
         ids = torch.full((total,), -1, dtype=torch.int32)
         if token_ids is not None:
             known = token_ids.reshape(-1)[-total:] if sum(lengths) < total else token_ids.reshape(-1)[:total]
             ids[total - len(known) :] = known.to("cpu", torch.int32)
         if sum(lengths) < total:
-            lengths, stamps, poses = [total - sum(lengths)] + lengths, [None] + stamps, [None] + poses
+            turns, lengths = [Turn(total - sum(lengths))] + list(turns), [total - sum(lengths)] + lengths
         elif sum(lengths) > total:  # the prompt went in only part-way (a stop): it ends where it stopped
             lengths = clip_turns(lengths, total)
         pieces = [(total, -1)] if frame else cut_turns(lengths, self.block_tokens)
@@ -195,12 +223,12 @@ class KVArchive:
             if piece_of < 0:  # whole messages (or a frame): a message of its own
                 piece_of, own = own, own + 1
             self._add(keys[:, :, sl], values[:, :, sl], start[sl], end[sl], pending.first_seq + offset, frame,
-                      stamps[turn], self._next_message + piece_of, poses[turn], ids[sl])
+                      turns[turn], self._next_message + piece_of, ids[sl])
             offset += length
         self._next_message += own
 
     def _add(self, keys: Tensor, values: Tensor, start: Tensor, end: Tensor, first_seq: int, frame: bool,
-             stamp: float | None, message: int, pose: Pose | None, token_ids: Tensor) -> None:
+             turn: Turn, message: int, token_ids: Tensor) -> None:
         n = keys.shape[2]
         if n > self.size:
             return  # a block larger than the whole archive is not kept
@@ -222,7 +250,8 @@ class KVArchive:
         self.values[:, :, slot : slot + n] = values
         self.pos_start[slot : slot + n] = rel_start.to(torch.int32)
         self.pos_end[slot : slot + n] = rel_end.to(torch.int32)
-        block = ArchivedBlock(self._next_index, slot, n, first_seq, int(rel_end.max()), frame, stamp, message, pose)
+        block = ArchivedBlock(self._next_index, slot, n, first_seq, int(rel_end.max()), frame, turn.stamp, message,
+                              turn.pose, turn.camera)
         self.block_of[slot : slot + n] = block.index
         self.token_ids[slot : slot + n] = token_ids
         self._next_index += 1
@@ -354,6 +383,7 @@ class KVArchive:
             "archive.poses": torch.tensor([[math.nan] * POSE_FIELDS if b.pose is None else b.pose.as_tuple()
                                            for b in blocks], dtype=torch.float64),
             "archive.token_ids": self.token_ids[slots],
+            "archive.cameras": camera_codes([b.camera for b in blocks]),
         }
 
     def import_state(self, state: dict[str, Tensor], *, dtype: torch.dtype, memory_id: str | None = None) -> None:
@@ -382,13 +412,15 @@ class KVArchive:
             room -= int(lengths[first])
         poses = state.get("archive.poses", torch.full((len(blocks), POSE_FIELDS), math.nan)).tolist()
         token_ids = state.get("archive.token_ids")
-        for row, start, stamp, pose in zip(blocks[first:].tolist(), starts[first:], stamps[first:].tolist(),
-                                           poses[first:]):
+        # A memory saved before frames named their camera: none is named.
+        cameras = camera_names(state["archive.cameras"]) if "archive.cameras" in state else [""] * len(blocks)
+        for row, start, stamp, pose, camera in zip(blocks[first:].tolist(), starts[first:], stamps[first:].tolist(),
+                                                   poses[first:], cameras[first:]):
             index, length, first_seq, extent, frame, message = row
             sl = slice(start, start + length)
             stamp = None if math.isnan(stamp) else stamp
             pose = None if math.isnan(pose[0]) else Pose(*pose)
-            block = ArchivedBlock(index, 0, length, first_seq, extent, bool(frame), stamp, message, pose)
+            block = ArchivedBlock(index, 0, length, first_seq, extent, bool(frame), stamp, message, pose, camera)
             self._next_message = max(self._next_message, message + 1)
             self._place(block, keys[:, :, sl], values[:, :, sl], state["archive.pos_start"][sl],
                         state["archive.pos_end"][sl], None if token_ids is None else token_ids[sl])

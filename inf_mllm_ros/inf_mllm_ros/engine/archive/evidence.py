@@ -28,7 +28,7 @@ def ranked(blocks: list, scores: Tensor, held: list[bool], quote: Callable[[obje
         messages.add(block.message)
         out.append(Evidence(block.stamp, "frame" if block.frame else "text", "cache" if held[i] else "archive",
                             block.pose, "" if block.frame else quote(block)[:QUOTE_CHARS], float(scores[i]),
-                            block.first_seq))
+                            block.first_seq, block.camera))
         if len(out) == limit:
             break
     return out

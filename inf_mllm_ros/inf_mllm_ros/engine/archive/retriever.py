@@ -349,14 +349,15 @@ class Retriever:
         return chosen
 
     def recall(self, ids: Tensor, content: slice, limit: int, since: float | None = None, until: float | None = None,
-               near: tuple[float, float, float] | None = None) -> list[Evidence]:
+               near: tuple[float, float, float] | None = None, camera: str = "") -> list[Evidence]:
         """The moments a text (`ids`, its words at `content`) points to most, best first: the archive's blocks (held
-        by the cache or not) stamped between `since` and `until` (stream time) and, with `near` (x, y, radius),
-        whose pose lies within the radius."""
+        by the cache or not) stamped between `since` and `until` (stream time), with `near` (x, y, radius) whose
+        pose lies within the radius, and with `camera` that camera's frames only."""
         blocks = [b for b in self.archive.blocks
                   if (since is None or (b.stamp is not None and b.stamp >= since))
                   and (until is None or (b.stamp is not None and b.stamp <= until))
-                  and (near is None or (b.pose is not None and b.pose.distance_to(near[0], near[1]) <= near[2]))]
+                  and (near is None or (b.pose is not None and b.pose.distance_to(near[0], near[1]) <= near[2]))
+                  and (not camera or (b.frame and b.camera == camera))]
         if not blocks or not self.archive.enabled:
             return []
         question = self.probe.content_queries(ids, content)

@@ -167,11 +167,14 @@ def zone_info(name: str) -> ZoneInfo:
 STREAM_CLOCK = MarkerClock()
 
 
-def stamped(text: str, stamp: float | None, clock: MarkerClock = STREAM_CLOCK) -> str:
+def stamped(text: str, stamp: float | None, clock: MarkerClock = STREAM_CLOCK, camera: str = "") -> str:
     """Text as the model sees it: followed by the time it came at, when it has one (see check_stamp). After the
     text, not before: a small model asked when something happened reads the time that follows its mention
-    (docs/method.md, "Time markers")."""
-    return text if stamp is None else f"{text} [{clock(float(stamp))}]"
+    (docs/method.md, "Time markers"). A frame of a named camera says which in its marker: "[rear 08:00:31]"."""
+    said = [camera] if camera else []
+    if stamp is not None:
+        said.append(clock(float(stamp)))
+    return f"{text} [{' '.join(said)}]" if said else text
 
 
 def _split(text: str) -> tuple[str, str]:

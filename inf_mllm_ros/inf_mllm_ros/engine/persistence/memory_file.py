@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from ..archive.archive import CAMERA_NAME_BYTES
 from .archive_log import ArchiveLog, fsync_dir, folder_for
 
 FORMAT = "inf_mllm_ros.memory"
@@ -253,6 +254,10 @@ def held_blocks(records: list[dict[str, torch.Tensor]], held: set[int]) -> dict[
                       "archive.token_ids": record["archive.token_ids"][tokens],
                       "archive.blocks": rows[i : i + 1], "archive.stamps": record["archive.stamps"][i : i + 1],
                       "archive.poses": record["archive.poses"][i : i + 1]}
+            if "archive.cameras" in record:  # a record written before frames named their camera names none
+                pieces["archive.cameras"] = record["archive.cameras"][i : i + 1]
+            else:
+                pieces["archive.cameras"] = torch.zeros((1, CAMERA_NAME_BYTES), dtype=torch.uint8)
             for name, piece in pieces.items():
                 parts.setdefault(name, []).append(piece)
     return {name: torch.cat(pieces, dim=2 if name in ("archive.keys", "archive.values") else 0)

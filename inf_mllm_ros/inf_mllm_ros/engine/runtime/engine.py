@@ -143,11 +143,13 @@ class StreamingEngine:
                 return _failed(EngineBusyError(f"text queue full ({full}); message refused"))
             return self._enqueue(Job("text", text=(text, stamp, pin, pose)))
 
-    def submit_frame(self, rgb: np.ndarray, stamp: float | None = None, *, pose: Pose | None = None) -> Future:
-        job = Job("frame", run=lambda s: s.push_frame(rgb, stamp, pose=pose))
+    def submit_frame(self, rgb: np.ndarray, stamp: float | None = None, *, pose: Pose | None = None,
+                     camera: str = "") -> Future:
+        """Queue a frame of `camera` (`KVStream.push_frame`); it replaces that camera's frame still waiting."""
+        job = Job("frame", run=lambda s: s.push_frame(rgb, stamp, pose=pose, camera=camera))
         with self._board.lock:
             self._check_open()
-            replaced = self._board.work.offer_frame(job)
+            replaced = self._board.work.offer_frame(job, camera)
             if replaced is not None:
                 self.counters.frames_dropped += 1
                 _fail(replaced.future, FrameDroppedError("a newer frame replaced this one"))
@@ -171,13 +173,14 @@ class StreamingEngine:
         return self._submit_query(lambda s: s.describe(prompt, max_new_tokens=max_new_tokens))
 
     def submit_recall(self, text: str, *, limit: int = 5, since: float | None = None, until: float | None = None,
-                      near: tuple[float, float, float] | None = None) -> Future:
+                      near: tuple[float, float, float] | None = None, camera: str = "") -> Future:
         """Queue a recall (`KVStream.recall`): the moments `text` points to most, as evidence, without an answer."""
         try:
             text = checked_text(text, "recall text", self._board.settings.max_text_chars)
         except TextRefused as exc:
             return _failed(exc)
-        return self._submit_query(lambda s: s.recall(text, limit=limit, since=since, until=until, near=near))
+        return self._submit_query(lambda s: s.recall(text, limit=limit, since=since, until=until, near=near,
+                                                     camera=camera))
 
     def submit_reset(self) -> Future:
         with self._board.lock:
@@ -302,7 +305,7 @@ class StreamingEngine:
     def pending(self) -> dict:
         with self._board.lock:
             work = self._board.work
-            return {"texts": work.texts, "queries": work.queries, "frame": work.frame is not None}
+            return {"texts": work.texts, "queries": work.queries, "frame": work.frame_waiting}
 
     @property
     def time_origin(self) -> float | None:

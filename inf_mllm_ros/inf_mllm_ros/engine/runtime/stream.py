@@ -30,7 +30,7 @@ from ..answering import (
     StreamStoppedError,
     TokenCallback,
 )
-from ..archive.archive import KVArchive
+from ..archive.archive import KVArchive, Turn
 from ..ops.attention import CACHE_ARGUMENT
 from ..memory.cache import BoundedKVCache
 from ..memory.forward_plan import ForwardPlan, PromptPositions
@@ -44,6 +44,7 @@ from ..poses import Pose
 from ..archive.retrieval_heads import retrieval_heads
 from ..archive.retriever import Retrieval, Retriever
 from ..text_rules import CheckedText, checked_text
+from ..value_rules import camera_problem
 
 
 
@@ -288,17 +289,23 @@ class KVStream:
             clock = clock.after(stamp)
         pinned = torch.cat([torch.full((len(t),), pin) for t, (_, _, pin, _) in zip(turns, items)])
         self._push(self.adapter.text_prompt(torch.cat(turns)), pinned=pinned if bool(pinned.any()) else False,
-                   stoppable=True, turns=[(len(t), stamp, pose) for t, (_, stamp, _, pose) in zip(turns, items)])
+                   stoppable=True, turns=[Turn(len(t), stamp, pose) for t, (_, stamp, _, pose) in zip(turns, items)])
         self.texts_ingested += len(items)
         self.newest_stamp = clock.previous
         return [int(t.numel()) for t in turns]
 
-    def push_frame(self, rgb: np.ndarray, stamp: float | None = None, *, pose: Pose | None = None) -> int:
+    def push_frame(self, rgb: np.ndarray, stamp: float | None = None, *, pose: Pose | None = None,
+                   camera: str = "") -> int:
         """Push one camera frame (H x W x 3 uint8 RGB) as a user turn; returns its token count. `pose`: where the
-        robot was at `stamp`."""
-        prompt = self.adapter.frame_prompt(rgb, stamp, max_pixels=self.config.max_frame_pixels, clock=self.marker_clock)
+        robot was at `stamp`; `camera`: which of the robot's cameras took it, said in its marker and its evidence
+        ("": a robot's one camera, unnamed). ValueError for a name `value_rules.camera_problem` refuses."""
+        problem = camera_problem(camera)
+        if problem:
+            raise ValueError(problem)
+        prompt = self.adapter.frame_prompt(rgb, stamp, max_pixels=self.config.max_frame_pixels,
+                                           clock=self.marker_clock, camera=camera)
         self._ensure_started()
-        n = self._push(prompt, turns=[(len(prompt), stamp, pose)])
+        n = self._push(prompt, turns=[Turn(len(prompt), stamp, pose, camera)])
         self.frames_ingested += 1
         if stamp is not None:
             self.newest_frame_stamp = self.newest_stamp = stamp
@@ -332,14 +339,14 @@ class KVStream:
         self._started = True
 
     def _push(self, prompt: Prompt, *, return_logits: bool = False, last_logits: bool = False,
-              pinned: bool | Tensor = False, stoppable: bool = False, turns: list[tuple] | None = None):
+              pinned: bool | Tensor = False, stoppable: bool = False, turns: list[Turn] | None = None):
         """Push a prompt in blocks of at most chunk_size tokens, evicting after each block. Returns its
         token count, or every token's logits (`return_logits`), or the last token's (`last_logits`).
 
         Text is contiguous in 1-D, so each block is a prompt of its own (positions re-based, packed after
         each). A frame keeps one base position for all its blocks so its 2-D layout stays intact, and its
         positions are packed once it is complete. `pinned`: for the whole prompt, or a mask of its tokens.
-        `turns`: (token count, stream time[, pose]) of each message in the prompt, for the archive's blocks.
+        `turns`: each message in the prompt, for the archive's blocks.
 
         What went through the model is archived once the prompt ends, also when it ends early.
         """
@@ -349,7 +356,7 @@ class KVStream:
         try:
             result = self._push_blocks(prompt, return_logits, last_logits, pinned, stoppable)
         finally:
-            self.archive.end_prompt(frame=prompt.token_ids is None, turns=turns or [(total, None)],
+            self.archive.end_prompt(frame=prompt.token_ids is None, turns=turns or [Turn(total)],
                                     token_ids=prompt.token_ids)
         if any(step is not None and not step.ready for step in (self.static_decoder, self.static_ingester)):
             self._warm_up_steps()
@@ -469,11 +476,11 @@ class KVStream:
                               False, AnswerTurn(None, None, self._stopped, self._answer_text))
 
     def recall(self, text: str, *, limit: int = 5, since: float | None = None, until: float | None = None,
-               near: tuple[float, float, float] | None = None) -> list[Evidence]:
+               near: tuple[float, float, float] | None = None, camera: str = "") -> list[Evidence]:
         """The moments that `text` points to most, best first, without an answer: the archive's blocks (held by
         the cache or not) scored as a question scores them, those stamped between `since` and `until` (stream
-        time) and, with `near` (x, y, radius), those whose pose lies within the radius. ValueError for an
-        unusable argument."""
+        time), with `near` (x, y, radius) those whose pose lies within the radius, and with `camera` only that
+        camera's frames. ValueError for an unusable argument."""
         text = self.check_text(text, "recall text")
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
@@ -481,12 +488,14 @@ class KVStream:
             raise ValueError(f"the time window ends ({until}) before it begins ({since})")
         if near is not None and not near[2] > 0:
             raise ValueError(f"the radius must be > 0 m, got {near[2]}")
+        if camera_problem(camera):
+            raise ValueError(camera_problem(camera))
         if not self.archive.enabled or not self.archive.blocks:
             return []
         ids, content = self.question_ids(self.adapter.chat.question_parts(text))
         if self.cache.slots - self.cache.fill - ids.numel() < 1:
             raise ValueError(f"recall text of {ids.numel()} tokens does not fit in the cache headroom")
-        return self.retriever.recall(ids, content, limit, since, until, near)
+        return self.retriever.recall(ids, content, limit, since, until, near, camera)
 
     def retrieval_heads(self) -> Tensor | None:
         """The model's retrieval heads (engine/archive/retrieval_heads.py), found on a stream of this kind at first

@@ -3,12 +3,14 @@
 Each time the worker is free it takes, in this order:
 
 1. control (a reset or a save), at once;
-2. the waiting camera frame, unless the previous job was a frame or a question waits;
+2. a waiting camera frame (the camera that has waited longest first), unless the previous job was a frame and texts
+   wait, or a question waits;
 3. otherwise the oldest message: a question alone, or the texts waiting in a row before the next question,
    pushed together in one model call: while a question waits, those ahead of it up to `max_text_delay` of the
    model's time at its measured pace (all of them with no bound), and then the question goes ahead of the rest;
    else, while a camera is live, what the model takes at its measured pace in `FRAME_PERIOD_SHARE` of the time
-   until the next frame is due (`frame_period` after the last one came); else up to about a cache's worth of
+   until the next frame is due (`frame_period` after the last one of a camera came, the soonest of the cameras
+   live); else up to about a cache's worth of
    characters. A call is one block until the pace is measured (bounded in tokens from the first call), and never
    less than one block's worth of tokens (a call has a cost of its own beside its length: fewer would only slow
    the model down);
@@ -19,8 +21,8 @@ one other job at most, and `frame_period` only bounds how long that job may be. 
 (`max_texts` in `text_room`): a question waits for the job in progress and one batch of the texts ahead of it, and
 sees every text taken before it unless the model is more than `max_text_delay` behind them; those it overtook go
 in right after its answer, with their own stamps, so a slow model delays texts but loses none below the bound.
-Frames are kept one deep: a frame that arrives while another waits replaces it, so a camera faster than the model
-never builds a backlog.
+Frames are kept one deep per camera: a frame that arrives while another of its camera waits replaces it, so a
+camera faster than the model never builds a backlog, and one camera never takes another's place.
 """
 
 from __future__ import annotations
@@ -59,24 +61,28 @@ class Job:
 
 
 class WorkQueue:
-    """Control jobs, messages (texts and questions in arrival order) and the newest frame, with the counts
-    the bounds are checked against. Not thread-safe: the engine holds its lock around every call."""
+    """Control jobs, messages (texts and questions in arrival order) and each camera's newest frame, with the
+    counts the bounds are checked against. Not thread-safe: the engine holds its lock around every call."""
 
     def __init__(self) -> None:
         self.control: deque[Job] = deque()  # resets and saves, first of all
         self.messages: deque[Job] = deque()  # texts and queries in arrival order
-        self.frame: Job | None = None  # the newest frame only
+        self.frames: dict[str, Job] = {}  # each camera's newest frame, the one that has waited longest first
         self.texts = 0  # texts waiting
         self.text_chars = 0  # their characters
         self.queries = 0  # questions waiting
-        self.last_frame_offered = float("-inf")
+        self.frame_offered: dict[str, float] = {}  # when each camera's last frame came (time.monotonic)
         self.seconds_per_block: float | None = None  # the model's time per block of text, measured
         # Of the texts taken, measured; None before the first call (ASSUMED_CHARS_PER_TOKEN).
         self.chars_per_token: float | None = None
         self.last_kind: str | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.control or self.messages or self.frame)
+        return bool(self.control or self.messages or self.frames)
+
+    @property
+    def frame_waiting(self) -> bool:
+        return bool(self.frames)
 
     def add(self, job: Job) -> Future:
         """Queue a text, question or control job (the caller checked the bounds)."""
@@ -89,10 +95,12 @@ class WorkQueue:
             self.queries += job.kind == "query"
         return job.future
 
-    def offer_frame(self, job: Job) -> Job | None:
-        """Make `job` the waiting frame; returns the frame it replaced, if any."""
-        self.last_frame_offered = time.monotonic()
-        replaced, self.frame = self.frame, job
+    def offer_frame(self, job: Job, camera: str = "") -> Job | None:
+        """Make `job` the waiting frame of `camera`; returns the frame of that camera it replaced, if any (it keeps
+        its camera's place in the order)."""
+        self.frame_offered[camera] = time.monotonic()
+        replaced = self.frames.get(camera)
+        self.frames[camera] = job
         return replaced
 
     def withdraw(self, future: Future) -> bool:
@@ -106,11 +114,11 @@ class WorkQueue:
 
     def drain(self) -> list[Job]:
         """Everything waiting, taken out (the engine is closing)."""
-        waiting = list(self.control) + list(self.messages) + ([self.frame] if self.frame else [])
+        waiting = list(self.control) + list(self.messages) + list(self.frames.values())
         self.control.clear()
         self.messages.clear()
         self.texts = self.text_chars = self.queries = 0
-        self.frame = None
+        self.frames.clear()
         return waiting
 
     def took_texts(self, chars: int, tokens: int, seconds: float, block: int) -> None:
@@ -130,7 +138,8 @@ class WorkQueue:
         if self.queries and max_delay <= 0:
             return float("inf")
         now = time.monotonic()
-        camera_live = frame_period > 0 and now - self.last_frame_offered <= 2 * frame_period
+        live = [offered for offered in self.frame_offered.values() if now - offered <= 2 * frame_period]
+        camera_live = frame_period > 0 and bool(live)
         if self.seconds_per_block is None:  # the pace not measured yet: bounded in tokens from the first call
             return per_block if self.queries or camera_live else max(4 * capacity, per_block)
         if self.queries:
@@ -139,7 +148,7 @@ class WorkQueue:
         if camera_live:
             # Until the next frame is due (one comes each period), by the clock: a call that ran long leaves the
             # next one less, so the frames keep their period rather than drift behind it.
-            seconds = FRAME_PERIOD_SHARE * (self.last_frame_offered + frame_period - now)
+            seconds = FRAME_PERIOD_SHARE * (min(live) + frame_period - now)
             limit = min(limit, int(seconds / self.seconds_per_block) * per_block)
         return max(limit, per_block)
 
@@ -152,8 +161,8 @@ class WorkQueue:
         if self.control:
             return [self.control.popleft()]
         # A waiting question goes before the frame, and the texts ahead of it go in as one batch first.
-        if self.frame is not None and (not self.messages or (self.last_kind != "frame" and not self.queries)):
-            job, self.frame = self.frame, None
+        if self.frames and (not self.messages or (self.last_kind != "frame" and not self.queries)):
+            job = self.frames.pop(next(iter(self.frames)))
             self.last_kind = "frame"
             return [job]
         if self.messages[0].kind == "query":

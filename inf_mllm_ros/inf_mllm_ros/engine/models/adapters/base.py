@@ -185,7 +185,8 @@ class ModelAdapter(ABC):
         return positions
 
     def frame_prompt(self, rgb: np.ndarray, stamp: float | None, *, max_pixels: int | None = None,
-                     clock: MarkerClock = STREAM_CLOCK) -> Prompt:
+                     clock: MarkerClock = STREAM_CLOCK, camera: str = "") -> Prompt:
+        """A frame as a user turn, its marker naming `camera` where it has a name ("" for a single camera)."""
         raise FramesNotSupportedError(
             f"{self.family} model {self.folder or type(self.model).__name__} is text only: it cannot take camera frames"
         )
@@ -343,26 +344,26 @@ class VisionLanguageAdapter(ModelAdapter):
         return int(self.model.config.image_token_id)
 
     # --- frames --------------------------------------------------------------------------------------
-    def frame_text(self, stamp: float | None, clock: MarkerClock = STREAM_CLOCK) -> str:
-        return self.chat.user(stamped(self.image_placeholder, stamp, clock))
+    def frame_text(self, stamp: float | None, clock: MarkerClock = STREAM_CLOCK, camera: str = "") -> str:
+        return self.chat.user(stamped(self.image_placeholder, stamp, clock, camera))
 
     def processor_kwargs(self, height: int, width: int, max_pixels: int | None) -> dict:
         """Extra processor arguments that keep the frame within max_pixels (the image is already scaled)."""
         return {}
 
     def frame_inputs(self, rgb: np.ndarray, stamp: float | None, *, max_pixels: int | None = None,
-                     clock: MarkerClock = STREAM_CLOCK):
+                     clock: MarkerClock = STREAM_CLOCK, camera: str = ""):
         """The processor's output for one frame turn: input_ids with the image tokens, pixel values..."""
         rgb = fit_pixels(validate_frame(rgb, stamp), max_pixels)
         kwargs = self.processor_kwargs(rgb.shape[0], rgb.shape[1], max_pixels)
         # Say H x W x C: a frame 1 or 3 pixels high would otherwise pass for channels-first.
         kwargs.setdefault("images_kwargs", {})["input_data_format"] = "channels_last"
-        return self.processor(text=[self.frame_text(stamp, clock)], images=[rgb], return_tensors="pt",
+        return self.processor(text=[self.frame_text(stamp, clock, camera)], images=[rgb], return_tensors="pt",
                               add_special_tokens=False, **kwargs)
 
     def frame_prompt(self, rgb: np.ndarray, stamp: float | None, *, max_pixels: int | None = None,
-                     clock: MarkerClock = STREAM_CLOCK) -> Prompt:
-        inputs = self.frame_inputs(rgb, stamp, max_pixels=max_pixels, clock=clock)
+                     clock: MarkerClock = STREAM_CLOCK, camera: str = "") -> Prompt:
+        inputs = self.frame_inputs(rgb, stamp, max_pixels=max_pixels, clock=clock, camera=camera)
         ids = inputs["input_ids"][0].to(self.device)
         with torch.inference_mode():
             embeds = self.model.get_input_embeddings()(ids)
