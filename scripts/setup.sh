@@ -77,6 +77,15 @@ log "colcon build (inf_mllm_interfaces, inf_mllm_ros, inf_mllm_bringup)"
 # A plain (non-symlink) install never removes files: a module deleted or renamed in the source
 # would stay importable from install/. The Python package reinstalls in seconds, so start it clean.
 rm -rf build/inf_mllm_ros install/inf_mllm_ros build/inf_mllm_bringup install/inf_mllm_bringup
+# The ROS 2 wheels have no tf2_msgs: where it is missing, its TFMessage (what /tf carries) is built from
+# stand_ins/, copied out of the folder whose COLCON_IGNORE keeps a robot's own workspace build from taking it.
+stand_ins=()
+if [[ -d install/tf2_msgs ]] || ! "$VENV/bin/python" -c 'import tf2_msgs' 2>/dev/null; then
+    rm -rf build/stand_ins
+    mkdir -p build/stand_ins
+    cp -r stand_ins/tf2_msgs build/stand_ins/
+    stand_ins=(build/stand_ins)
+fi
 (
     # Build against the virtualenv only, whatever ROS setup the calling shell had.
     unset COLCON_PREFIX_PATH AMENT_CURRENT_PREFIX ROS_DISTRO ROS_VERSION
@@ -84,7 +93,7 @@ rm -rf build/inf_mllm_ros install/inf_mllm_ros build/inf_mllm_bringup install/in
     export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV"
     export PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV"
     "$VENV/bin/colcon" build \
-        --base-paths inf_mllm_interfaces inf_mllm_ros inf_mllm_bringup \
+        --base-paths inf_mllm_interfaces inf_mllm_ros inf_mllm_bringup "${stand_ins[@]}" \
         --build-base build --install-base install \
         --event-handlers status- terminal_title- \
         --cmake-args -DPython3_EXECUTABLE="$VENV/bin/python" -DBUILD_TESTING=OFF

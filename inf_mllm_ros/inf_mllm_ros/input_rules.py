@@ -141,3 +141,10 @@ def topic_camera_name(topic: str) -> str:
         if segment.lower() not in GENERIC_TOPIC_WORDS:
             return segment
     return "_".join(segments)
+
+
+def transform_message(msg: Any) -> tuple[str, str, Pose]:
+    """A geometry_msgs/TransformStamped (from rclpy or from a bag) as (parent frame, child frame, the child's pose
+    in the parent): the node and the offline runner read /tf alike."""
+    t, q = msg.transform.translation, msg.transform.rotation
+    return msg.header.frame_id, msg.child_frame_id, Pose(t.x, t.y, t.z, q.x, q.y, q.z, q.w)

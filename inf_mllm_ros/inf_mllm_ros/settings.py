@@ -146,6 +146,11 @@ PARAMETERS = (
     Param("pose_topic", "", "The robot's pose (nav_msgs/Odometry, geometry_msgs/PoseStamped or "
           "geometry_msgs/PoseWithCovarianceStamped, found from the topic's type): each frame and text is kept with "
           "the pose at its stamp. Empty: no poses."),
+    Param("map_frame", "map", "The frame inputs' poses are looked up in through tf2 (/tf, /tf_static): the robot's "
+          "base_frame there at each input's stamp, the pose topic's pose where tf2 cannot say; empty: tf2 is not "
+          "taken. A memory that keeps its poses in a frame already (pose_frame, or a restored memory's) is asked in "
+          "that one."),
+    Param("base_frame", "base_link", "The robot's frame whose pose in map_frame an input is kept with."),
     Param("pose_frame", "", "The frame every pose must be in (others are refused); empty: the first pose's frame."),
     Param("pose_tolerance", 0.5, "Seconds an input's stamp may be from the nearest pose for it to get one "
           "(interpolated between the two around it); farther: no pose.", low=0.0, high=3600.0),

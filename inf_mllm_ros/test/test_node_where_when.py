@@ -73,7 +73,7 @@ def robot(tmp_path_factory):
                                "pose_topic": "odom", "pose_frame": "map", "pose_tolerance": 0.5})
     probe = RosProbe("where_when_probe", alive=node.check_alive)
     probe.stats = Latest(probe, CacheStats, f"{FQN}/cache_stats", RELIABLE)
-    probe.evidence = Latest(probe, PoseArray, f"{FQN}/evidence", RELIABLE)
+    probe.evidence = Latest(probe, PoseArray, f"{FQN}/evidence_poses", RELIABLE)
     probe.text = probe.node.create_publisher(String, f"{NAMESPACE}/text", RELIABLE)
     probe.image = probe.node.create_publisher(Image, f"{NAMESPACE}/image", RELIABLE)
     probe.query = probe.node.create_client(Query, f"{FQN}/query")

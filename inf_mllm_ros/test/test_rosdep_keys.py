@@ -38,7 +38,7 @@ ROSDEP_KEYS = {
     # ROS packages, by their package names.
     **{name: name for name in (
         "rclpy", "std_msgs", "sensor_msgs", "geometry_msgs", "nav_msgs", "std_srvs", "lifecycle_msgs",
-        "diagnostic_msgs", "builtin_interfaces", "rcl_interfaces", "rosgraph_msgs", "action_msgs",
+        "diagnostic_msgs", "visualization_msgs", "tf2_msgs", "builtin_interfaces", "rcl_interfaces", "rosgraph_msgs", "action_msgs",
         "ament_index_python", "launch", "launch_ros", "launch_pytest",
         # The workspace's own packages: rosdep finds them among the sources (--from-paths src).
         "inf_mllm_interfaces", "inf_mllm_ros")},

@@ -48,7 +48,7 @@ def test_a_pose_between_two_is_interpolated_and_none_is_given_beyond_the_toleran
     (math.inf, Pose(0.0, 0.0, 0.0), "map", "finite"),
     (12.0, Pose(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5), "map", "unit quaternion"),
     (12.0, Pose(0.0, 0.0, 0.0), "odom", "frame"),
-    (9.0, Pose(0.0, 0.0, 0.0), "map", "backwards"),
+    (9.5, Pose(0.0, 0.0, 0.0), "map", "out of order"),
 ])
 def test_a_bad_pose_is_refused_with_its_reason_and_nothing_is_kept(stamp, pose, frame, reason):
     history = PoseHistory("", tolerance=1.0, length=3)
@@ -60,6 +60,17 @@ def test_a_bad_pose_is_refused_with_its_reason_and_nothing_is_kept(stamp, pose, 
     for t in range(11, 16):
         history.add(float(t), Pose(float(t), 0.0, 0.0), "map")
     assert len(history) == 3 and history.at(10.0) is None, "bounded: the oldest go"
+
+
+@pytest.mark.parametrize("back", [1.5, 30.0, 600.0])
+def test_a_jump_back_in_time_starts_the_history_again_and_says_how_far(back):
+    """A looped bag or a simulator reset: the poses after the jump are taken, none from before it is used."""
+    history = PoseHistory("map", tolerance=0.5)
+    for t in range(100, 111):
+        assert history.add(float(t), Pose(float(t), 0.0, 0.0), "map") == 0.0
+    assert history.add(110.0 - back, Pose(-1.0, 0.0, 0.0), "map") == pytest.approx(back)
+    assert len(history) == 1 and history.at(105.0) is None and history.at(110.0 - back) == Pose(-1.0, 0.0, 0.0)
+    assert history.add(110.5 - back, Pose(-2.0, 0.0, 0.0), "map") == 0.0
 
 
 def test_inputs_carry_their_pose_into_the_archive_and_through_a_restart(tmp_path_factory, tmp_path):
@@ -75,10 +86,13 @@ def test_inputs_carry_their_pose_into_the_archive_and_through_a_restart(tmp_path
     poses = {b.stamp: b.pose for b in stream.archive.blocks}
     assert poses[1.0] == Pose(1.0, 2.0, 0.0) and poses[2.0] is None and poses[3.0].x == 5.0
     assert [b.frame for b in stream.archive.blocks if b.stamp == 3.0] == [True]
+    stream.pose_frame = "map"
     save_memory(stream, tmp_path / "m")
     restored = KVStream(adapter, config)
+    assert restored.pose_frame == ""
     load_memory(restored, tmp_path / "m")
     assert [(b.stamp, b.pose) for b in restored.archive.blocks] == [(b.stamp, b.pose) for b in stream.archive.blocks]
+    assert restored.pose_frame == "map", "the frame of the poses is saved with them"
 
 
 FILLER = ["A cart rolled past the shelves with boxes of screws.", "The floor near the window was swept again.",

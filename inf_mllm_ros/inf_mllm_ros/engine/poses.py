@@ -16,6 +16,9 @@ from dataclasses import astuple, dataclass
 
 # A pose as stored beside the archive's blocks: x, y, z, qx, qy, qz, qw (NaN: none).
 POSE_FIELDS = 7
+# A pose this much older than the newest kept is a jump back in time (a looped bag, a simulator reset), not a late
+# message: the history starts again from it.
+JUMP_BACK_S = 1.0
 
 
 class PoseRefusedError(ValueError):
@@ -78,9 +81,16 @@ class PoseHistory:
     def __len__(self) -> int:
         return len(self._stamps)
 
-    def add(self, stamp: float, pose: Pose, frame_id: str) -> None:
-        """Keep a pose; PoseRefusedError (nothing kept) for a value that is not finite, a quaternion that is not
-        a rotation, another frame, or a stamp before the newest kept."""
+    def clear(self) -> None:
+        """Forget the poses (their frame stays: the memory's poses are in it)."""
+        self._stamps.clear()
+        self._poses.clear()
+
+    def add(self, stamp: float, pose: Pose, frame_id: str) -> float:
+        """Keep a pose. Returns 0.0, or the seconds time jumped back (a stamp more than JUMP_BACK_S before the
+        newest kept: the history is cleared and starts again from this pose). PoseRefusedError (nothing kept) for a
+        value that is not finite, a quaternion that is not a rotation, another frame, or a stamp shortly before
+        the newest kept."""
         values = (stamp, *pose.as_tuple())
         if not all(math.isfinite(v) for v in values):
             raise PoseRefusedError(f"pose at {stamp} has a value that is not a finite number: {values}")
@@ -91,11 +101,16 @@ class PoseHistory:
             self.frame_id = frame_id
         if frame_id != self.frame_id:
             raise PoseRefusedError(f"pose in frame {frame_id!r}; this memory keeps poses in {self.frame_id!r}")
+        jumped = 0.0
         if self._stamps and stamp < self._stamps[-1]:
-            raise PoseRefusedError(f"pose at {stamp} is older than the newest kept ({self._stamps[-1]}): time went "
-                                   "backwards")
+            if self._stamps[-1] - stamp <= JUMP_BACK_S:
+                raise PoseRefusedError(f"pose at {stamp} is older than the newest kept ({self._stamps[-1]}): out of "
+                                       "order")
+            jumped = self._stamps[-1] - stamp
+            self.clear()
         self._stamps.append(stamp)
         self._poses.append(pose)
+        return jumped
 
     def at(self, stamp: float | None) -> Pose | None:
         """The pose at `stamp`: interpolated between the two kept poses around it, or the nearest one's where the

@@ -21,6 +21,8 @@ from inf_mllm_interfaces.msg import CacheStats
 
 STATS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE)
 DIAGNOSTICS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE)
+# Seconds a jump back in time (or a reset) that cleared the poses stays the status's message.
+POSE_JUMP_REPORT_S = 10.0
 # Health: frames the model had no time for (a newer one replaced them while it worked), per second.
 WARN_MODEL_DROPS_PER_S = 0.5
 
@@ -124,6 +126,8 @@ class Health:
         behind = (model_drops - prev[2]) / span if span > 0 else 0.0
         pending = engine.pending if engine is not None else {"texts": 0, "queries": 0, "frame": False}
         silent = node.inputs.silent_cameras(node.param("camera_timeout")) if node.active else []
+        with self.counters.lock:
+            jump, jumps = node.inputs.last_pose_jump, node.inputs.pose_jumps
         level, message = DiagnosticStatus.OK, "active: taking input and answering"
         if engine is None:
             level, message = DiagnosticStatus.WARN, node.model_download or "not configured: no model loaded"
@@ -137,6 +141,8 @@ class Health:
             message = "inactive: the memory is kept, no input is taken"
         elif node.inputs.description_error:
             level, message = DiagnosticStatus.WARN, f"descriptions failing: {node.inputs.description_error}"
+        elif jump is not None and now - jump[0] < POSE_JUMP_REPORT_S:
+            level, message = DiagnosticStatus.WARN, jump[1]
         elif silent:
             level, message = DiagnosticStatus.WARN, "camera silent: " + ", ".join(
                 f"{name} ({seconds:.0f} s without a frame)" for name, seconds in silent)
@@ -168,6 +174,8 @@ class Health:
             "last_checkpoint_s": f"{saved.seconds if saved else 0.0:.3f}",
             "last_checkpoint_held_s": f"{saved.held_s if saved else 0.0:.3f}",  # the model waited this long
             "longest_text_wait_s": f"{counters.longest_text_wait_s if counters else 0.0:.2f}",
+            "pose_frame": node.inputs.poses.frame_id,
+            "pose_history_cleared": str(jumps),
             "cameras": ", ".join(name or topic for name, topic in node.inputs.cameras),
             "cameras_silent": ", ".join(name for name, _ in silent),
             "last_error": last_error,

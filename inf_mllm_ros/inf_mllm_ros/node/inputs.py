@@ -81,7 +81,10 @@ class Inputs:
         self._wake = node.create_guard_condition(self._drain_outbox, callback_group=self.reports_group)
         self._clock_lock = threading.Lock()  # the first input, on whichever thread, starts the memory's clock
         self.poses = PoseInput(node, node.param("pose_topic"), node.param("pose_frame"), node.param("pose_tolerance"),
-                               self.refuse_pose)
+                               self.refuse_pose, map_frame=node.param("map_frame"),
+                               base_frame=node.param("base_frame"), on_jump=self._poses_jumped)
+        self.pose_jumps = 0  # times the poses were cleared by a jump back in time
+        self.last_pose_jump: tuple[float, str] | None = None  # (time.monotonic, what happened), for /diagnostics
 
     def open_descriptions(self) -> None:
         # A lifecycle publisher: it publishes while the node is active only (a description finished after a
@@ -180,7 +183,7 @@ class Inputs:
             self.reject(f"{source.replace(' ', '_')}_{exc.kind}", f"{source} message refused: {exc}")
             return
         self._frame_id = msg.header.frame_id
-        pose = self.poses.at(stamp_seconds(msg.header.stamp, self.node.get_clock().now().nanoseconds))
+        pose = self._pose_at(stamp_seconds(msg.header.stamp, self.node.get_clock().now().nanoseconds))
         try:
             future = self.node.engine.submit_frame(rgb, self._stream_time(msg.header.stamp), pose=pose, camera=camera)
         except EngineNotReadyError as exc:
@@ -194,7 +197,7 @@ class Inputs:
         except TextRefused as exc:
             self.reject(exc.kind, str(exc))
             return
-        pose = self.poses.at(stamp_seconds(None, self.node.get_clock().now().nanoseconds))
+        pose = self._pose_at(stamp_seconds(None, self.node.get_clock().now().nanoseconds))
         engine = self.node.engine
         try:
             future = engine.submit_text(text, self._stream_time(None), pin=pin, pose=pose)
@@ -212,6 +215,29 @@ class Inputs:
                 "the model cannot keep up with the text topic", throttle_duration_sec=2.0)
             return
         future.add_done_callback(lambda f: self.post("text_done", f))
+
+    def _pose_at(self, seconds: float):
+        """The robot's pose at an input's time; the memory keeps the frame of its poses from the first one on."""
+        pose = self.poses.at(seconds)
+        engine = self.node.engine
+        if pose is not None and engine is not None and engine.pose_frame != self.poses.frame_id:
+            engine.pose_frame = self.poses.frame_id
+        return pose
+
+    def clear_poses(self, why: str) -> None:
+        """Forget the robot's poses (the memory was reset): none from before is given to a later input."""
+        self.poses.clear()
+        self._note_pose_jump(f"{why}: pose history cleared")
+
+    def _poses_jumped(self, seconds: float) -> None:
+        self._note_pose_jump(f"time jumped back {seconds:.1f} s (a looped bag or a simulator reset): pose history "
+                             "cleared")
+
+    def _note_pose_jump(self, what: str) -> None:
+        with self.counters.lock:
+            self.pose_jumps += 1
+            self.last_pose_jump = (time.monotonic(), what)
+        self.node.get_logger().warning(what, throttle_duration_sec=1.0)
 
     def refuse_pose(self, kind: str, message: str) -> None:
         """A refused pose: counted and logged as a refused input, without a `~/cache_stats` message of its own (an

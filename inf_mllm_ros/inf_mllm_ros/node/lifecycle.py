@@ -208,6 +208,11 @@ class InfMLLMNode(LifecycleNode):
             return TransitionCallbackReturn.FAILURE
         # Times go on from a restored memory's clock: its first input was stream time 0.
         self.inputs.stream_clock = StreamClock(self.engine.time_origin)
+        if self.engine.pose_frame:  # a restored memory's poses are in its frame: new ones must be too
+            if self.param("pose_frame") and self.param("pose_frame") != self.engine.pose_frame:
+                self.get_logger().warning(f"the memory keeps its poses in {self.engine.pose_frame!r}; pose_frame "
+                                          f"{self.param('pose_frame')!r} is not used")
+            self.inputs.poses.keep_frame(self.engine.pose_frame)
         self._report_ready(time.monotonic() - started)
         return TransitionCallbackReturn.SUCCESS
 

@@ -1,10 +1,12 @@
-"""The robot's pose topic, and evidence as messages.
+"""The robot's pose from tf2 and the pose topic, and evidence as messages.
 
-`PoseInput` belongs to the node (node/lifecycle.py): it subscribes to `pose_topic` once the topic's type is known
-(nav_msgs/Odometry, geometry_msgs/PoseStamped or geometry_msgs/PoseWithCovarianceStamped, read from the graph,
-so that one parameter serves every robot), keeps the poses in a `PoseHistory` (engine/poses.py) and gives the
-pose at an input's stamp. A pose that cannot be used is refused with its reason through the node's refusal
-counter (counted on /diagnostics, logged once per kind); nothing else is lost.
+`PoseInput` belongs to the node (node/lifecycle.py): it takes `/tf` and `/tf_static` (tf2_msgs/TFMessage) and,
+with `pose_topic` set, that topic once its type is known (nav_msgs/Odometry, geometry_msgs/PoseStamped or
+geometry_msgs/PoseWithCovarianceStamped, read from the graph, so that one parameter serves every robot), keeps
+them in a `RobotPoses` (robot_poses.py) and gives the robot's pose at an input's stamp: its `base_frame` in the
+memory's frame through tf2's frames, else the pose topic's. A pose or transform that cannot be used is refused with
+its reason through the node's refusal counter (counted on /diagnostics, logged once per kind); a jump back in time
+clears the poses and is reported (`on_jump`); nothing else is lost.
 """
 
 from __future__ import annotations
@@ -16,40 +18,74 @@ from geometry_msgs.msg import Point, PoseStamped, PoseWithCovarianceStamped, Qua
 from geometry_msgs.msg import Pose as PoseMsg
 from nav_msgs.msg import Odometry
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
-from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from inf_mllm_interfaces.msg import Evidence as EvidenceMsg
 
 from ..engine.api import Evidence
-from ..engine.poses import Pose, PoseHistory, PoseRefusedError
-from ..input_rules import POSE_MESSAGE_TYPES, pose_message, stamp_seconds
+from ..engine.poses import Pose, PoseRefusedError
+from ..input_rules import POSE_MESSAGE_TYPES, pose_message, stamp_seconds, transform_message
+from ..robot_poses import RobotPoses
+
+try:  # a robot's ROS has it; scripts/setup.sh builds its TFMessage where the ROS 2 wheels lack it
+    from tf2_msgs.msg import TFMessage
+except ImportError:  # pragma: no cover - without it, poses come from the pose topic only
+    TFMessage = None
 
 POSE_TYPES = dict(zip(POSE_MESSAGE_TYPES, (Odometry, PoseStamped, PoseWithCovarianceStamped)))
 # Best effort takes a reliable publisher's poses too; a robot's odometry comes at tens of Hz.
 POSE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=50, reliability=ReliabilityPolicy.BEST_EFFORT)
+# As tf2's listener takes them: /tf deep enough for many frames at tens of Hz, /tf_static latched.
+TF_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100, reliability=ReliabilityPolicy.BEST_EFFORT)
+TF_STATIC_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100, reliability=ReliabilityPolicy.RELIABLE,
+                           durability=DurabilityPolicy.TRANSIENT_LOCAL)
 # Seconds between looks at the graph for the pose topic's type while it is not published yet.
 DISCOVERY_PERIOD = 1.0
 
 
 class PoseInput:
-    """The pose topic of one node: found, subscribed, kept, looked up."""
+    """The robot's pose for one node: tf2's frames and the pose topic, found, subscribed, kept, looked up.
 
-    def __init__(self, node, topic: str, frame_id: str, tolerance: float, on_refused: Callable[[str, str], None]):
+    node: the rclpy node it subscribes on. topic: the pose topic ("": none). frame_id: the memory's pose frame
+    ("": chosen by the first pose). map_frame, base_frame: the frames tf2 is asked for (map_frame "": tf2 is not
+    taken). on_refused(kind, message): a pose or transform refused. on_jump(seconds): time jumped back that far
+    and the poses were cleared."""
+
+    def __init__(self, node, topic: str, frame_id: str, tolerance: float, on_refused: Callable[[str, str], None],
+                 *, map_frame: str = "map", base_frame: str = "base_link",
+                 on_jump: Callable[[float], None] = lambda seconds: None):
         self._node = node
         self.topic = topic
-        self.history = PoseHistory(frame_id, tolerance)
-        self._on_refused = on_refused
-        self._lock = threading.Lock()  # poses come in on one executor thread, inputs look them up on others
+        self.poses = RobotPoses(frame_id, tolerance, map_frame, base_frame)
+        self._on_refused, self._on_jump = on_refused, on_jump
+        self._lock = threading.Lock()  # poses come in on executor threads, inputs look them up on others
         self._subscription = None
+        self._tf_subscriptions: list = []
         self._timer = None
         self._wrong_type_said = False
 
     @property
     def frame_id(self) -> str:
-        return self.history.frame_id
+        """The memory's pose frame ("" until the first pose)."""
+        with self._lock:
+            return self.poses.frame_id
+
+    def keep_frame(self, frame_id: str) -> None:
+        """The memory's poses are in `frame_id` (a restored memory's)."""
+        with self._lock:
+            self.poses.keep_frame(frame_id)
 
     def start(self) -> None:
-        """Subscribe now where the topic's type is known, else look again every DISCOVERY_PERIOD seconds."""
+        """Take tf2's frames, and subscribe to the pose topic now where its type is known, else look again every
+        DISCOVERY_PERIOD seconds."""
+        if self.poses.map_frame and TFMessage is not None and not self._tf_subscriptions:
+            group = MutuallyExclusiveCallbackGroup()  # a group of their own, as each input has (node/inputs.py)
+            self._tf_subscriptions = [
+                self._node.create_subscription(TFMessage, "/tf", lambda m: self._on_transforms(m, False), TF_QOS,
+                                               callback_group=group),
+                self._node.create_subscription(TFMessage, "/tf_static", lambda m: self._on_transforms(m, True),
+                                               TF_STATIC_QOS, callback_group=group),
+            ]
         if not self.topic or self._subscription is not None:
             return
         if not self._subscribe() and self._timer is None:
@@ -60,7 +96,15 @@ class PoseInput:
                                 (self._timer, self._node.destroy_timer)):
             if handle is not None:
                 destroy(handle)
+        for sub in self._tf_subscriptions:
+            self._node.destroy_subscription(sub)
         self._subscription = self._timer = None
+        self._tf_subscriptions = []
+
+    def clear(self) -> None:
+        """Forget the poses (a reset of the memory)."""
+        with self._lock:
+            self.poses.clear()
 
     def _subscribe(self) -> bool:
         name = self._resolved()
@@ -80,7 +124,7 @@ class PoseInput:
         if self._timer is not None:
             self._node.destroy_timer(self._timer)
             self._timer = None
-        self._node.get_logger().info(f"poses from {name} ({msgtype}), tolerance {self.history.tolerance} s")
+        self._node.get_logger().info(f"poses from {name} ({msgtype}), tolerance {self.poses.tolerance} s")
         return True
 
     def _resolved(self) -> str:
@@ -94,14 +138,31 @@ class PoseInput:
         stamp = stamp_seconds(msg.header.stamp, self._node.get_clock().now().nanoseconds)
         try:
             with self._lock:
-                self.history.add(stamp, pose, frame_id)
+                jumped = self.poses.add_pose(stamp, pose, frame_id)
         except PoseRefusedError as exc:
             self._on_refused("pose", f"pose refused: {exc}")
+            return
+        if jumped:
+            self._on_jump(jumped)
+
+    def _on_transforms(self, msg, static: bool) -> None:
+        now = self._node.get_clock().now().nanoseconds
+        for transform in msg.transforms:
+            parent, child, pose = transform_message(transform)
+            try:
+                with self._lock:
+                    jumped = self.poses.add_transform(parent, child, stamp_seconds(transform.header.stamp, now), pose,
+                                                      static=static)
+            except PoseRefusedError as exc:
+                self._on_refused("transform", f"transform refused: {exc}")
+                continue
+            if jumped:
+                self._on_jump(jumped)
 
     def at(self, seconds: float) -> Pose | None:
         """The robot's pose at a time (seconds on the node's clock), where one is known."""
         with self._lock:
-            return self.history.at(seconds)
+            return self.poses.at(seconds)
 
 
 def pose_msg(pose: Pose) -> PoseMsg:

@@ -26,8 +26,6 @@ from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_srvs.srv import Trigger
 
-from geometry_msgs.msg import PoseArray
-
 from inf_mllm_interfaces.action import Ask
 from inf_mllm_interfaces.srv import Query, Recall
 
@@ -37,7 +35,8 @@ from .executor import BoundedCallbackGroup
 from ..input_rules import stamp_seconds
 from .health import NodeCounters
 from .inputs import Inputs
-from .poses import evidence_msgs, pose_msg
+from .markers import EvidenceMarkers
+from .poses import evidence_msgs
 from ..settings import MAX_NEW_TOKENS_LIMIT
 
 # Services: the requests that wait to be taken, and the responses. Questions beyond max_pending_queries wait
@@ -87,7 +86,7 @@ class Services:
         node.create_service(Recall, "~/recall", lambda req, res: self._served(self._recall, req, res),
                             callback_group=self.questions, qos_profile=SERVICE_QOS)
         # The last answer's evidence poses, heaviest first, for RViz.
-        self._evidence_pub = node.create_lifecycle_publisher(PoseArray, "~/evidence", 10)  # while active only
+        self.markers = EvidenceMarkers(node)  # while active only
         node.create_service(Trigger, "~/reset", self._on_reset, callback_group=waiting, qos_profile=SERVICE_QOS)
         node.create_service(Trigger, "~/save_memory", self._on_save_memory, callback_group=waiting,
                             qos_profile=SERVICE_QOS)
@@ -207,17 +206,9 @@ class Services:
         response.cache_fill = answer.cache_fill
         response.retrieved_tokens = answer.retrieved_tokens
         response.evidence = evidence_msgs(answer.evidence, self.inputs.ros_time, self.inputs.poses.frame_id)
-        self._publish_evidence_poses(answer.evidence)
+        self.markers.answered(answer.evidence, self.inputs.poses.frame_id, self.inputs.ros_time)
         response.latency = time.monotonic() - start
         return response
-
-    def _publish_evidence_poses(self, evidence) -> None:
-        posed = [e.pose for e in evidence if e.pose is not None]
-        if posed:
-            msg = PoseArray(poses=[pose_msg(p) for p in posed])
-            msg.header.frame_id = self.inputs.poses.frame_id
-            msg.header.stamp = self.node.get_clock().now().to_msg()
-            self._evidence_pub.publish(msg)
 
     def _recall(self, request: Recall.Request, response: Recall.Response) -> Recall.Response:
         """~/recall: the moments a text points to most, as evidence, without an answer."""
@@ -262,6 +253,7 @@ class Services:
             return response
         response.success = True
         response.moments = evidence_msgs(moments, self.inputs.ros_time, self.inputs.poses.frame_id)
+        self.markers.recalled(moments, self.inputs.poses.frame_id, self.inputs.ros_time)
         response.latency = time.monotonic() - start
         return response
 
@@ -319,6 +311,7 @@ class Services:
         done, _ = self._wait_control(engine.submit_reset, response, "reset")
         if not done:
             return response
+        self.inputs.clear_poses("memory reset")
         self.inputs.post("ingested", "reset")  # stats and descriptions follow the empty memory
         response.success, response.message = True, "memory cleared"
         return response

@@ -320,6 +320,18 @@ class StreamingEngine:
         self.worker.stream.time_origin = seconds
 
     @property
+    def pose_frame(self) -> str:
+        """The frame of the poses kept with inputs (`KVStream.pose_frame`: saved with the memory); "" until the
+        model is loaded or the caller sets it."""
+        return "" if self.worker.stream is None else self.worker.stream.pose_frame
+
+    @pose_frame.setter
+    def pose_frame(self, frame_id: str) -> None:
+        if self.worker.stream is None:
+            raise EngineNotReadyError("model is still loading")
+        self.worker.stream.pose_frame = frame_id
+
+    @property
     def adapter(self) -> ModelAdapter | None:
         return None if self.worker.stream is None else self.worker.stream.adapter
 

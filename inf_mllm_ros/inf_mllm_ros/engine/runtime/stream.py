@@ -142,6 +142,9 @@ class KVStream:
         # the memory, so that after a restart new inputs are timed on the clock of the memory's; a reset
         # keeps it, as the caller's clock goes on.
         self.time_origin: float | None = None
+        # The frame the poses kept with inputs are in (the caller's: the node's map frame), saved with the memory so
+        # that a restarted node keeps its poses in it; "" until the caller names one.
+        self.pose_frame = ""
         self.reset()
 
     # --- state ---------------------------------------------------------------------------------------
@@ -160,7 +163,8 @@ class KVStream:
         """The stream's clock and counters (saved with the memory; see memory_file)."""
         return {"tokens_seen": self.tokens_seen, "frames_ingested": self.frames_ingested,
                 "texts_ingested": self.texts_ingested, "newest_frame_stamp": self.newest_frame_stamp,
-                "started": self._started, "time_origin": self.time_origin, "newest_stamp": self.newest_stamp}
+                "started": self._started, "time_origin": self.time_origin, "newest_stamp": self.newest_stamp,
+                "pose_frame": self.pose_frame}
 
     def restore_clock(self, state: dict) -> None:
         self.tokens_seen = int(state["tokens_seen"])
@@ -171,8 +175,9 @@ class KVStream:
         self._started = bool(state["started"])
         origin = state["time_origin"]
         self.time_origin = None if origin is None else float(origin)
-        newest = state.get("newest_stamp")  # absent from the memory files of earlier versions
+        newest = state.get("newest_stamp")  # absent from the memory files of earlier versions, as pose_frame is
         self.newest_stamp = None if newest is None else float(newest)
+        self.pose_frame = str(state.get("pose_frame", ""))
 
     # --- persistence: what engine/persistence/memory_file.py reads and writes, and nothing else
     # ---------------------------
