@@ -42,6 +42,7 @@ BENCHMARKS = {
     "node_flood": "the installed node under a flood of texts and frames over DDS, from the first message",
     "executor_flood": "rclpy's multi-threaded executor against the node's under a flood over DDS",
     "busy_machine": "the node beside CPU-bound processes: a burst of 100 callers, and the flood from a busy publisher",
+    "first_answer": "the installed node's first answer after activation against the ten after it, fresh and warm cache",
     "demo_bag": "the demo's answers over the shipped sample bag, with the demo's parameters, as a record",
     "locomo": "LoCoMo's long conversations (written by others) asked at the end: F1, evidence hit@5, against BM25",
     "where_when": "a patrol robot's reports asked about later: what, when (time) and where (evidence's pose)",

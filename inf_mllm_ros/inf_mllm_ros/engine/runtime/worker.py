@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from ..answering import StreamStoppedError
 from ..models.loading import use_torch_threads
 from .stream import KVStream, StreamStats
 from ..stream_config import StreamConfig
@@ -87,6 +88,8 @@ class EngineWorker:
         self.stream: KVStream | None = None
         self.stats: StreamStats | None = None  # the stream's figures after the last finished job (under the lock)
         self._applied: LiveSettings | None = None  # the live settings the stream has
+        # Seconds spent while loading on what the first answer would otherwise wait for, by part (see `_run`).
+        self.preparation: dict[str, float] = {}
         self.thread = threading.Thread(target=self._run, args=(loader,), name="inf_mllm_engine", daemon=True)
 
     def start(self) -> None:
@@ -101,9 +104,12 @@ class EngineWorker:
                 self._applied = board.settings
                 self.stream = KVStream(adapter, self._applied.stream_config(self.config))
             if self.stream.archive.enabled:
+                start = time.monotonic()
                 self.stream.retrieval_heads()  # found (or read) while loading, so that no question waits for them
+                self.preparation["retrieval_heads"] = time.monotonic() - start
             if self.checkpoints.memory_file is not None:
                 self.checkpoints.restore(self.stream, self._applied.checkpoint_period)
+            self._prepare_first_answer()
             self._snapshot_stats()
             board.ready.set()
         except Exception as exc:  # reported through load_error and every later query
@@ -131,6 +137,24 @@ class EngineWorker:
                         future.set_exception(exc)
         if self.checkpoints.memory_file is not None:
             self.checkpoint(wait=True)  # the last save, after the job that close() stopped or let finish
+
+    def _prepare_first_answer(self) -> None:
+        """After the model and the memory are loaded: what the first answer would build on first use (the static
+        steps compiled, the answering path's first calls), built and discarded with the memory left as it was
+        (`KVStream.prepare_first_answer`), so that the first question waits no longer than any other. Its parts'
+        seconds go into `preparation` and the log; a failure costs only that wait."""
+        start = time.monotonic()
+        try:
+            parts = self.stream.prepare_first_answer()
+        except StreamStoppedError:  # closed while loading: no answer will follow
+            return
+        except Exception:  # the first answer then builds what it needs itself
+            log.exception("preparing the first answer failed; the first answer builds what it needs itself")
+            return
+        self.preparation.update({f"first_answer_{name}": seconds for name, seconds in parts.items()})
+        self.preparation["first_answer"] = time.monotonic() - start
+        log.info("prepared before the first answer: " + ", ".join(f"{name} {seconds:.2f} s"
+                                                                   for name, seconds in self.preparation.items()))
 
     def _take(self, jobs: list[Job], settings: LiveSettings) -> None:
         """Apply new live settings, then run the jobs taken (or a due checkpoint, when none)."""
