@@ -169,3 +169,16 @@ def test_a_camera_list_that_cannot_be_taken_says_why(topics, names, reason):
 def test_a_list_parameter_from_a_launch_argument(text, value):
     assert ValueRule("image_topics", list).from_text(text) == value
     assert ValueRule("image_topics", list).problem([1, 2]) is not None
+
+
+@pytest.mark.parametrize("args, reason", [
+    ((0, None, None, None), "limit"), ((101, None, None, None), "limit"), ((5, 5.0, 1.0, None), "until < since"),
+    ((5, None, None, (0.0, float("nan"), 1.0)), "finite"), ((5, None, None, (0.0, 0.0, 0.0)), "radius"),
+    ((5, None, None, (0.0, 0.0, -1.0)), "radius"), ((5, None, None, None, "rear left"), "camera name"),
+])
+def test_one_rule_for_a_recalls_arguments(args, reason):
+    """The rule the node's ~/recall and the stream's own callers are held to (engine/value_rules.py)."""
+    from inf_mllm_ros.engine.value_rules import recall_problem
+
+    assert reason in recall_problem(*args)
+    assert recall_problem(5, 1.0, 5.0, (0.0, 0.0, 2.0), "rear") is None

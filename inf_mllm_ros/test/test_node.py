@@ -879,6 +879,7 @@ class StandInEngine:
         self.ready.set()
         self.load_error = None
         self.time_origin = None
+        self.pose_frame = ""
         self.answer = lambda: Future()
         self.control = lambda: Future()  # a reset or a save
 

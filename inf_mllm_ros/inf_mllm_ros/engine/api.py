@@ -17,7 +17,7 @@ from .policy_knobs import policy_knobs
 from .poses import Pose, PoseRefusedError
 from .stream_config import DEFAULT_SYSTEM_PROMPT, MIN_CAPACITY, STEP_MODES, StreamConfig
 from .text_rules import CheckedText, TextRefused, checked_text
-from .value_rules import MIN_PERIOD, ValueRule
+from .value_rules import MAX_RECALL_RESULTS, MIN_PERIOD, ValueRule, camera_problem, recall_problem
 
 # The embedded model a stream runs when no model is named (engine/models/embedded_models.py).
 DEFAULT_MODEL = "onevision-qwen2.5-0.5b"
@@ -40,8 +40,8 @@ class FrameDroppedError(RuntimeError):
 
 __all__ = [
     "CLOCKS", "DEFAULT_DESCRIPTION_PROMPT", "DEFAULT_MAX_PENDING_QUERIES", "DEFAULT_MAX_PENDING_TEXTS", "DEFAULT_MODEL",
-    "DEFAULT_SYSTEM_PROMPT", "MIN_CAPACITY", "MIN_PERIOD", "QUOTE_CHARS", "STEP_MODES", "Answer",
+    "DEFAULT_SYSTEM_PROMPT", "MAX_RECALL_RESULTS", "MIN_CAPACITY", "MIN_PERIOD", "QUOTE_CHARS", "STEP_MODES", "Answer",
     "AnswerCancelledError", "CheckedText", "EngineBusyError", "EngineNotReadyError", "Evidence", "FrameDroppedError",
     "FramesNotSupportedError", "ModelLoadError", "ModelUnavailableError", "Pose", "PoseRefusedError", "StreamConfig",
-    "TextRefused", "ValueRule", "checked_text", "policy_knobs",
+    "TextRefused", "ValueRule", "camera_problem", "checked_text", "policy_knobs", "recall_problem",
 ]

@@ -6,6 +6,7 @@ engine, and the policies' knobs, the node's parameters and the offline runner us
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -60,6 +61,26 @@ def camera_problem(name: object) -> str | None:
         return (f"camera name {name!r} refused: a letter, then letters, digits or underscores, 32 characters at "
                 "most")
     return None
+
+
+# The most moments one recall gives.
+MAX_RECALL_RESULTS = 100
+
+
+def recall_problem(limit: int, since: float | None, until: float | None,
+                   near: tuple[float, float, float] | None, camera: str = "") -> str | None:
+    """Why a recall's arguments cannot be used, or None: the one rule the node's ~/recall and the stream's own
+    callers are held to. `near`: (x, y, radius) with a radius > 0 m (None: anywhere)."""
+    if not 1 <= limit <= MAX_RECALL_RESULTS:
+        return f"the limit of moments (max_results) must be in [1, {MAX_RECALL_RESULTS}], got {limit}"
+    if since is not None and until is not None and until < since:
+        return f"the time window ends ({until:g}) before it begins ({since:g}): until < since"
+    if near is not None:
+        if not all(map(math.isfinite, near)):
+            return f"the place must be finite numbers, got {tuple(near)}"
+        if not near[2] > 0:
+            return f"the radius must be > 0 m, got {near[2]:g}"
+    return camera_problem(camera)
 
 
 @dataclass(frozen=True)

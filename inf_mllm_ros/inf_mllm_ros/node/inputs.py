@@ -20,6 +20,7 @@ from typing import Callable
 from builtin_interfaces.msg import Time
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.exceptions import InvalidParameterValueException
+from rclpy.lifecycle import LifecycleNode
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import String
@@ -29,8 +30,9 @@ from inf_mllm_interfaces.msg import Description
 from ..engine.api import EngineBusyError, EngineNotReadyError, FrameDroppedError, FramesNotSupportedError, TextRefused
 from ..image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
 from ..input_rules import FrameGate, StreamClock, camera_topics, stamp_seconds, text_message
-from .health import NodeCounters
+from .health import InputsHealth, NodeCounters
 from .poses import PoseInput
+from .state import NodeState, ParameterReader
 
 # Camera: newest frame only. Text: reliable, never dropped by the middleware.
 IMAGE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.BEST_EFFORT,
@@ -45,20 +47,24 @@ class Inputs:
     """Frame gating, the text subscriptions, refused inputs, stream time, the outbox of engine reports and
     the periodic description.
 
-    node: the node it takes input for (its `engine`, `stopping`, `param`, logger and clock). counters: the node's.
-    publish_stats: called after every input the node is done with (a lockstep player waits on it).
+    ros: the rclpy node it subscribes and publishes on. state: the node's (its engine, whether it is stopping).
+    param: reads the node's parameters. counters: the node's. publish_stats: called after every input the node is
+    done with (a lockstep player waits on it).
     """
 
-    def __init__(self, node, counters: NodeCounters, publish_stats: Callable[[], None]):
-        self.node, self.counters, self.publish_stats = node, counters, publish_stats
+    def __init__(self, ros: LifecycleNode, state: NodeState, param: ParameterReader, counters: NodeCounters,
+                 publish_stats: Callable[[], None]):
+        self.ros, self.state, self.param = ros, state, param
+        self.counters, self.publish_stats = counters, publish_stats
+        node = ros
         self._kinds_logged: set[str] = set()
         self.stream_clock = StreamClock()  # the model sees times since the first input
         try:  # read-only parameters: a camera list that cannot be taken ends the constructor, as a bad value does
-            self.cameras = camera_topics(node.param("image_topics"), node.param("camera_names"))
+            self.cameras = camera_topics(param("image_topics"), param("camera_names"))
         except ValueError as exc:
-            raise InvalidParameterValueException("image_topics", node.param("image_topics"), str(exc)) from None
+            raise InvalidParameterValueException("image_topics", param("image_topics"), str(exc)) from None
         # Each camera's frames pass frame_rate on their own: a robot's cameras see different things at once.
-        self.frame_gates = {name: FrameGate(node.param("frame_rate")) for name, _ in self.cameras}
+        self.frame_gates = {name: FrameGate(param("frame_rate")) for name, _ in self.cameras}
         self._last_frame: dict[str, float] = {}  # when each camera's last frame came (time.monotonic)
         self._subscribed_at = 0.0
         self._frame_id = ""
@@ -80,9 +86,9 @@ class Inputs:
         self.reports_group = MutuallyExclusiveCallbackGroup()
         self._wake = node.create_guard_condition(self._drain_outbox, callback_group=self.reports_group)
         self._clock_lock = threading.Lock()  # the first input, on whichever thread, starts the memory's clock
-        self.poses = PoseInput(node, node.param("pose_topic"), node.param("pose_frame"), node.param("pose_tolerance"),
-                               self.refuse_pose, map_frame=node.param("map_frame"),
-                               base_frame=node.param("base_frame"), on_jump=self._poses_jumped)
+        self.poses = PoseInput(node, param("pose_topic"), param("pose_frame"), param("pose_tolerance"),
+                               self.refuse_pose, map_frame=param("map_frame"),
+                               base_frame=param("base_frame"), on_jump=self._poses_jumped)
         self.pose_jumps = 0  # times the poses were cleared by a jump back in time
         self.last_pose_jump: tuple[float, str] | None = None  # (time.monotonic, what happened), for /diagnostics
 
@@ -90,11 +96,11 @@ class Inputs:
         # A lifecycle publisher: it publishes while the node is active only (a description finished after a
         # deactivate is dropped), as a lifecycle manager expects of a node's outputs.
         if self._description_pub is None:
-            self._description_pub = self.node.create_lifecycle_publisher(Description, "~/description", LATCHED_QOS)
+            self._description_pub = self.ros.create_lifecycle_publisher(Description, "~/description", LATCHED_QOS)
 
     def close_descriptions(self) -> None:
         if self._description_pub is not None:
-            self.node.destroy_lifecycle_publisher(self._description_pub)
+            self.ros.destroy_lifecycle_publisher(self._description_pub)
         self._description_pub = None
 
     def subscribe(self) -> None:
@@ -103,7 +109,7 @@ class Inputs:
         # a flood of texts beside a camera, its thread spun a whole core for seconds (sampled per thread), and the
         # model, short of the GIL, took almost nothing meanwhile. Alone in its group, an input is waited on only
         # when its last callback has ended, so its messages still go in one at a time and in order.
-        node = self.node
+        node = self.ros
         self.subscriptions = []
         for camera, topic in self.cameras:
             said = f"{camera} " if camera else ""
@@ -129,7 +135,7 @@ class Inputs:
 
     def unsubscribe(self) -> None:
         for sub in self.subscriptions:
-            self.node.destroy_subscription(sub)
+            self.ros.destroy_subscription(sub)
         self.subscriptions = []
         self.poses.stop()
 
@@ -137,6 +143,13 @@ class Inputs:
     def camera_names(self) -> list[str]:
         """The cameras' names (none for a robot's one camera)."""
         return [name for name, _ in self.cameras if name]
+
+    def health(self, camera_timeout: float) -> InputsHealth:
+        """What /diagnostics says of the inputs (`camera_timeout` 0: no camera is judged silent)."""
+        with self.counters.lock:
+            jump, jumps = self.last_pose_jump, self.pose_jumps
+        return InputsHealth(self.description_error, self.silent_cameras(camera_timeout), jump, jumps,
+                            self.poses.frame_id, ", ".join(name or topic for name, topic in self.cameras))
 
     def set_frame_rate(self, rate: float) -> None:
         with self.counters.lock:  # the gates judge frames under it, on the image topics' threads
@@ -162,7 +175,7 @@ class Inputs:
     # --- input -------------------------------------------------------------------------------------------
     def _offer_frame(self, msg, convert, source: str, camera: str) -> None:
         # frame_rate is judged by the frame's time before decoding, so a frame held back costs nothing.
-        seconds = stamp_seconds(msg.header.stamp, self.node.get_clock().now().nanoseconds)
+        seconds = stamp_seconds(msg.header.stamp, self.ros.get_clock().now().nanoseconds)
         self._last_frame[camera] = time.monotonic()
         with self.counters.lock:
             admitted = self.frame_gates[camera].admit(seconds)
@@ -174,7 +187,7 @@ class Inputs:
             self.publish_stats()  # as for a frame the model had no time for: a lockstep replay waits on it
 
     def _decode_compressed(self, msg):
-        return compressed_msg_to_rgb(msg, max_pixels=self.node.param("max_decoded_pixels"))
+        return compressed_msg_to_rgb(msg, max_pixels=self.param("max_decoded_pixels"))
 
     def _ingest_frame(self, msg, convert, source: str, camera: str) -> None:
         try:
@@ -183,9 +196,9 @@ class Inputs:
             self.reject(f"{source.replace(' ', '_')}_{exc.kind}", f"{source} message refused: {exc}")
             return
         self._frame_id = msg.header.frame_id
-        pose = self._pose_at(stamp_seconds(msg.header.stamp, self.node.get_clock().now().nanoseconds))
+        pose = self._pose_at(stamp_seconds(msg.header.stamp, self.ros.get_clock().now().nanoseconds))
         try:
-            future = self.node.engine.submit_frame(rgb, self._stream_time(msg.header.stamp), pose=pose, camera=camera)
+            future = self.state.engine.submit_frame(rgb, self._stream_time(msg.header.stamp), pose=pose, camera=camera)
         except EngineNotReadyError as exc:
             self.reject("engine_closed", f"frame refused: {exc}")
             return
@@ -193,12 +206,12 @@ class Inputs:
 
     def _on_text(self, msg: String, pin: bool = False) -> None:
         try:
-            text = text_message(msg.data, self.node.param("max_text_chars"))
+            text = text_message(msg.data, self.param("max_text_chars"))
         except TextRefused as exc:
             self.reject(exc.kind, str(exc))
             return
-        pose = self._pose_at(stamp_seconds(None, self.node.get_clock().now().nanoseconds))
-        engine = self.node.engine
+        pose = self._pose_at(stamp_seconds(None, self.ros.get_clock().now().nanoseconds))
+        engine = self.state.engine
         try:
             future = engine.submit_text(text, self._stream_time(None), pin=pin, pose=pose)
         except EngineNotReadyError as exc:
@@ -210,7 +223,7 @@ class Inputs:
             # what the model needs; the next stats carry the count.
             with self.counters.lock:
                 self.counters.inputs_rejected += 1
-            self.node.get_logger().warning(
+            self.ros.get_logger().warning(
                 f"{future.exception()} (refused so far: {engine.counters.texts_refused}); "
                 "the model cannot keep up with the text topic", throttle_duration_sec=2.0)
             return
@@ -219,7 +232,7 @@ class Inputs:
     def _pose_at(self, seconds: float):
         """The robot's pose at an input's time; the memory keeps the frame of its poses from the first one on."""
         pose = self.poses.at(seconds)
-        engine = self.node.engine
+        engine = self.state.engine
         if pose is not None and engine is not None and engine.pose_frame != self.poses.frame_id:
             engine.pose_frame = self.poses.frame_id
         return pose
@@ -237,7 +250,7 @@ class Inputs:
         with self.counters.lock:
             self.pose_jumps += 1
             self.last_pose_jump = (time.monotonic(), what)
-        self.node.get_logger().warning(what, throttle_duration_sec=1.0)
+        self.ros.get_logger().warning(what, throttle_duration_sec=1.0)
 
     def refuse_pose(self, kind: str, message: str) -> None:
         """A refused pose: counted and logged as a refused input, without a `~/cache_stats` message of its own (an
@@ -252,7 +265,7 @@ class Inputs:
             self._kinds_logged.add(kind)
             self.counters.last_error = message
         if first:
-            self.node.get_logger().warning(
+            self.ros.get_logger().warning(
                 f"{message} [further '{kind}' inputs are counted in ~/cache_stats, not logged]")
         if publish:  # after every input the node is done with, so a lockstep player can move on
             self.publish_stats()
@@ -260,8 +273,8 @@ class Inputs:
     def _stream_time(self, stamp) -> float:
         """Seconds since the first input (of the memory, across restarts); a zero stamp means now."""
         with self._clock_lock:
-            seconds = self.stream_clock(stamp, self.node.get_clock().now().nanoseconds)
-            engine = self.node.engine
+            seconds = self.stream_clock(stamp, self.ros.get_clock().now().nanoseconds)
+            engine = self.state.engine
             if engine.time_origin is None:  # the first input: the memory keeps its clock from now on
                 engine.time_origin = self.stream_clock.origin
         return seconds
@@ -316,14 +329,14 @@ class Inputs:
         if exc is not None:
             if not isinstance(exc, (EngineBusyError, EngineNotReadyError)):
                 self.description_error = str(exc)  # in /diagnostics until one succeeds
-                self.node.get_logger().warning(f"description failed: {exc}", throttle_duration_sec=60.0)
+                self.ros.get_logger().warning(f"description failed: {exc}", throttle_duration_sec=60.0)
             return
         self.description_error = None
         answer = future.result()
         msg = Description(text=answer.text, cache_fill=answer.cache_fill, generation_time=answer.latency)
         msg.header.stamp = self.ros_time(answer.newest_frame_stamp)
         msg.header.frame_id = self._frame_id
-        engine = self.node.engine
+        engine = self.state.engine
         stats = engine.stats() if engine is not None else None
         msg.frames_seen = stats.frames_ingested if stats is not None else 0
         if self._description_pub is not None:
@@ -332,8 +345,8 @@ class Inputs:
     # --- periodic output ---------------------------------------------------------------------------------
     def on_description_timer(self) -> None:
         # One description at a time, and none while nothing new has come in.
-        node, engine = self.node, self.node.engine
-        if (self._describing or node.stopping.is_set() or not engine.ready.is_set()
+        engine = self.state.engine
+        if (self._describing or self.state.stopping.is_set() or not engine.ready.is_set()
                 or self._inputs_done == self._described_at):
             return
         stats = engine.stats()
@@ -341,8 +354,8 @@ class Inputs:
             return
         self._described_at = self._inputs_done
         try:
-            future = engine.submit_describe(node.param("description_prompt") or None,
-                                            max_new_tokens=node.param("max_new_tokens"))
+            future = engine.submit_describe(self.param("description_prompt") or None,
+                                            max_new_tokens=self.param("max_new_tokens"))
         except EngineNotReadyError:  # closed under the timer
             return
         self._describing = True

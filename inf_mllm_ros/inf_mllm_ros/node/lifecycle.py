@@ -50,6 +50,7 @@ from .health import Health, NodeCounters
 from .inputs import Inputs
 from .parameters import change_problem, declare_parameters
 from .services import Services
+from .state import NodeState
 from ..settings import (BY_NAME, PARAMETERS, frame_period, live_engine_changes, load_settings, model_threads,
                        stream_config)
 
@@ -69,8 +70,9 @@ class InfMLLMNode(LifecycleNode):
     - cleanup: saves the memory and frees the model.
 
     engine_factory builds the engine from the parameters (StreamingEngine's signature); tests may
-    pass their own. The node owns its parts (`inputs`, `service_handlers`, `health`) and the state they read: `engine`,
-    `active`, `stopping`, `autostarting`, `lifecycle_state`, `param`; the counters they write are `counters`.
+    pass their own. The node owns its parts (`inputs`, `service_handlers`, `health`) and what it hands them: the
+    state they read (`node_state`, node/state.py: the engine, `active`, `stopping`, `autostarting`,
+    `lifecycle_state`), `param` and the counters they write (`counters`).
     """
 
     def __init__(self, node_name: str = NODE_NAME, *, engine_factory: Callable[..., EngineLike] = StreamingEngine,
@@ -78,22 +80,39 @@ class InfMLLMNode(LifecycleNode):
         super().__init__(node_name, **kwargs)
         declare_parameters(self)
         self._engine_factory = engine_factory
-        self.engine: EngineLike | None = None
-        self.active = False
-        self.lifecycle_state = "unconfigured"  # as the lifecycle names it; /diagnostics reports it
-        # Set while autostart configures and activates: callers then hear "model is still loading".
-        self.autostarting = bool(self.param("autostart"))
-        self.stopping = threading.Event()  # set at shutdown: queries are answered "node is shutting down"
-        self.model_download = ""  # while configure downloads a hub model: its progress, for /diagnostics
+        # What the parts share of the node's state, handed to them with the rclpy node and the parameters.
+        self.node_state = NodeState(autostarting=bool(self.param("autostart")))
         self._periodic: dict[str, object] = {}  # the description and stats timers (see _set_timer)
         self.counters = NodeCounters()
-        self.health = Health(self, self.counters)
-        self.inputs = Inputs(self, self.counters, self.health.publish_stats)
-        self.service_handlers = Services(self, self.counters, self.inputs)
+        self.health = Health(self, self.node_state, self.param, self.counters)
+        self.inputs = Inputs(self, self.node_state, self.param, self.counters, self.health.publish_stats)
+        self.health.watch(self.inputs.health)
+        self.service_handlers = Services(self, self.node_state, self.param, self.counters, self.inputs)
         self.add_on_set_parameters_callback(self._on_set_parameters)
 
     def param(self, name: str):
         return self.get_parameter(name).value
+
+    # The node's state, as its parts see it (NodeState); the node changes it through `node_state`.
+    @property
+    def engine(self) -> EngineLike | None:
+        return self.node_state.engine
+
+    @property
+    def active(self) -> bool:
+        return self.node_state.active
+
+    @property
+    def lifecycle_state(self) -> str:
+        return self.node_state.lifecycle_state
+
+    @property
+    def autostarting(self) -> bool:
+        return self.node_state.autostarting
+
+    @property
+    def stopping(self) -> threading.Event:
+        return self.node_state.stopping
 
     @property
     def services_busy(self) -> int:
@@ -143,7 +162,7 @@ class InfMLLMNode(LifecycleNode):
     # --- lifecycle ------------------------------------------------------------------------------------------
     def _transition(self, result: TransitionCallbackReturn, success: str, failure: str) -> TransitionCallbackReturn:
         """Remember the lifecycle state a transition leads to (what /diagnostics reports), and pass its result on."""
-        self.lifecycle_state = success if result == TransitionCallbackReturn.SUCCESS else failure
+        self.node_state.lifecycle_state = success if result == TransitionCallbackReturn.SUCCESS else failure
         return result
 
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -181,7 +200,7 @@ class InfMLLMNode(LifecycleNode):
                 f"loading model {self.param('model')!r} (cache {config.capacity} tokens, policy {config.policy}"
                 + "".join(f", {k} {v}" for k, v in config.policy_settings.items()) + ")")
             started = time.monotonic()
-            self.engine = self._engine_factory(
+            self.node_state.engine = self._engine_factory(
                 self._fetch_model(values), config, **load_settings(values),
                 max_pending_texts=self.param("max_pending_texts"),
                 max_pending_queries=self.param("max_pending_queries"),
@@ -222,17 +241,17 @@ class InfMLLMNode(LifecycleNode):
         logged = [-1]
 
         def progress(done: int, total: int) -> None:
-            self.model_download = f"downloading model: {done / 1e6:.1f} of {total / 1e6:.1f} MB"
+            self.node_state.model_download = f"downloading model: {done / 1e6:.1f} of {total / 1e6:.1f} MB"
             tenth = 10 * done // total if total else 10
             if tenth > logged[0]:
                 logged[0] = tenth
-                self.get_logger().info(self.model_download)
+                self.get_logger().info(self.node_state.model_download)
 
         try:
             model = fetch_model(values["model"], values["model_revision"],
                                 trust_remote_code=values["trust_remote_code"], progress=progress)
         finally:
-            self.model_download = ""
+            self.node_state.model_download = ""
         if model != values["model"]:
             self.get_logger().info(f"model {values['model']!r} is the folder {model}")
         return model
@@ -254,13 +273,13 @@ class InfMLLMNode(LifecycleNode):
             return TransitionCallbackReturn.FAILURE
         self.inputs.subscribe()
         self._set_timer("description", self.param("description_period"))
-        self.active = True
+        self.node_state.active = True
         self.get_logger().info("active: taking camera frames and texts")
         self.health.publish_stats()
         return super().on_activate(state)
 
     def _deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self.active = False
+        self.node_state.active = False
         self.inputs.unsubscribe()
         self._set_timer("description", 0.0)
         self.health.publish_stats()
@@ -279,14 +298,14 @@ class InfMLLMNode(LifecycleNode):
         if the model is still busy after ENGINE_CLOSE_TIMEOUT: the engine is then kept, closed, so that no
         new one loads the memory file while this one may still save it (a later configure or cleanup tries
         again)."""
-        self.active = False
+        self.node_state.active = False
         self.inputs.unsubscribe()
         for name in list(self._periodic):
             self._set_timer(name, 0.0)
         if self.engine is not None:
             if not self._close_engine():
                 return False
-            self.engine = None
+            self.node_state.engine = None
         self.health.close_stats()
         self.inputs.close_descriptions()
         return True
@@ -359,7 +378,7 @@ def autostart(node: InfMLLMNode, stop: threading.Event, failed: threading.Event)
             return
         node.trigger_activate()
     finally:
-        node.autostarting = False
+        node.node_state.autostarting = False
 
 
 def main(args=None) -> int:

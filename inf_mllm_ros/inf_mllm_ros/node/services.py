@@ -15,7 +15,6 @@ each caller's process has time to read them (docs/node.md, Many callers).
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeoutError
@@ -23,18 +22,21 @@ from contextlib import contextmanager
 
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.lifecycle import LifecycleNode
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_srvs.srv import Trigger
 
 from inf_mllm_interfaces.action import Ask
 from inf_mllm_interfaces.srv import Query, Recall
 
-from ..engine.api import AnswerCancelledError, EngineBusyError, EngineNotReadyError, TextRefused, checked_text
+from ..engine.api import (AnswerCancelledError, EngineBusyError, EngineNotReadyError, TextRefused, checked_text,
+                          recall_problem)
 from .engine_interface import EngineLike
 from .executor import BoundedCallbackGroup
 from ..input_rules import stamp_seconds
 from .health import NodeCounters
 from .inputs import Inputs
+from .state import NodeState, ParameterReader
 from .markers import EvidenceMarkers
 from .poses import evidence_msgs
 from ..settings import MAX_NEW_TOKENS_LIMIT
@@ -55,21 +57,23 @@ SHUTTING_DOWN = "node is shutting down"
 NOT_CONFIGURED = "node is not configured: no model is loaded (configure it through its lifecycle)"
 LOADING = "model is still loading"
 INACTIVE = "node is inactive: it takes no input and answers no question until it is activated"
-# Moments a recall gives when the request asks for 0.
+# Moments a recall gives when the request asks for 0 (at most MAX_RECALL_RESULTS: engine/value_rules.py).
 DEFAULT_RECALL_RESULTS = 5
-MAX_RECALL_RESULTS = 100
 
 
 class Services:
     """The services and the action, each handler counted in flight while it runs (so that shutdown waits
     for its caller), and control jobs (reset, save) one of each kind at a time.
 
-    node: the node it serves for (its `engine`, `stopping`, `active`, `autostarting`, `param`, logger and clock).
-    counters: the node's. inputs: the node's inputs (stream time, the pose frame, the outbox).
+    ros: the rclpy node it serves on. state: the node's (its engine, whether it is active, autostarting or
+    stopping). param: reads the node's parameters. counters: the node's. inputs: the node's inputs (stream time,
+    the pose frame, the cameras, the outbox).
     """
 
-    def __init__(self, node, counters: NodeCounters, inputs: Inputs):
-        self.node, self.counters, self.inputs = node, counters, inputs
+    def __init__(self, ros: LifecycleNode, state: NodeState, param: ParameterReader, counters: NodeCounters,
+                 inputs: Inputs):
+        self.ros, self.state, self.param, self.counters, self.inputs = ros, state, param, counters, inputs
+        node = ros
         self._lock = threading.Lock()
         self._in_service = 0  # service and action callbacks running now
         self._next_refusal_at = 0.0  # monotonic time before which no refusal leaves (see REFUSAL_SPACING)
@@ -80,7 +84,7 @@ class Services:
         # engine's queue holds (max_pending_queries waiting beside the one answered), so that a goal of ~/ask
         # finds room beside a burst. The rest wait in the middleware, untaken, and query_timeout counts from
         # when a request is taken.
-        self.questions = BoundedCallbackGroup(node.param("max_pending_queries"))
+        self.questions = BoundedCallbackGroup(param("max_pending_queries"))
         node.create_service(Query, "~/query", self._on_query, callback_group=self.questions,
                             qos_profile=SERVICE_QOS)
         node.create_service(Recall, "~/recall", lambda req, res: self._served(self._recall, req, res),
@@ -120,10 +124,10 @@ class Services:
             try:
                 response = handler(request, response)
             except Exception as exc:  # every caller gets a response, whatever went wrong
-                self.node.get_logger().error(f"request failed: {type(exc).__name__}: {exc}")
+                self.ros.get_logger().error(f"request failed: {type(exc).__name__}: {exc}")
                 response.success, response.message = False, f"internal error: {type(exc).__name__}: {exc}"
             if not response.success:
-                if self.node.stopping.is_set():
+                if self.state.stopping.is_set():
                     response.message = SHUTTING_DOWN
                 self._space_refusal()
             return response
@@ -144,18 +148,18 @@ class Services:
                     cancelled=lambda: False):
         """Answer a Query request or an Ask goal into its response or result (the same fields)."""
         start = time.monotonic()
-        engine = self.node.engine
+        engine = self.state.engine
         unusable = self._lifecycle_refusal(engine, ask=True)
         if unusable:
             return self._query_failed(response, unusable)
-        max_new = request.max_new_tokens or self.node.param("max_new_tokens")
+        max_new = request.max_new_tokens or self.param("max_new_tokens")
         try:  # bounded in length too: a kept question goes in whole before its answer, and must stop soon
-            question = checked_text(request.question, "question", self.node.param("max_text_chars"))
+            question = checked_text(request.question, "question", self.param("max_text_chars"))
         except TextRefused as exc:
             return self._query_failed(response, str(exc))
         if max_new > MAX_NEW_TOKENS_LIMIT:
             return self._query_failed(response, f"max_new_tokens {max_new} is above the limit {MAX_NEW_TOKENS_LIMIT}")
-        timeout = self.node.param("query_timeout")
+        timeout = self.param("query_timeout")
         try:
             future = engine.submit_ask(question, max_new_tokens=max_new, keep_in_memory=request.keep_in_memory,
                                        on_token=on_token, cancel=cancel)
@@ -213,34 +217,31 @@ class Services:
     def _recall(self, request: Recall.Request, response: Recall.Response) -> Recall.Response:
         """~/recall: the moments a text points to most, as evidence, without an answer."""
         start = time.monotonic()
-        engine = self.node.engine
+        engine = self.state.engine
         unusable = self._lifecycle_refusal(engine, ask=True)
         problem = unusable
         if not problem:
             try:
-                text = checked_text(request.text, "recall text", self.node.param("max_text_chars"))
+                text = checked_text(request.text, "recall text", self.param("max_text_chars"))
             except TextRefused as exc:
                 problem = str(exc)
-        if not problem and request.max_results > MAX_RECALL_RESULTS:
-            problem = f"max_results {request.max_results} is above the limit {MAX_RECALL_RESULTS}"
-        place = (request.x, request.y, request.radius)
-        if not problem and not (request.radius >= 0.0 and all(map(math.isfinite, place))):
-            problem = f"the place must be finite numbers and the radius >= 0 m, got {place}"
+        # Radius 0: anywhere (a request's default); any other radius is the rule's to judge.
+        near = None if request.radius == 0.0 else (request.x, request.y, request.radius)
+        limit = request.max_results or DEFAULT_RECALL_RESULTS
         origin = self.inputs.stream_clock.origin
         since, until = (None if (t.sec, t.nanosec) == (0, 0) or origin is None else stamp_seconds(t, 0) - origin
                         for t in (request.since, request.until))
-        if not problem and since is not None and until is not None and until < since:
-            problem = "the time window ends before it begins (until < since)"
+        if not problem:
+            problem = recall_problem(limit, since, until, near, request.camera)
         if not problem and request.camera and request.camera not in self.inputs.camera_names:
             problem = (f"no camera {request.camera!r}: this node's cameras are "
                        f"{', '.join(self.inputs.camera_names) or 'one, unnamed'}")
         if problem:
             response.success, response.message = False, problem
             return response
-        timeout = self.node.param("query_timeout")
+        timeout = self.param("query_timeout")
         try:
-            future = engine.submit_recall(text, limit=request.max_results or DEFAULT_RECALL_RESULTS, since=since,
-                                          until=until, near=place if request.radius > 0 else None,
+            future = engine.submit_recall(text, limit=limit, since=since, until=until, near=near,
                                           camera=request.camera)
             moments = future.result(timeout=timeout)
         except FutureTimeoutError:
@@ -280,17 +281,17 @@ class Services:
         """Why a request cannot be served in the node's state, or None: the same words from every service.
         A question also needs the node active; one asked while the model loads hears why from the engine,
         which counts it."""
-        node = self.node
-        if node.stopping.is_set():
+        state = self.state
+        if state.stopping.is_set():
             return SHUTTING_DOWN
         if engine is None:
-            return LOADING if node.autostarting else NOT_CONFIGURED
+            return LOADING if state.autostarting else NOT_CONFIGURED
         if not engine.ready.is_set():
             if ask:
                 return None
             return f"model failed to load: {engine.load_error}" if engine.load_error else LOADING
-        if ask and not node.active:
-            return LOADING if node.autostarting else INACTIVE
+        if ask and not state.active:
+            return LOADING if state.autostarting else INACTIVE
         return None
 
     def _query_failed(self, response: Query.Response, reason: str) -> Query.Response:
@@ -303,7 +304,7 @@ class Services:
         return self._served(self._clear, request, response)
 
     def _clear(self, _request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
-        engine = self.node.engine
+        engine = self.state.engine
         refusal = self._lifecycle_refusal(engine, ask=False)
         if refusal:
             response.success, response.message = False, refusal
@@ -319,7 +320,7 @@ class Services:
     def _wait_control(self, submit, response, verb: str) -> tuple[bool, object]:
         """Run a control job of the engine (reset, save) within query_timeout; on failure `response` says why.
         One of each kind waits at a time: each holds an executor thread while it waits (see executor_threads)."""
-        timeout = self.node.param("query_timeout")
+        timeout = self.param("query_timeout")
         with self._lock:
             if verb in self.controls_waiting:
                 response.success, response.message = False, f"not {verb}: another request for it is under way"
@@ -345,7 +346,7 @@ class Services:
         return self._served(self._save_memory, request, response)
 
     def _save_memory(self, _request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
-        engine = self.node.engine
+        engine = self.state.engine
         refusal = self._lifecycle_refusal(engine, ask=False)
         if refusal:
             response.success, response.message = False, refusal
