@@ -652,4 +652,63 @@ class KVStream:
                                    record=keep)
         return tokens
 
+    def prepare_first_answer(self, *, tokens: int = 2) -> dict[str, float]:
+        """Do now (while the model loads) what the first answer would otherwise do on first use, and forget it, so
+        that the first answer takes the time of any other: the question template and the retriever's reference
+        question tokenized; that question through the model after the cache's own with every layer's queries
+        taken, as retrieval takes a question's; the static steps made (compiled) over the cache's storage; a scratch
+        retrieval index of the question's own keys, scored with its queries; `tokens` tokens decoded. Then the
+        cache is truncated back and the clock set back: no token added, nothing archived, no policy statistic
+        touched, every later answer the same. Only the cache's storage stays made (a stream makes it once, at
+        its first input otherwise: `StreamStats.kv_bytes` shows it from now on).
+
+        What the first retrieval builds from the memory as it is then stays the first retrieval's: the archive's
+        index, whose reference question is asked of that memory (one forward of a few tokens, `Retriever.index`).
+
+        Returns the seconds each part took; {} where the cache's headroom has no room for the question."""
+        from types import SimpleNamespace
+
+        from ..archive.retrieval_index import RetrievalIndex, middle_layers
+
+        times: dict[str, float] = {}
+        start = time.monotonic()
+        ids, content = self.retriever.reference_question
+        _ = self._closing  # a kept answer's end of turn, tokenized once
+        times["tokenize"] = time.monotonic() - start
+        cache = self.cache
+        fill, frontiers, seen = cache.fill, cache.frontiers(), self.tokens_seen
+        if cache.slots - fill - ids.numel() - tokens < 1:
+            return times
+        try:
+            start = time.monotonic()
+            frontier, captured = cache.next_position, {}
+            logits = self._forward(self.adapter.text_prompt(ids), frontier, evict=False, pack=False, observe=False,
+                                   capture=captured)  # as `content_queries` asks, but kept for the decoding below
+            queries = (torch.stack([captured[i][:, content] for i in range(len(cache.layers))]),
+                       torch.arange(frontier, frontier + ids.numel())[content])
+            times["question"] = time.monotonic() - start
+            if any(step is not None and not step.ready for step in (self.static_decoder, self.static_ingester)):
+                start = time.monotonic()
+                self._warm_up_steps()  # into the slots after the question's, which nothing reads
+                times["steps"] = time.monotonic() - start
+            if self.archive.enabled:
+                start = time.monotonic()
+                keys = torch.stack([layer.keys[0, :, fill : fill + ids.numel()] for layer in cache.layers])
+                heads = self.retrieval_heads()
+                index = RetrievalIndex(middle_layers(*queries[0].shape[:2]) if heads is None else heads,
+                                       kv_heads=keys.shape[1], head_dim=keys.shape[-1], size=keys.shape[2],
+                                       block_tokens=self.archive.block_tokens, inv_freq=self.archive.inv_freq,
+                                       device=queries[0].device)
+                index.set_reference(*queries)
+                index.write(0, keys)
+                index.scores(queries, [SimpleNamespace(slot=0, length=keys.shape[2])])
+                times["index"] = time.monotonic() - start
+            start = time.monotonic()
+            self._generate(logits, tokens, AnswerTurn(None, None, self._stopped, self._answer_text), keep=False)
+            times["decode"] = time.monotonic() - start
+        finally:
+            cache.truncate(fill, frontiers)
+            self.tokens_seen = seen
+        return times
+
 __all__ = ["KVStream", "StreamStats"]
