@@ -130,7 +130,6 @@ def test_a_retrieved_frame_block_is_the_models_own_keys_at_their_new_positions(f
 
     for base in (0, 37):
         fresh = KVStream(adapter, StreamConfig(capacity=512, chunk_size=16, system_prompt="", archive_size=0))
-        fresh._started = True
         if base:
             fresh.push_tokens(torch.arange(10, 10 + base))
         fill = fresh.cache.fill

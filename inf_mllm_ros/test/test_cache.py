@@ -180,7 +180,7 @@ def test_scoring_evicting_and_repacking_never_read_a_tensor_on_the_host(tiny, po
     stream = make_stream(tiny, capacity=48, policy=policy, chunk_size=16, headroom=16)
     stream.push_tokens(torch.randint(0, 300, (80,)))  # full, evicting after every block
     if pinned:
-        stream._push(stream.adapter.text_prompt(torch.randint(0, 300, (7,))), pinned=True)
+        stream.push_tokens(torch.randint(0, 300, (7,)), pinned=True)
     host_reads_after_attention.clear()
     evictions = stream.cache.evictions
     stream.push_tokens(torch.randint(0, 300, (64,)))
@@ -208,11 +208,11 @@ def test_evicting_every_layer_at_once_keeps_what_one_layer_at_a_time_keeps(tiny,
     streams = [make_stream(tiny, capacity=48, policy=policy, chunk_size=16, headroom=16) for _ in range(2)]
     streams[1].cache.stack_layers = False  # before the first token: the layers get storage of their own
     for ids, pin in pushes:  # layer by layer, whole layers in one block each
-        streams[1]._push(streams[1].adapter.text_prompt(ids), pinned=pin)
+        streams[1].push_tokens(ids, pinned=pin)
     if one_row_at_a_time:
         monkeypatch.setattr(cache_module, "TEMPORARY_BYTES", 1)
     for ids, pin in pushes:
-        streams[0]._push(streams[0].adapter.text_prompt(ids), pinned=pin)
+        streams[0].push_tokens(ids, pinned=pin)
     together, one_by_one = (stream.cache for stream in streams)
     assert together.stacked_layers() is not None and one_by_one.stacked_layers() is None
     assert together.evictions == one_by_one.evictions > 3

@@ -87,11 +87,10 @@ def test_streamed_frames_match_one_multimodal_forward(family, adapters, folders)
     stream = KVStream(adapter, StreamConfig(capacity=2048, chunk_size=16, policy="inf_mllm"))
     pieces = stream_pieces(adapter, stream, frames(3)) + [("text", "".join(stream.question_parts(QUESTION)))]
     # Push every piece as the engine does (frames in blocks of 16), keeping each token's logits.
-    stream._started = True
     logits = []
     for kind, value in pieces:
         prompt = adapter.frame_prompt(*value) if kind == "frame" else adapter.text_prompt(adapter.tokenize(value))
-        logits.append(stream._push(prompt, return_logits=True))
+        logits.append(stream.push_prompt(prompt, return_logits=True))
     streamed = torch.cat(logits)
 
     model = AutoModelForImageTextToText.from_pretrained(folders[family], attn_implementation="sdpa").eval()

@@ -316,12 +316,21 @@ class KVStream:
             self.newest_frame_stamp = self.newest_stamp = stamp
         return n
 
-    def push_tokens(self, token_ids: Tensor | list[int], *, return_logits: bool = False) -> Tensor | None:
-        """Push raw token ids (no chat formatting), chunk by chunk; optionally return their logits."""
+    def push_tokens(self, token_ids: Tensor | list[int], *, return_logits: bool = False,
+                    pinned: bool = False) -> Tensor | None:
+        """Push raw token ids (no chat formatting), chunk by chunk; optionally return their logits. `pinned`: kept
+        ahead of what attention chooses, as a pinned text is."""
         ids = torch.as_tensor(token_ids, dtype=torch.long)
         if ids.numel() == 0:
             raise ValueError("no tokens to push")
-        logits = self._push(self.adapter.text_prompt(ids), return_logits=return_logits)
+        return self.push_prompt(self.adapter.text_prompt(ids), return_logits=return_logits, pinned=pinned)
+
+    def push_prompt(self, prompt: Prompt, *, return_logits: bool = False, pinned: bool = False) -> Tensor | None:
+        """Push a prompt made by the adapter (`text_prompt`, `frame_prompt`) as it is: no turn of its own, no time
+        marker, no system turn before it; optionally return every token's logits."""
+        if len(prompt) == 0:
+            raise ValueError("empty prompt")
+        logits = self._push(prompt, return_logits=return_logits, pinned=pinned)
         return logits if return_logits else None
 
     # --- pushing -------------------------------------------------------------------------------------
