@@ -43,6 +43,7 @@ from ..image_conversion import rgb_to_compressed_fields
 from .route_scenario import (HFOV_RAD, LOCALISER_HZ, LOCALISER_SIGMA_M, ODOM_HZ, RACK_HEIGHT_M, SIGHT_RADIUS_M,
                              VIEW_RANGE_M, RouteScenario, build_route, localiser_updates, odometry_drift,
                              simulate_odometry)
+from .sample_bag import BAG_VERSION, parse_size
 from .warehouse_layout import SHIFT_START, START_NS, clock_text
 
 __all__ = [
@@ -68,7 +69,6 @@ CAMERA_TOPIC = "/camera/image_raw/compressed"
 NARRATION_TOPIC = "/narration"
 MAP_FRAME, ODOM_FRAME, BASE_FRAME, CAMERA_FRAME = "map", "odom", "base_link", "camera_link"
 CAMERA_MOUNT = (0.25, 0.0, 0.45)  # base_link -> camera_link, metres; the camera looks along base_link's x
-BAG_VERSION = 8  # read by Iron, Jazzy and Kilted alike, as the sample bags
 
 TYPES = {
     ODOMETRY_TOPIC: "nav_msgs/msg/Odometry",
@@ -471,14 +471,6 @@ def write_route_truth(path: str | Path, scenario: RouteScenario) -> None:
 
 # --- command line --------------------------------------------------------------------------------------------
 
-def _parse_size(text: str) -> tuple[int, int]:
-    try:
-        width, height = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"size must look like 160x120, got {text!r}") from None
-    return width, height
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m inf_mllm_ros.bags.route_bag",
                                      description="Write a seeded route bag (odometry, tf, camera, narration) "
@@ -487,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--duration", type=float, default=300.0, help="seconds")
     parser.add_argument("--fps", type=float, default=2.0)
-    parser.add_argument("--size", type=_parse_size, default=(160, 120), help="WxH")
+    parser.add_argument("--size", type=parse_size, default=(160, 120), help="WxH")
     parser.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap")
     parser.add_argument("--truth", help="truth file (default: truth.yaml inside OUT_DIR)")
     parser.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")

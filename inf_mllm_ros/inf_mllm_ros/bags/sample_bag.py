@@ -214,7 +214,8 @@ def write_questions_yaml(path: str | Path, probes: Sequence[Probe]) -> None:
     Path(path).write_text(header + text, encoding="utf-8")
 
 
-def _parse_size(text: str) -> tuple[int, int]:
+def parse_size(text: str) -> tuple[int, int]:
+    """A frame size on a command line, "WxH" (the bag writers' --size)."""
     try:
         width, height = (int(v) for v in text.lower().split("x"))
     except ValueError:
@@ -231,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap")
     parser.add_argument("--duration", type=float, default=SCRIPT_END_S, help="seconds")
     parser.add_argument("--fps", type=float, default=1.0)
-    parser.add_argument("--size", type=_parse_size, default=(320, 240), help="WxH")
+    parser.add_argument("--size", type=parse_size, default=(320, 240), help="WxH")
     parser.add_argument("--raw", action="store_true",
                         help=f"write {CAMERA_TOPIC_RAW} (rgb8 Image) instead of JPEG")
     parser.add_argument("--seed", type=int, default=0)
