@@ -39,6 +39,7 @@ from .stream_inputs import (
     pose_source,
     questions_due,
     stream_inputs,
+    transform_sources,
 )
 
 PROG = "inf_mllm_offline"
@@ -142,7 +143,8 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
     called with a line for each answer and notice. Raises BagError, ModelLoadError, UsageError.
     """
     from ..engine.models.adapters import FramesNotSupportedError
-    from ..engine.poses import PoseHistory, PoseRefusedError
+    from ..engine.poses import PoseRefusedError
+    from ..robot_poses import RobotPoses
     from ..engine.runtime.stream import KVStream
 
     echo = echo or (lambda line: None)
@@ -155,15 +157,18 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
     for line in skipped:
         echo(f"note: {line}")
     counts = result.counts = {"frames": 0, "texts": 0, "rejected": 0, "frames_skipped": 0, "frames_dropped": 0,
-                              "answers": 0, "poses": 0, "poses_refused": 0}
+                              "answers": 0, "poses": 0, "poses_refused": 0, "transforms": 0, "pose_jumps": 0}
     try:
         pose_topic = pose_source(topic_types, remaps or parse_remaps([]), str(settings.get("pose_topic") or ""),
                                  node_namespace(node))
     except BagError:
         bag.close()
         raise
-    # The node's pose rules (node_poses.PoseInput): one frame, a bounded history, the pose at an input's time.
-    poses = PoseHistory(str(settings.get("pose_frame") or ""), float(settings.get("pose_tolerance", 0.5)))
+    # The node's pose rules (node/poses.py): the robot's base frame through the bag's /tf and /tf_static, else the
+    # pose topic's, in one frame, the pose at an input's time; a jump back in time clears them.
+    transform_topics = transform_sources(topic_types, remaps or parse_remaps([]))
+    poses = RobotPoses(str(settings.get("pose_frame") or ""), float(settings.get("pose_tolerance", 0.5)),
+                       str(settings.get("map_frame", "map")), str(settings.get("base_frame", "base_link")))
     log = open(log_path, "w", encoding="utf-8") if log_path else None
 
     def emit(record: dict) -> None:
@@ -227,23 +232,43 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
 
             bar = tqdm(total=total, unit="msg", desc=Path(bag_path).name, file=sys.stderr, dynamic_ncols=True)
             echo = lambda line: bar.write(line, file=sys.stdout)  # noqa: E731  (lines above the bar)
+        def take_poses(item) -> None:
+            """A pose of the pose topic, or a /tf message's transforms, into the robot's poses."""
+            kept = [(item.clock_s, *item.data)] if item.kind == "pose" else item.data
+            for entry in kept:
+                try:
+                    if item.kind == "pose":
+                        jumped = poses.add_pose(*entry)
+                        counts["poses"] += 1
+                        result.route.append((item.bag_time, entry[1].x, entry[1].y))
+                    else:
+                        parent, child, pose, stamp, static = entry
+                        jumped = poses.add_transform(parent, child, stamp, pose, static=static)
+                        counts["transforms"] += 1
+                        where = poses.at(stamp) if child == poses.base_frame else None
+                        if where is not None:  # the route as tf2 puts it, for the map
+                            result.route.append((item.bag_time, where.x, where.y))
+                    result.route_frame = poses.frame_id or result.route_frame
+                except PoseRefusedError as exc:
+                    counts["poses_refused"] += 1
+                    emit({"type": "pose_refused", "bag_time": item.bag_time, "reason": str(exc)})
+                    continue
+                if jumped:
+                    counts["pose_jumps"] += 1
+                    emit({"type": "pose_jump", "bag_time": item.bag_time, "seconds": jumped})
+
         asked, bag_time = 0, 0.0
         frames_ok = True
         clock = StreamClock()
         emit({"type": "start", "bag_time": 0.0, **stats()})
-        for item in stream_inputs(bag.messages(list(kinds) + ([pose_topic] if pose_topic else [])), kinds,
+        for item in stream_inputs(bag.messages(list(kinds) + ([pose_topic] if pose_topic else [])
+                                               + list(transform_topics)), kinds,
                                   bag.start_ns, max_text_chars=int(settings["max_text_chars"]),
                                   max_decoded_pixels=int(settings["max_decoded_pixels"]),
-                                  frame_rate=float(settings["frame_rate"]), clock=clock, pose_topic=pose_topic):
-            if item.kind == "pose":
-                try:
-                    poses.add(item.clock_s, *item.data)
-                    counts["poses"] += 1
-                    result.route.append((item.bag_time, item.data[0].x, item.data[0].y))
-                    result.route_frame = poses.frame_id
-                except PoseRefusedError as exc:
-                    counts["poses_refused"] += 1
-                    emit({"type": "pose_refused", "bag_time": item.bag_time, "reason": str(exc)})
+                                  frame_rate=float(settings["frame_rate"]), clock=clock, pose_topic=pose_topic,
+                                  transform_topics=transform_topics):
+            if item.kind in ("pose", "transforms"):
+                take_poses(item)
                 continue
             for q in questions_due(questions, asked, item.bag_time):
                 answer(q, bag_time)
@@ -264,7 +289,9 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
                 record["type"] = "frame_skipped"
             elif item.kind == "frame":
                 try:
-                    record["tokens"] = stream.push_frame(item.data, item.stamp, pose=poses.at(item.clock_s))
+                    pose = poses.at(item.clock_s)
+                    record["pose"] = None if pose is None else list(pose.as_tuple())
+                    record["tokens"] = stream.push_frame(item.data, item.stamp, pose=pose)
                     counts["frames"] += 1
                 except FramesNotSupportedError as exc:
                     frames_ok = False
@@ -278,7 +305,9 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
                 if pin:
                     record.update(type="text", pinned=True)
                 try:
-                    record["tokens"] = stream.push_text(item.data, item.stamp, pin=pin, pose=poses.at(item.clock_s))
+                    pose = poses.at(item.clock_s)
+                    record["pose"] = None if pose is None else list(pose.as_tuple())
+                    record["tokens"] = stream.push_text(item.data, item.stamp, pin=pin, pose=pose)
                     counts["texts"] += 1
                 except ValueError as exc:
                     counts["rejected"] += 1

@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..engine.text_rules import TextRefused, checked_text, is_blank
 from ..image_conversion import ImageConversionError, msg_to_rgb
-from ..input_rules import POSE_MESSAGE_TYPES, FrameGate, StreamClock, pose_message, stamp_seconds, text_message
+from ..input_rules import (POSE_MESSAGE_TYPES, FrameGate, StreamClock, pose_message, stamp_seconds, text_message,
+                           transform_message)
 from .bag_io import Bag, BagError, BagMessage
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "parse_ask",
     "parse_remaps",
     "pose_source",
+    "transform_sources",
     "questions_due",
     "resolve",
     "select_inputs",
@@ -128,11 +130,27 @@ def pose_source(topics: dict[str, str], remaps: dict[str, str], pose_topic: str,
     return None
 
 
+# The topics tf2 listens on, and whether what they carry holds at every time.
+TRANSFORM_TOPICS = {"/tf": False, "/tf_static": True}
+TRANSFORM_TYPE = "tf2_msgs/msg/TFMessage"
+
+
+def transform_sources(topics: dict[str, str], remaps: dict[str, str]) -> dict[str, bool]:
+    """The bag topics that reach /tf or /tf_static after remapping (bag topic -> static), as a node's tf2 takes
+    them (absolute names: a node in a namespace still listens on /tf)."""
+    out = {}
+    for topic, msgtype in topics.items():
+        target = remaps.get(topic, topic)
+        if target in TRANSFORM_TOPICS and msgtype == TRANSFORM_TYPE:
+            out[topic] = TRANSFORM_TOPICS[target]
+    return out
+
+
 @dataclass
 class StreamInput:
     """One bag message as the node takes it: 'frame' (RGB array), 'text', 'pinned' (a text to keep), 'rejected'
-    (data: the reason), 'frame_dropped' (held back by frame_rate; data None) or 'pose' (data: the pose and its
-    frame)."""
+    (data: the reason), 'frame_dropped' (held back by frame_rate; data None), 'pose' (data: the pose and its
+    frame) or 'transforms' (data: (parent, child, pose, stamp, static) of each transform)."""
 
     kind: str
     topic: str
@@ -144,9 +162,11 @@ class StreamInput:
 
 def stream_inputs(messages: Iterable[BagMessage], kinds: dict[str, str], start_ns: int, *,
                   max_text_chars: int, max_decoded_pixels: int, frame_rate: float,
-                  clock: StreamClock | None = None, pose_topic: str | None = None) -> Iterator[StreamInput]:
+                  clock: StreamClock | None = None, pose_topic: str | None = None,
+                  transform_topics: dict[str, bool] | None = None) -> Iterator[StreamInput]:
     """The node's inputs from bag messages in bag order, by the node's rules (input_rules) and settings, with
-    the poses of `pose_topic` (a bag topic, `pose_source`); messages on other topics are skipped.
+    the poses of `pose_topic` (a bag topic, `pose_source`) and the transforms of `transform_topics` (bag topic ->
+    static: `transform_sources`); messages on other topics are skipped.
 
     A frame first passes `frame_rate` (by its time, before decoding), then is refused if it does not
     decode or declares more than ``max_decoded_pixels``; a text is refused if empty or longer than
@@ -154,13 +174,18 @@ def stream_inputs(messages: Iterable[BagMessage], kinds: dict[str, str], start_n
     """
     clock = clock or StreamClock()
     gate = FrameGate(frame_rate)
+    transform_topics = transform_topics or {}
     for item in messages:
         kind = kinds.get(item.topic)
-        if kind is None and item.topic != pose_topic:
+        if kind is None and item.topic != pose_topic and item.topic not in transform_topics:
             continue
         bag_time = (item.timestamp_ns - start_ns) / 1e9
         msg = item.msg
-        if kind is None:
+        if item.topic in transform_topics:
+            yield StreamInput("transforms", item.topic, bag_time, None,
+                              [(*transform_message(t), stamp_seconds(t.header.stamp, item.timestamp_ns),
+                                transform_topics[item.topic]) for t in msg.transforms])
+        elif kind is None:
             yield StreamInput("pose", item.topic, bag_time, None, pose_message(msg, item.msgtype),
                               stamp_seconds(msg.header.stamp, item.timestamp_ns))
         elif kind == "frame":
