@@ -880,6 +880,7 @@ class StandInEngine:
         self.load_error = None
         self.time_origin = None
         self.pose_frame = ""
+        self.preparation = {}
         self.answer = lambda: Future()
         self.control = lambda: Future()  # a reset or a save
 

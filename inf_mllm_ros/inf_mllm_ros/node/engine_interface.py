@@ -32,6 +32,7 @@ class EngineLike(Protocol):
     # The clock the node keeps with the memory.
     time_origin: float | None  # the caller's time of stream time 0, kept with the memory
     pose_frame: str  # the frame of the poses kept with inputs, kept with the memory
+    preparation: dict  # what loading prepared for the first question, with its seconds
 
     # Lifecycle.
     ready: threading.Event  # set once the model is usable

@@ -257,7 +257,11 @@ class InfMLLMNode(LifecycleNode):
         return model
 
     def _report_ready(self, seconds: float) -> None:
-        self.get_logger().info(f"model ready in {seconds:.1f} s")
+        prepared = self.engine.preparation
+        self.get_logger().info(f"model ready in {seconds:.1f} s" + (
+            " (prepared for the first question: " + ", ".join(f"{name.replace('_', ' ')} {value:.2f} s"
+                                                              for name, value in prepared.items()) + ")"
+            if prepared else ""))
         if self.engine.memory_file is not None:
             refused = "refused" in self.engine.memory_status
             (self.get_logger().warning if refused else self.get_logger().info)(self.engine.memory_status)

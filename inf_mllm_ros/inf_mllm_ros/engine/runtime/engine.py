@@ -320,6 +320,12 @@ class StreamingEngine:
         self.worker.stream.time_origin = seconds
 
     @property
+    def preparation(self) -> dict[str, float]:
+        """What loading prepared so that no question waits for it (retrieval heads, the first answer's parts), and
+        the seconds each took; empty until the model is loaded."""
+        return dict(self.worker.preparation)
+
+    @property
     def pose_frame(self) -> str:
         """The frame of the poses kept with inputs (`KVStream.pose_frame`: saved with the memory); "" until the
         model is loaded or the caller sets it."""
