@@ -16,8 +16,8 @@ import yaml
 from inf_mllm_ros.bags.bag_io import iter_messages, open_bag
 from inf_mllm_ros.bags.route_bag import (CAMERA_TOPIC, NARRATION_TOPIC, ODOMETRY_TOPIC, START_NS, TF_STATIC_TOPIC,
                                          TF_TOPIC, main, truth_document, write_route_bag)
-from inf_mllm_ros.bags.route_scenario import (CATALOG_BY_NAME, KINDS, LOCALISER_HZ, ODOM_HZ, SIGHT_RADIUS_M,
-                                              build_route, compose)
+from inf_mllm_ros.bags.route_scenario import (CATALOG, CATALOG_BY_NAME, KINDS, LOCALISER_HZ, ODOM_HZ,
+                                              SIGHT_RADIUS_M, build_route, compose)
 from inf_mllm_ros.image_conversion import msg_to_rgb
 
 SEEDS = (0, 1, 2)
@@ -226,6 +226,32 @@ def test_questions_cover_every_kind_and_agree_with_the_sightings(bags, seed: int
         if q.kind == "how_long_ago":
             assert q.expected["seconds"] == pytest.approx(DURATION - one.time_s)
     assert any(q.kind == "where_last" and len(scenario.sightings_of(q.thing)) > 1 for q in questions)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_question_asks_each_thing_every_kind_and_leaves_the_drive_as_it_was(seed: int) -> None:
+    drawn, every = build_route(seed, DURATION), build_route(seed, DURATION, questions="every")
+    assert (every.sightings, every.narration, every.things) == (drawn.sightings, drawn.narration, drawn.things)
+    on_floor = {th.name for th in every.things}
+    assert set(drawn.absent) <= set(every.absent)
+    assert set(every.absent) == {k.name for k in CATALOG} - on_floor  # every catalog thing not on the floor
+    seen = {s.thing for s in every.sightings}
+    assert set(every.never_seen) == {k.name for k in CATALOG} - seen
+    asked = sorted((q.thing, q.kind) for q in every.questions)
+    assert asked == sorted([(n, k) for n in seen for k in KINDS[:-1]] + [(n, "never_seen") for n in every.never_seen])
+    for q in every.questions:
+        assert q.asked_s == DURATION
+        assert not any(p in q.question.lower() for p in CATALOG_BY_NAME[q.thing].said if " " in p), q.question
+        seen_of = every.sightings_of(q.thing)
+        if q.kind == "never_seen":
+            assert not seen_of and q.expected == {"seen": False}
+            continue
+        one = seen_of[-1] if q.kind in ("where_last", "when_last", "how_long_ago") else seen_of[0]
+        assert q.expected["time_s"] == one.time_s
+        if q.kind.startswith("where"):
+            assert (q.expected["x"], q.expected["y"]) == one.pose[:2]
+    with pytest.raises(ValueError, match="questions"):
+        build_route(seed, DURATION, questions="some")
 
 
 # --- determinism and the command line ------------------------------------------------------------------------

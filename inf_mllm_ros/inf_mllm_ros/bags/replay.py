@@ -109,10 +109,17 @@ class Player:
         self.node_name = "/" + node.strip("/")
         namespace = node_namespace(node)
         reliable = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100, reliability=ReliabilityPolicy.RELIABLE)
+        # /tf_static latched, as tf2's static broadcaster offers it: a transient-local subscriber (tf2's listener,
+        # the node's) takes nothing from a volatile publisher (incompatible QoS), and latched it also reaches one
+        # that subscribes after the message went out.
+        latched = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100, reliability=ReliabilityPolicy.RELIABLE,
+                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
         # Reliable publishers reach best-effort subscribers (the node's camera) and reliable ones alike.
-        self.publishers = {t: self.node.create_publisher(message_class(msgtype), published_name(t, remaps, namespace,
-                                                                                                inputs), reliable)
-                           for t, msgtype in topics.items()}
+        self.publishers = {}
+        for t, msgtype in topics.items():
+            name = published_name(t, remaps, namespace, inputs)
+            self.publishers[t] = self.node.create_publisher(message_class(msgtype), name,
+                                                            latched if name == "/tf_static" else reliable)
         self.inputs = inputs  # the bag topics that reach the node
         self._clock_pub = self.node.create_publisher(Clock, "/clock", 10) if clock else None
         self._clock_msg = Clock

@@ -14,7 +14,8 @@ to ask it afterwards, and the sensors a real robot would record on the way.
   0-1 s after the closest approach in words that name neither the place nor a number ("Passing a blue barrel."),
   between filler lines that say nothing about things ("Battery at 80 percent.");
 - questions in other words than the narration ("Where did you last see the trolley?"), of every kind in `KINDS`,
-  each with its expected answer, asked at the end of the drive.
+  each with its expected answer, asked at the end of the drive: about `QUESTIONS_PER_BAG` of them, or with
+  `questions="every"` every kind of question about every thing (`QUESTION_SETS`).
 
 The sensors are simulated here too, as numbers: wheel odometry integrated from noisy velocities with a small
 heading bias, so that it drifts from the truth (`simulate_odometry`), and a localiser's map->odom corrections at
@@ -37,6 +38,7 @@ __all__ = [
     "LOCALISER_HZ",
     "LOCALISER_SIGMA_M",
     "ODOM_HZ",
+    "QUESTION_SETS",
     "SIGHT_RADIUS_M",
     "LocaliserTrack",
     "Narration",
@@ -76,6 +78,10 @@ PATH_STEP_M = 0.05
 
 KINDS = ("where_last", "where_first", "when_first", "when_last", "how_long_ago", "never_seen")
 QUESTIONS_PER_BAG = 24
+# Which questions `build_route` asks: "drawn", about QUESTIONS_PER_BAG of every kind; "every", each thing seen asked
+# every kind but never_seen, and never_seen of every catalog thing not seen (those off the route and every one not on
+# the floor), for a benchmark that needs many questions of each kind from few drives.
+QUESTION_SETS = ("drawn", "every")
 
 
 # --- what can stand on the floor -------------------------------------------------------------------------------
@@ -766,16 +772,29 @@ def _questions(scenario: RouteScenario, rng) -> list[Question]:
     return [_ask(scenario, n, k, rng) for n, k in chosen]
 
 
+def _every_question(scenario: RouteScenario, rng) -> list[Question]:
+    """Every thing seen asked every kind but never_seen, and a did-you-see for every thing never seen, in a drawn
+    order."""
+    seen = list(dict.fromkeys(s.thing for s in scenario.sightings))
+    chosen = [(n, k) for n in seen for k in KINDS[:-1]] + [(n, "never_seen") for n in scenario.never_seen]
+    chosen = [chosen[i] for i in rng.permutation(len(chosen))]
+    return [_ask(scenario, n, k, rng) for n, k in chosen]
+
+
 # --- the scenario ------------------------------------------------------------------------------------------------
 
-def build_route(seed: int, duration: float = 300.0) -> RouteScenario:
+def build_route(seed: int, duration: float = 300.0, questions: str = "drawn") -> RouteScenario:
     """The whole drive for `seed`: route, things, sightings, narration and questions.
 
     The same seed and duration give the same drive; the floor and route depend on the seed alone, the things are
-    placed along the part of the route that `duration` reaches.
+    placed along the part of the route that `duration` reaches. `questions` (one of `QUESTION_SETS`) changes the
+    questions alone: with "every", `absent` holds every catalog thing not on the floor, so that each is asked
+    about; the drive, what is seen and said, is the same.
     """
     if duration < 30.0:
         raise ValueError(f"duration must be at least 30 s, got {duration}")
+    if questions not in QUESTION_SETS:
+        raise ValueError(f"questions must be one of {QUESTION_SETS}, got {questions!r}")
     waypoints, places, racks, floor = _floor_plan(np.random.default_rng([seed, 1]))
     route = _build_route(waypoints, places, duration, np.random.default_rng([seed, 2]))
     things, absent = _place_things(route, racks, floor, duration, np.random.default_rng([seed, 3]))
@@ -785,7 +804,12 @@ def build_route(seed: int, duration: float = 300.0) -> RouteScenario:
     scenario.sightings = tuple(_find_sightings(route, things, duration, rng))
     sightings, lines = _narration(scenario, np.random.default_rng([seed, 5]))
     scenario.sightings, scenario.narration = tuple(sightings), tuple(lines)
-    scenario.questions = tuple(_questions(scenario, np.random.default_rng([seed, 6])))
+    if questions == "every":
+        floor = {th.name for th in things}
+        scenario.absent = absent + tuple(k.name for k in CATALOG if k.name not in floor and k.name not in absent)
+        scenario.questions = tuple(_every_question(scenario, np.random.default_rng([seed, 6])))
+    else:
+        scenario.questions = tuple(_questions(scenario, np.random.default_rng([seed, 6])))
     return scenario
 
 
