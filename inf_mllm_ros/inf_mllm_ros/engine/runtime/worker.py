@@ -115,6 +115,8 @@ class EngineWorker:
             # later collection, so that the resident memory after loading is the memory's own.
             gc.collect()
             self._snapshot_stats()
+            if self.checkpoints.memory_file is not None:  # the first checkpoint a period after the memory is ready
+                self.checkpoints.schedule(self._applied.checkpoint_period)
             board.ready.set()
         except Exception as exc:  # reported through load_error and every later query
             board.load_error = exc
