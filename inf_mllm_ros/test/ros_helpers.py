@@ -92,6 +92,11 @@ class Latest:
         with self._lock:
             self.messages.append(msg)
 
+    def clear(self) -> None:
+        """Forget the messages received so far."""
+        with self._lock:
+            self.messages.clear()
+
     @property
     def last(self):
         with self._lock:

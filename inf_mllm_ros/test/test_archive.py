@@ -312,7 +312,7 @@ def test_retrieval_heads_are_a_tenth_of_the_layer_heads_found_alike_and_kept_in_
     monkeypatch.setenv("INF_MLLM_CACHE_DIR", str(tmp_path))
     adapter = adapters["qwen2_vl"]
     new_stream = lambda **settings: KVStream(adapter, StreamConfig(**settings))  # noqa: E731
-    heads = retrieval_heads_module._kept_or_found(adapter, new_stream)
+    heads = retrieval_heads_module.kept_or_found(adapter, new_stream)
     assert heads.dtype == torch.bool and heads.shape[0] == adapter.num_layers
     assert int(heads.sum()) == max(retrieval_heads_module.MIN_HEADS, round(retrieval_heads_module.SHARE * heads.numel()))
     assert torch.equal(retrieval_heads_module.find_retrieval_heads(adapter, new_stream), heads), \
@@ -323,22 +323,22 @@ def test_retrieval_heads_are_a_tenth_of_the_layer_heads_found_alike_and_kept_in_
         raise AssertionError("found again although kept")
 
     monkeypatch.setattr(retrieval_heads_module, "find_retrieval_heads", not_again)
-    assert torch.equal(retrieval_heads_module._kept_or_found(adapter, new_stream), heads)
+    assert torch.equal(retrieval_heads_module.kept_or_found(adapter, new_stream), heads)
     # A file that cannot be read costs only finding them again.
     next(tmp_path.glob("retrieval_heads-*.json")).write_bytes(b"not a tensor")
     monkeypatch.setattr(retrieval_heads_module, "find_retrieval_heads", lambda a, n: heads)
-    assert torch.equal(retrieval_heads_module._kept_or_found(adapter, new_stream), heads)
+    assert torch.equal(retrieval_heads_module.kept_or_found(adapter, new_stream), heads)
 
 
-def test_a_model_whose_retrieval_heads_cannot_be_found_scores_on_the_middle_layers(monkeypatch):
+def test_a_model_whose_retrieval_heads_cannot_be_found_scores_on_the_middle_layers():
     class Model:  # stands for an adapter the synthetic stream does not suit
         pass
 
     def fails(_adapter, _new_stream):
         raise RuntimeError("no chat template")
 
-    monkeypatch.setattr(retrieval_heads_module, "_kept_or_found", fails)
-    assert retrieval_heads_module.retrieval_heads(Model(), lambda **settings: None) is None  # retrieval then scores on the middle half
+    # retrieval then scores on the middle half
+    assert retrieval_heads_module.retrieval_heads(Model(), lambda **settings: None, find=fails) is None
 
 
 def placed_messages(stream: KVStream, question: str) -> list[str]:

@@ -38,8 +38,7 @@ def adapters(tmp_path_factory):
 def question_logits(stream, question: str) -> torch.Tensor:
     """The question pushed after the cache (as an answer not kept does): its last logits."""
     ids, _ = stream.question_ids(stream.adapter.chat.question_parts(question))
-    return stream._forward(stream.adapter.text_prompt(ids), stream.cache.next_position, evict=False, pack=False,
-                           observe=False)
+    return stream.place_unkept(stream.adapter.text_prompt(ids))
 
 
 def eager_steps(stream, logits: torch.Tensor, n: int) -> tuple[list[int], list[torch.Tensor]]:
@@ -47,8 +46,7 @@ def eager_steps(stream, logits: torch.Tensor, n: int) -> tuple[list[int], list[t
     tokens, steps = [], []
     for _ in range(n):
         tokens.append(int(logits[-1].argmax()))
-        logits = stream._forward(stream.adapter.text_prompt(torch.tensor([tokens[-1]])), stream.cache.next_position,
-                                 evict=False, pack=False, observe=False)
+        logits = stream.place_unkept(stream.adapter.text_prompt(torch.tensor([tokens[-1]])))
         steps.append(logits[-1].clone())
     return tokens, steps
 
@@ -167,13 +165,13 @@ def test_a_stream_that_decodes_in_static_steps_binds_them_with_its_first_input_a
         assert static.ask(question, max_new_tokens=10).text == eager.ask(question, max_new_tokens=10).text
 
 
-def test_a_step_that_cannot_be_made_leaves_the_stream_decoding_eagerly_and_its_input_in(adapters, monkeypatch, caplog):
+def test_a_step_that_cannot_be_made_leaves_the_stream_decoding_eagerly_and_its_input_in(adapters, caplog):
     stream = KVStream(adapters["llama"], StreamConfig(capacity=48, chunk_size=16, decode_step="static"))
 
-    def fails(*args):
+    def fails(*args):  # a torch.compile backend that fails on the step
         raise RuntimeError("the compiler gave up")
 
-    monkeypatch.setattr(stream.static_decoder, "_eager_step", fails)
+    stream.static_decoder = StaticDecoder(stream.adapter, stream.cache, "compiled", compile_options={"backend": fails})
     taken = stream.push_text(sentence(1), stamp=1.0)
     assert taken > 0 and stream.texts_ingested == 1 and stream.static_decoder is None
     assert "answers decode eagerly" in caplog.text and "the compiler gave up" in caplog.text

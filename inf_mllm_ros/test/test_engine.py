@@ -136,7 +136,7 @@ def test_a_stop_never_cuts_a_kept_question_short(smollm2, monkeypatch):
     monkeypatch.setattr(smollm2, "forward", stop_during_the_first_block)
     with pytest.raises(StreamStoppedError, match="answering"):
         stream.ask(question, keep_in_memory=True)
-    assert stream.tokens_seen == before + turn + stream._closing.numel()
+    assert stream.tokens_seen == before + turn + stream.closing_ids.numel()
 
 
 def test_a_question_not_kept_leaves_memory_exactly_as_it_was(smollm2):
@@ -203,7 +203,7 @@ def test_a_cancel_after_a_long_kept_question_went_in_closes_its_turn(smollm2, mo
     with pytest.raises(AnswerCancelledError):
         stream.ask("Tell me everything about the keeper.", max_new_tokens=1000, keep_in_memory=True,
                    on_token=lambda text, n: n == 3 and cancel.set(), cancel=cancel)
-    assert pushed[-1] == stream._closing.tolist(), "the turn is closed"
+    assert pushed[-1] == stream.closing_ids.tolist(), "the turn is closed"
     assert len(pushed) == 1 + 3 + 1, "the question, the three answer tokens before the cancel, the closing"
 
 

@@ -139,16 +139,17 @@ def test_a_block_the_step_cannot_take_goes_in_eagerly(adapters):
     assert went_eagerly >= 1 and ingester.blocks >= 3
 
 
-def test_the_ingest_step_setting_and_a_step_that_cannot_be_made(adapters, monkeypatch, caplog):
+def test_the_ingest_step_setting_and_a_step_that_cannot_be_made(adapters, caplog):
     with pytest.raises(ValueError, match="ingest_step"):
         StreamConfig(ingest_step="graph")
     assert KVStream(adapters["llama"], StreamConfig(**CONFIG)).static_ingester is None  # "auto": eager on a CPU
     stream = KVStream(adapters["llama"], StreamConfig(**CONFIG, ingest_step="static"))
 
-    def fails(*args):
+    def fails(*args):  # a torch.compile backend that fails on the step
         raise RuntimeError("the compiler gave up")
 
-    monkeypatch.setattr(stream.static_ingester, "_eager_step", fails)
+    stream.static_ingester = StaticIngester(stream.adapter, stream.cache, CONFIG["chunk_size"], "compiled",
+                                            compile_options={"backend": fails})
     taken = stream.push_text(sentence(1), stamp=1.0)
     assert taken > 0 and stream.texts_ingested == 1 and stream.static_ingester is None
     assert "inputs go in eagerly" in caplog.text and "the compiler gave up" in caplog.text

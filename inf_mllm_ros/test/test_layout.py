@@ -151,7 +151,9 @@ def test_objects_own_their_state_no_class_is_a_part_of_another():
 
 def test_no_private_name_is_imported_or_reached_for_from_another_package():
     """A private name (`_x`) stays in its package: no `from m import _x` across packages, and no `obj._x` of the
-    package's objects from the tests' or benchmarks' code (they use what the package offers)."""
+    package's objects from the tests' or benchmarks' code, nor a private member replaced by name (they use what the
+    package offers: a parameter, a public method or attribute). torch's own test helpers (`torch._dynamo.testing`)
+    are torch's."""
     crossing = []
     for path in sorted(REPO_ROOT.glob("inf_mllm_ros/**/*.py")) + sorted(REPO_ROOT.glob("benchmarks/*.py")):
         tree = ast.parse(path.read_text())
@@ -162,13 +164,18 @@ def test_no_private_name_is_imported_or_reached_for_from_another_package():
                     crossing += [f"{path.name}: from {node.module} import {a.name}" for a in node.names
                                  if a.name.startswith("_") and not a.name.startswith("__")]
     assert not crossing, crossing
-    outside = sorted(REPO_ROOT.glob("benchmarks/*.py"))
+    outside = sorted(REPO_ROOT.glob("benchmarks/*.py")) + sorted(Path(__file__).parent.glob("*.py"))
+    private = lambda name: name.startswith("_") and not name.startswith("__")  # noqa: E731
     reached = []
     for path in outside:
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
-                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+            if (isinstance(node, ast.Attribute) and private(node.attr)
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls", "torch"))):
                 reached.append(f"{path.name}:{node.lineno} .{node.attr}")
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("setattr"):
+                names = [a.value for a in node.args[:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+                reached += [f"{path.name}:{node.lineno} setattr {name}" for name in names
+                            if private(name.rpartition(".")[2])]
     assert not reached, reached
 
 

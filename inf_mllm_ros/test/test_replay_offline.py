@@ -159,8 +159,7 @@ def test_timed_replay_at_a_high_rate_feeds_the_node(node, short_bag, ros_env) ->
         # A sim-time node sends periodic stats only while /clock runs: start from an empty memory instead.
         reset = probe.node.create_client(Trigger, f"{FQN}/reset")
         probe.wait_for(lambda: probe.call(reset, Trigger.Request(), timeout=180).success, 180, "a reset")
-        with stats._lock:
-            stats.messages.clear()
+        stats.clear()
         replay = run([exe("inf_mllm_replay"), short_bag, "--rate", "20", "--wait", "60", "--node", FQN, *REMAPS], ros_env,
                      timeout=120)
         assert replay.returncode == 0, replay.stderr

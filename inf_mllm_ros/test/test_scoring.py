@@ -238,7 +238,7 @@ def triton_case(name, num_heads, num_kv, head_dim, n_past, q, dtype, transposed)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--triton-cases"]:
-    assert triton_scoring._interpreting(), "run with TRITON_INTERPRET=1"
+    assert triton_scoring.interpreting(), "run with TRITON_INTERPRET=1"
     results = {case[0]: triton_case(*case) for case in TRITON_CASES}
     print(json.dumps(results))
 

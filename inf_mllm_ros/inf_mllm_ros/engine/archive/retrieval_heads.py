@@ -55,14 +55,15 @@ _lock = threading.Lock()
 StreamFactory = Callable[..., Any]
 
 
-def retrieval_heads(adapter: ModelAdapter, new_stream: StreamFactory) -> Tensor | None:
+def retrieval_heads(adapter: ModelAdapter, new_stream: StreamFactory,
+                    find: Callable[[ModelAdapter, StreamFactory], Tensor] | None = None) -> Tensor | None:
     """[layers, query heads] bool: the heads the archive scores with for this model (found on first use, on a
-    stream `new_stream` makes). None where they could not be found: every head of the middle half of the layers
-    then scores."""
+    stream `new_stream` makes, by `find`: `kept_or_found` unless given). None where they could not be found: every
+    head of the middle half of the layers then scores."""
     with _lock:
         if adapter not in _found:
             try:
-                _found[adapter] = _kept_or_found(adapter, new_stream)
+                _found[adapter] = (find or kept_or_found)(adapter, new_stream)
             except (RuntimeError, ValueError) as exc:  # a model the synthetic stream does not suit
                 logging.getLogger(__name__).warning("retrieval heads not found (%s); scoring on every head of the "
                                                     "middle half of the layers", exc)
@@ -74,7 +75,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("INF_MLLM_CACHE_DIR") or Path.home() / ".cache" / "inf_mllm_ros")
 
 
-def _kept_or_found(adapter: ModelAdapter, new_stream: StreamFactory) -> Tensor:
+def kept_or_found(adapter: ModelAdapter, new_stream: StreamFactory) -> Tensor:
     """The heads from their file where a run before found them for this model; else found and kept (a
     file that cannot be read or written only costs finding them again)."""
     path = cache_dir() / f"retrieval_heads-v{METHOD_VERSION}-{model_fingerprint(adapter)[:32]}.json"

@@ -36,7 +36,8 @@ def available() -> bool:
     return triton is not None
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
+    """Whether triton runs its kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -173,7 +174,7 @@ def window_scores_triton(
     # fp32 inputs would otherwise go through TF32 on Ampere+, a 1e-3 relative error in the logits.
     ieee = query.dtype == torch.float32
     # The CPU interpreter multiplies bf16 tiles as raw 16-bit integers; upcast them there.
-    upcast = _interpreting() and query.dtype == torch.bfloat16
+    upcast = interpreting() and query.dtype == torch.bfloat16
     qk_scale = float(scaling) * _LOG2E
     lse = torch.empty(num_heads, n_q, dtype=torch.float32, device=query.device)
     out = torch.empty(num_kv, n_keys, dtype=torch.float32, device=query.device)

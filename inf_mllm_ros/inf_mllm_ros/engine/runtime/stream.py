@@ -539,11 +539,16 @@ class KVStream:
     def place_turn(self, text: str) -> None:
         """Put `text` as a user turn after the cache's own, in the headroom, unkept: for one answer (the caller
         truncates the cache back afterwards, as for the blocks the retriever places)."""
-        ids = self.adapter.tokenize_turn(self.adapter.chat.user_parts(text))
-        self._forward(self.adapter.text_prompt(ids), self.cache.next_position, evict=False, pack=False, observe=False)
+        self.place_unkept(self.adapter.text_prompt(self.adapter.tokenize_turn(self.adapter.chat.user_parts(text))))
+
+    def place_unkept(self, prompt: Prompt) -> Tensor:
+        """Put `prompt` after the cache's own tokens, in the headroom, as an answer not kept puts its question and
+        its tokens: no eviction, no re-pack, its attention not observed, nothing archived. Returns its logits. The
+        caller truncates the cache back (`BoundedKVCache.truncate`) and sets `tokens_seen` back afterwards."""
+        return self._forward(prompt, self.cache.next_position, evict=False, pack=False, observe=False)
 
     @functools.cached_property
-    def _closing(self) -> Tensor | None:
+    def closing_ids(self) -> Tensor | None:
         """The template's end of an assistant turn, which closes a kept answer (tokenized once, when needed)."""
         suffix = self.adapter.chat.assistant_suffix
         return self.adapter.tokenize(suffix) if suffix else None
@@ -583,7 +588,7 @@ class KVStream:
         retrieve from the archive with (None: the cache alone)."""
         # Room in the headroom for the question and the whole answer.
         fits = self.cache.slots - self.cache.fill - ids.numel() >= max_new
-        closing = self._closing
+        closing = self.closing_ids
         retrieval = Retrieval()
         if keep and fits:
             # Answer as if not kept, then keep question and answer as one prompt: a cancelled answer
@@ -623,8 +628,7 @@ class KVStream:
                 budget = min(self.config.retrieve_tokens, room - max_new)
                 retrieval = self.retriever.retrieve(ids, retrieve, budget, self.config.evidence,
                                                     spare=room - max_new - budget)
-            logits = self._forward(self.adapter.text_prompt(ids), self.cache.next_position, evict=False,
-                                   pack=False, observe=False)
+            logits = self.place_unkept(self.adapter.text_prompt(ids))
             tokens = self._generate(logits, max_new, turn, keep=False)
         finally:
             self.cache.truncate(snapshot[0], snapshot[1])
@@ -682,7 +686,7 @@ class KVStream:
         times: dict[str, float] = {}
         start = time.monotonic()
         ids, content = self.retriever.reference_question
-        _ = self._closing  # a kept answer's end of turn, tokenized once
+        _ = self.closing_ids  # a kept answer's end of turn, tokenized once
         times["tokenize"] = time.monotonic() - start
         cache = self.cache
         fill, frontiers, seen = cache.fill, cache.frontiers(), self.tokens_seen
