@@ -201,3 +201,15 @@ def test_the_launch_file_reads_the_parameter_table_in_its_own_process_without_to
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "", f"{launched} load {done.stdout.strip()}"
+
+
+def test_every_module_is_placed_in_the_architecture():
+    """docs/architecture.md names every module of the package, and the plan and the recorder it draws are the
+    engine's names."""
+    doc = (REPO_ROOT / "docs" / "architecture.md").read_text()
+    unplaced = sorted(path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
+                      if path.name != "__init__.py" and path.name not in doc)
+    assert not unplaced, f"not in docs/architecture.md: {unplaced}"
+    for name in ("ForwardPlan", "PromptPositions", "LayerRecorder", "ForwardRecording", "KVArchive.recording",
+                 "KVArchive.end_forward", "BoundedKVCache.stage", "StaticIngester.run"):
+        assert name in doc, name
