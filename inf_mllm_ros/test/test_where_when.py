@@ -175,6 +175,26 @@ def test_a_recall_refuses_unusable_arguments_with_a_reason(smollm2):
     assert stream.stats() == before, "a recall leaves the memory as it was"
 
 
+@pytest.mark.parametrize("seed, offset", [(4, 3), (5, 11), (6, 19)])
+def test_the_system_turn_is_no_input_no_evidence_and_no_moment_names_it(smollm2, seed, offset, tmp_path):
+    stream = planted_stream(smollm2, seed, offset, messages=30)
+    system = len(smollm2.tokenize_turn(smollm2.chat.system_parts(stream.config.system_prompt)))
+    assert stream.inputs_from == system > 0
+    assert any(b.first_seq < system for b in stream.archive.blocks), "the system turn is archived"
+    # Its own words draw a recall to it, and "when" questions drew answers' attention to it on route bags.
+    asked = [stream.ask(q, max_new_tokens=2).evidence for q in ("What are you the memory of?", "When was it?")]
+    for moments in asked + [stream.recall(stream.config.system_prompt, limit=5)]:
+        assert moments and all(e.first_seq >= system for e in moments)
+    save_memory(stream, tmp_path / "m")
+    restored = KVStream(smollm2, stream.config)
+    load_memory(restored, tmp_path / "m")
+    assert restored.inputs_from == system
+    clock = stream.clock_state()
+    del clock["inputs_from"]  # a memory file of an earlier version
+    restored.restore_clock(clock)
+    assert restored.inputs_from == system
+
+
 def test_evidence_off_costs_nothing_and_gives_none(smollm2):
     stream = planted_stream(smollm2, 3, 8, messages=30)
     stream.config.evidence = 0

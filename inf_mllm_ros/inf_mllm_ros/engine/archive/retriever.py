@@ -146,11 +146,13 @@ class Retriever:
     def reference_question(self) -> tuple[Tensor, slice]:
         return self.probe.question_ids(self.adapter.chat.question_parts(REFERENCE_QUESTION))
 
-    def retrieve(self, ids: Tensor, content: slice, budget: int, evidence: int, spare: int = 0) -> Retrieval:
+    def retrieve(self, ids: Tensor, content: slice, budget: int, evidence: int, spare: int = 0,
+                 inputs_from: int = 0) -> Retrieval:
         """Place the archived blocks that the question (`ids`, its own words at `content`) scores best, up to
         `budget` tokens, after the cache's own (the caller truncates the cache back afterwards); and its `evidence`
-        best inputs, held by the cache or not. `spare`: tokens beyond the budget for the days said after blocks
-        retrieved out of their day (`_place`)."""
+        best inputs, held by the cache or not (those from stream index `inputs_from` on: the system turn before
+        them is no input). `spare`: tokens beyond the budget for the days said after blocks retrieved out of their
+        day (`_place`)."""
         archive = self.archive
         if not archive.enabled or not archive.blocks or (budget <= 0 and evidence <= 0):
             return Retrieval()
@@ -168,8 +170,10 @@ class Retriever:
         scores = self.matched(self.index(question[0]).scores(question, scored), scored, text, texts)
         out = Retrieval()
         if evidence > 0:
-            out.evidence = ranked(scored, scores, [False] * len(candidates) + [True] * len(in_cache), self.quote,
-                                  evidence)
+            inputs = torch.tensor([b.first_seq >= inputs_from for b in scored])
+            out.evidence = ranked([b for b, i in zip(scored, inputs.tolist()) if i], scores[inputs],
+                                  [h for h, i in zip([False] * len(candidates) + [True] * len(in_cache),
+                                                     inputs.tolist()) if i], self.quote, evidence)
         if candidates and budget > 0:
             best = [candidates[i] for i in torch.argsort(scores[: len(candidates)], descending=True)[:NAMING_BEST]]
             names = self.naming(words, texts, best)
@@ -349,12 +353,15 @@ class Retriever:
         return chosen
 
     def recall(self, ids: Tensor, content: slice, limit: int, since: float | None = None, until: float | None = None,
-               near: tuple[float, float, float] | None = None, camera: str = "") -> list[Evidence]:
+               near: tuple[float, float, float] | None = None, camera: str = "",
+               inputs_from: int = 0) -> list[Evidence]:
         """The moments a text (`ids`, its words at `content`) points to most, best first: the archive's blocks (held
-        by the cache or not) stamped between `since` and `until` (stream time), with `near` (x, y, radius) whose
-        pose lies within the radius, and with `camera` that camera's frames only."""
+        by the cache or not) of the inputs from stream index `inputs_from` on, stamped between `since` and `until`
+        (stream time), with `near` (x, y, radius) whose pose lies within the radius, and with `camera` that camera's
+        frames only."""
         blocks = [b for b in self.archive.blocks
-                  if (since is None or (b.stamp is not None and b.stamp >= since))
+                  if b.first_seq >= inputs_from
+                  and (since is None or (b.stamp is not None and b.stamp >= since))
                   and (until is None or (b.stamp is not None and b.stamp <= until))
                   and (near is None or (b.pose is not None and b.pose.distance_to(near[0], near[1]) <= near[2]))
                   and (not camera or (b.frame and b.camera == camera))]

@@ -157,6 +157,9 @@ class KVStream:
         self.texts_ingested = 0
         self.newest_frame_stamp: float | None = None
         self.newest_stamp: float | None = None  # the last stamped input's: the day its marker said
+        # The stream index of the first input: the system turn before it is no input, so no evidence or recalled
+        # moment (it drew the heaviest attention of a "when" question for one answer in seven on route bags).
+        self.inputs_from = 0
         self._started = False
 
     def clock_state(self) -> dict:
@@ -164,7 +167,7 @@ class KVStream:
         return {"tokens_seen": self.tokens_seen, "frames_ingested": self.frames_ingested,
                 "texts_ingested": self.texts_ingested, "newest_frame_stamp": self.newest_frame_stamp,
                 "started": self._started, "time_origin": self.time_origin, "newest_stamp": self.newest_stamp,
-                "pose_frame": self.pose_frame}
+                "pose_frame": self.pose_frame, "inputs_from": self.inputs_from}
 
     def restore_clock(self, state: dict) -> None:
         self.tokens_seen = int(state["tokens_seen"])
@@ -178,6 +181,10 @@ class KVStream:
         newest = state.get("newest_stamp")  # absent from the memory files of earlier versions, as pose_frame is
         self.newest_stamp = None if newest is None else float(newest)
         self.pose_frame = str(state.get("pose_frame", ""))
+        # Absent from earlier memory files: their system turn is the one this stream opens a memory with.
+        inputs_from = state.get("inputs_from")
+        self.inputs_from = int(inputs_from) if inputs_from is not None else (
+            len(self._system_turn()) if self._started and self.config.system_prompt else 0)
 
     # --- persistence: what engine/persistence/memory_file.py reads and writes, and nothing else
     # ---------------------------
@@ -341,16 +348,19 @@ class KVStream:
         if self._started:
             return
         if self.config.system_prompt:
-            # Tokenized as the characters it is, like every text (ModelAdapter.tokenize_turn).
-            system = self.adapter.tokenize_turn(self.adapter.chat.system_parts(self.config.system_prompt))
             try:
-                self._push(self.adapter.text_prompt(system), stoppable=True)
+                self._push(self.adapter.text_prompt(self._system_turn()), stoppable=True)
             except BaseException:
                 self.cache.reset()  # it held nothing before: the system turn comes first
                 self.archive.reset()
                 self.tokens_seen = 0
                 raise
+        self.inputs_from = self.tokens_seen
         self._started = True
+
+    def _system_turn(self) -> list[int]:
+        # Tokenized as the characters it is, like every text (ModelAdapter.tokenize_turn).
+        return self.adapter.tokenize_turn(self.adapter.chat.system_parts(self.config.system_prompt))
 
     def _push(self, prompt: Prompt, *, return_logits: bool = False, last_logits: bool = False,
               pinned: bool | Tensor = False, stoppable: bool = False, turns: list[Turn] | None = None):
@@ -504,7 +514,8 @@ class KVStream:
         ids, content = self.question_ids(self.adapter.chat.question_parts(text))
         if self.cache.slots - self.cache.fill - ids.numel() < 1:
             raise ValueError(f"recall text of {ids.numel()} tokens does not fit in the cache headroom")
-        return self.retriever.recall(ids, content, limit, since, until, near, camera)
+        return self.retriever.recall(ids, content, limit, since, until, near, camera,
+                                     inputs_from=self.inputs_from)
 
     def retrieval_heads(self) -> Tensor | None:
         """The model's retrieval heads (engine/archive/retrieval_heads.py), found on a stream of this kind at first
@@ -627,7 +638,7 @@ class KVStream:
             if retrieve is not None:
                 budget = min(self.config.retrieve_tokens, room - max_new)
                 retrieval = self.retriever.retrieve(ids, retrieve, budget, self.config.evidence,
-                                                    spare=room - max_new - budget)
+                                                    spare=room - max_new - budget, inputs_from=self.inputs_from)
             logits = self.place_unkept(self.adapter.text_prompt(ids))
             tokens = self._generate(logits, max_new, turn, keep=False)
         finally:
