@@ -30,6 +30,7 @@ BENCHMARKS = {
     "long_text": "perplexity over a long text per policy and cache size (and the attention-bias sweep)",
     "recall": "facts told once and asked later, per policy, cache size and distance",
     "archive_recall": "recall from the archive on the tuning and report sets; answer latency with an archive",
+    "told_long_ago": "six facts of every kind told more than four caches back, asked with and without the archive",
     "dialogue": "a dialogue that tells facts and asks them many rounds later",
     "camera_flood": "facts told among a flood of camera frames",
     "frame_stream": "an endless camera stream: memory and time per frame stay flat",
