@@ -158,7 +158,9 @@ def plot(name: str = "dialogue.json", bucket: int = 60) -> None:
 
 
 # The options of a few seconds' run on the small models (run.py --smoke).
-SMOKE = ["--model", "smollm2", "--caches", "128", "--policies", "full", "inf_mllm", "--rounds", "16", "--tell-every", "3", "--gaps", "4"]
+# A smoke run: eight rounds, two facts told, each asked four rounds on, replies of four tokens.
+SMOKE = ["--model", "smollm2", "--caches", "128", "--policies", "full", "inf_mllm", "--rounds", "8", "--tell-every", "3",
+         "--gaps", "4", "--reply-tokens", "4"]
 
 
 def main(argv: list[str] | None = None) -> None:

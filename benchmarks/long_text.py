@@ -247,7 +247,8 @@ def plot(out_name: str, png: str, group_key: str) -> None:
 
 
 # The options of a few seconds' run on the small models (run.py --smoke).
-SMOKE = ["--model", "smollm2", "--tokens", "640", "--chunk", "64", "--bin", "256", "--caches", "128", "--policies", "full", "inf_mllm", "--out", "long_text_ppl.json"]
+SMOKE = ["--model", "smollm2", "--tokens", "384", "--chunk", "64", "--bin", "128", "--caches", "128", "--policies", "full",
+         "inf_mllm", "--out", "long_text_ppl.json"]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -234,7 +234,9 @@ def plot(name: str = "recall.json") -> None:
 
 
 # The options of a few seconds' run on the small models (run.py --smoke).
-SMOKE = ["--model", "smollm2", "--caches", "128", "--facts", "2", "--fact-every", "100", "--distances", "256", "--policies", "full", "inf_mllm", "--settings", "mentioned"]
+# A smoke run: one fact, mentioned once (at 64 tokens of age), asked 160 tokens on, full cache and inf_mllm.
+SMOKE = ["--model", "smollm2", "--caches", "128", "--facts", "1", "--fact-every", "64", "--first-mention", "64",
+         "--distances", "160", "--policies", "full", "inf_mllm", "--settings", "mentioned"]
 
 
 def main(argv: list[str] | None = None) -> None:
