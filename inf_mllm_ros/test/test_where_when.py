@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from inf_mllm_ros.engine.models.loading import load_model
+from inf_mllm_ros.engine.archive.evidence import Evidence, asked_order, in_asked_order
 from inf_mllm_ros.engine.persistence.memory_file import load_memory, save_memory
 from inf_mllm_ros.engine.poses import Pose, PoseHistory, PoseRefusedError, interpolate
 from inf_mllm_ros.engine.runtime.stream import KVStream
@@ -193,6 +194,53 @@ def test_the_system_turn_is_no_input_no_evidence_and_no_moment_names_it(smollm2,
     del clock["inputs_from"]  # a memory file of an earlier version
     restored.restore_clock(clock)
     assert restored.inputs_from == system
+
+
+def entry(stamp: float | None, weight: float) -> Evidence:
+    return Evidence(stamp, "text", "archive", None, f"at {stamp}", weight, int(weight))
+
+
+@pytest.mark.parametrize("question, order", [
+    ("Where did you last see the cart?", "latest"), ("What time did you most recently pass the tyres?", "latest"),
+    ("When was the most recent time you saw it?", "latest"), ("When did you first pass the ladder?", "earliest"),
+    ("Where is the first aid kit?", ""), ("When did you last see the first-aid box?", "latest"),
+    ("Where is the red cone?", ""), ("What happened at the dock earliest?", "earliest")])
+def test_a_question_asks_for_the_newest_or_the_oldest_moment_or_neither(question, order):
+    assert asked_order(question) == order
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_of_moments_weighing_alike_the_asked_one_comes_first_the_rest_as_they_were(seed):
+    rng = random.Random(seed)
+    alike = [entry(float(rng.randrange(1000)), 100.0 - rng.random() * 25) for _ in range(rng.randint(2, 4))]
+    unlike = [entry(float(rng.randrange(1000)), 10.0 + rng.random() * 30) for _ in range(5 - len(alike))]
+    ranked_entries = sorted(alike + unlike, key=lambda e: -e.weight)
+    newest, oldest = max(alike, key=lambda e: e.stamp), min(alike, key=lambda e: e.stamp)
+    for order, first in (("latest", newest), ("earliest", oldest)):
+        got = in_asked_order(ranked_entries, order, 5)
+        assert got[0] is first and got[1:] == [e for e in ranked_entries if e is not first]
+        assert in_asked_order(ranked_entries, order, 1) == [first], "one asked for comes from the same five"
+    assert in_asked_order(ranked_entries, "", 3) == ranked_entries[:3]
+    lone = [entry(500.0, 100.0)] + [entry(float(s), 20.0) for s in (100, 900, 300)]
+    assert in_asked_order(lone, "latest", 4) == lone, "nothing else weighs as much: the heaviest stays first"
+
+
+THRICE = "I see the red cone by the charging dock."
+
+
+@pytest.mark.parametrize("seed, offsets", [(0, (6, 31, 58)), (1, (12, 40, 71)), (2, (3, 25, 49))])
+def test_a_thing_seen_three_times_last_and_first_give_the_newest_and_the_oldest_sighting(smollm2, seed, offsets):
+    rng = random.Random(seed)
+    stream = KVStream(smollm2, StreamConfig(capacity=128, chunk_size=32, archive_block=32))
+    for i in range(80):
+        stream.push_text(THRICE if i in offsets else rng.choice(FILLER), stamp=float(i), pose=Pose(float(i), 0.0, 0.0))
+    stamps = {float(o) for o in offsets}
+    last = stream.ask("Where did you last see the red cone?", max_new_tokens=2).evidence
+    assert last[0].stamp == float(offsets[-1]) and last[0].pose == Pose(float(offsets[-1]), 0.0, 0.0)
+    assert stream.recall("When did you first see the red cone?", limit=1)[0].stamp == float(offsets[0])
+    plain = stream.recall("red cone", limit=3)
+    assert {e.stamp for e in plain} == stamps, "the three sightings are the moments asked about"
+    assert [e.weight for e in plain] == sorted((e.weight for e in plain), reverse=True), "no order asked: by weight"
 
 
 def test_evidence_off_costs_nothing_and_gives_none(smollm2):

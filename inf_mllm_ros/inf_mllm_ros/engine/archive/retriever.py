@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from .evidence import Evidence, ranked
+from .evidence import ORDER_AMONG, Evidence, asked_order, in_asked_order, ranked
 from .lexical import asks, bm25, terms
 from .naming import naming_shares, restated, said_words, text_words
 from .retrieval_index import RetrievalIndex, middle_layers
@@ -170,10 +170,11 @@ class Retriever:
         scores = self.matched(self.index(question[0]).scores(question, scored), scored, text, texts)
         out = Retrieval()
         if evidence > 0:
-            inputs = torch.tensor([b.first_seq >= inputs_from for b in scored])
-            out.evidence = ranked([b for b, i in zip(scored, inputs.tolist()) if i], scores[inputs],
-                                  [h for h, i in zip([False] * len(candidates) + [True] * len(in_cache),
-                                                     inputs.tolist()) if i], self.quote, evidence)
+            held_now = [False] * len(candidates) + [True] * len(in_cache)
+            inputs = [i for i, b in enumerate(scored) if b.first_seq >= inputs_from]
+            best = ranked([scored[i] for i in inputs], scores[inputs], [held_now[i] for i in inputs], self.quote,
+                          max(evidence, ORDER_AMONG))
+            out.evidence = in_asked_order(best, asked_order(text), evidence)
         if candidates and budget > 0:
             best = [candidates[i] for i in torch.argsort(scores[: len(candidates)], descending=True)[:NAMING_BEST]]
             names = self.naming(words, texts, best)
@@ -369,9 +370,10 @@ class Retriever:
             return []
         question = self.probe.content_queries(ids, content)
         texts = self.message_texts(list(self.archive.blocks))  # rarity over the whole memory
-        scores = self.matched(self.index(question[0]).scores(question, blocks), blocks,
-                              self.question_text(ids, content), texts)
-        return ranked(blocks, scores, self.held(blocks), self.quote, limit)
+        text = self.question_text(ids, content)
+        scores = self.matched(self.index(question[0]).scores(question, blocks), blocks, text, texts)
+        return in_asked_order(ranked(blocks, scores, self.held(blocks), self.quote, max(limit, ORDER_AMONG)),
+                              asked_order(text), limit)
 
     def held(self, blocks: list[ArchivedBlock]) -> list[bool]:
         """Whether the cache still holds each archived block, whole, in every layer-head."""
