@@ -20,6 +20,7 @@ Each member's tokens are the ones it would get decoding alone (tests: test_strea
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -90,11 +91,19 @@ class BatchedDecoder:
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
         self.adapter, self.sync_every = adapter, sync_every
         self.steps = 0  # model steps taken, all batches together
+        self.seconds = 0.0  # time spent in `generate`, all batches together
 
     def generate(self, members: list[DecodeMember]) -> list[DecodeMember]:
         """Decode every member's answer, up to its `max_new` or its first stop token (kept, not fed). Returns the
         members, their `tokens` (or `error`) filled in. ValueError, before any step, for a member whose answer does not
         fit in its cache's slots or whose cache is not of the others' shape."""
+        start = time.monotonic()
+        try:
+            return self._generate(members)
+        finally:
+            self.seconds += time.monotonic() - start
+
+    def _generate(self, members: list[DecodeMember]) -> list[DecodeMember]:
         for member in members:
             cache = member.cache
             if not cache.layers or not all(layer.is_initialized for layer in cache.layers):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from ..answering import Answer, TokenCallback
 from ..memory.batched_step import BatchedDecoder, DecodeMember
+from ..memory.decode_step import SYNC_EVERY
 from ..models.adapters import ModelAdapter
 from ..stream_config import StreamConfig
 from .stream import KVStream, OpenAnswer
@@ -47,7 +48,8 @@ class StreamPool:
         shapes = {name: (s.cache.slots, s.cache.capacity) for name, s in self.streams.items()}
         if len(set(shapes.values())) > 1:
             raise ValueError(f"a pool's caches must be of one shape (capacity, headroom), got {shapes}")
-        self.decoder = BatchedDecoder(adapter)
+        # On a CPU a read of the tokens costs nothing, and a member read late keeps the whole batch stepping for it.
+        self.decoder = BatchedDecoder(adapter, sync_every=1 if adapter.device.type == "cpu" else SYNC_EVERY)
 
     def __getitem__(self, name: str) -> KVStream:
         return self.streams[name]
