@@ -16,6 +16,7 @@ from inf_mllm_ros.engine.memory.batched_step import BatchedDecoder, DecodeMember
 from inf_mllm_ros.engine.memory.decode_step import StaticDecoder
 from inf_mllm_ros.engine.models.loading import load_model
 from inf_mllm_ros.engine.runtime.pool import Question, StreamPool
+from inf_mllm_ros.engine.runtime.pool_engine import PoolEngine
 from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
@@ -188,3 +189,46 @@ def test_a_pool_refuses_caches_of_different_shapes_and_a_bad_question_ends_only_
         pool[name].push_text(sentence(3), stamp=0.0)
     answers = pool.ask_together({"a": "", "b": QUESTIONS[0]})
     assert isinstance(answers["a"], ValueError) and answers["b"].tokens_generated > 0
+
+
+def test_a_flooded_stream_leaves_another_streams_question_answered_within_one_round(adapters):
+    """A flood of texts into one stream (all of them waiting at once) and a question to another: the question is
+    answered in the next round, after at most the one text call in progress, while most of the flood still waits;
+    each stream's memory is then what it would be alone with the same inputs in the same order."""
+    adapter = adapters["llama"]
+    pool = StreamPool(adapter, configs())
+    engine = PoolEngine(pool)
+    try:
+        for name in pool:
+            engine.submit_text(name, sentence(1), 0.0).result(timeout=60)
+        flood = [engine.submit_text("r1", sentence(i), float(i)) for i in range(200)]
+        answer = engine.submit_ask("r2", Question(QUESTIONS[0], max_new_tokens=6)).result(timeout=60)
+        taken = sum(f.done() for f in flood)
+        assert answer.tokens_generated > 0 and taken < 40  # a text call is bounded by the model's pace (texts wait)
+        frame_done = engine.submit_frame("r3", frame(5), 1.0) if adapter.supports_frames else None
+        for f in flood:
+            f.result(timeout=300)
+        if frame_done is not None:
+            frame_done.result(timeout=60)
+    finally:
+        engine.close(timeout=60)
+    alone = KVStream(adapter, configs()["r2"])
+    alone.push_text(sentence(1), stamp=0.0)
+    assert alone.ask(QUESTIONS[0], max_new_tokens=6).text == answer.text
+    assert_same_state(cache_state(alone), cache_state(pool["r2"]))
+
+
+def test_questions_that_wait_at_once_are_answered_in_one_batch(adapters):
+    adapter = adapters["llama"]
+    pool = StreamPool(adapter, configs())
+    for name in pool:
+        pool[name].push_text(sentence(2), stamp=0.0)
+    engine = PoolEngine(pool)
+    try:
+        with engine.lock:  # every question waits before the worker takes any
+            futures = {name: engine.submit_ask(name, Question(QUESTIONS[1], max_new_tokens=8)) for name in pool}
+        answers = {name: f.result(timeout=60) for name, f in futures.items()}
+    finally:
+        engine.close(timeout=60)
+    assert engine.rounds == 1
+    assert pool.decoder.steps == max(a.tokens_generated for a in answers.values()) - 1
