@@ -132,6 +132,9 @@ def run_streams(args, ids: list[int]) -> dict:
         "latency_s": {"median": round(statistics.median(latencies), 2), "p95": round(percentile(latencies, 0.95), 2)},
         "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1), "rss_after_model_mb": round(rss_model / 2**20, 1),
         "memory_per_stream_mb": round(statistics.mean((s.cache_bytes + s.archive_bytes) for s in stats) / 2**20, 2),
+        # What each stream holds now: its cache, and of its archive (allocated, touched as it fills) the tokens held.
+        "held_per_stream_mb": round(statistics.mean(
+            s.cache_bytes + s.archive_bytes * s.archive_tokens / max(s.archive_size, 1) for s in stats) / 2**20, 2),
         "evictions": sum(s.evictions for s in stats),
         "rounds": {"ingest": ingest, "answers": answers, "decoded": decoded}, "latencies": latencies,
     }
