@@ -14,7 +14,9 @@ Throughput all streams together: input tokens a second (the time spent taking te
 second (the whole answer: question in, retrieval, decoding) and decoded tokens a second (the batched decoding alone);
 question latency (median, 95th percentile; pooled: the batch's call, which every question of the round waits for);
 the process's peak resident memory and each stream's cache and archive bytes. Rates come with a 95 % interval by
-resampling rounds (a percentile bootstrap). Records in results/streams.json, one per (mode, streams).
+resampling rounds (a percentile bootstrap). Records in results/streams.json, one per (mode, streams), and one of the
+time of one of the model's linear layers by the rows it takes at once (`--linear-only`: that alone), which sets what
+a batch can gain on this machine's BLAS.
 
     python benchmarks/streams.py                         # the default model, cache 512, 1 2 4 8 streams
     python benchmarks/streams.py --streams 1 4 --rounds 2
@@ -23,7 +25,9 @@ resampling rounds (a percentile bootstrap). Records in results/streams.json, one
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -85,6 +89,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+def rss_bytes() -> int:
+    """Resident memory of this process now (the peak is the model's loading, whatever the streams hold)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+
+
 def run_streams(args, ids: list[int]) -> dict:
     """The streams `ids` in one pool in this process, round by round; its figures."""
     import torch
@@ -94,10 +104,12 @@ def run_streams(args, ids: list[int]) -> dict:
     from inf_mllm_ros.engine.stream_config import StreamConfig
 
     torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]  # other work on the machine shows in every figure
     start = time.monotonic()
     adapter = load_model(args.model, device="cpu", dtype="float32")
     load_s = time.monotonic() - start
-    rss_model = peak_rss_bytes()
+    gc.collect()
+    rss_model = rss_bytes()
     pool = StreamPool(adapter, [str(i) for i in ids], StreamConfig(capacity=args.cache))
     for name in pool:  # what the first answer would build on first use, as the node does while loading
         pool[name].prepare_first_answer()
@@ -125,17 +137,21 @@ def run_streams(args, ids: list[int]) -> dict:
         print(f"[streams] {len(ids)} stream(s) {ids[0]}..: round {r}: {tokens} tokens in {ingest[-1][1]:.1f} s, "
               f"{n} answer tokens in {seconds:.1f} s ({pool.decoder.steps - steps} steps)", file=sys.stderr, flush=True)
     stats = [pool[str(i)].stats() for i in ids]
+    gc.collect()
+    rss_end = rss_bytes()  # the model and every stream's memory, after the last round
     return {
         "streams": len(ids), "ids": ids, "load_s": round(load_s, 1),
         "input_tokens": sum(a for a, _ in ingest), "answer_tokens": answer_tokens,
         "ingest": rate(ingest), "answers": rate(answers), "decoding": rate(decoded),
         "latency_s": {"median": round(statistics.median(latencies), 2), "p95": round(percentile(latencies, 0.95), 2)},
         "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1), "rss_after_model_mb": round(rss_model / 2**20, 1),
+        "rss_end_mb": round(rss_end / 2**20, 1),
         "memory_per_stream_mb": round(statistics.mean((s.cache_bytes + s.archive_bytes) for s in stats) / 2**20, 2),
         # What each stream holds now: its cache, and of its archive (allocated, touched as it fills) the tokens held.
         "held_per_stream_mb": round(statistics.mean(
             s.cache_bytes + s.archive_bytes * s.archive_tokens / max(s.archive_size, 1) for s in stats) / 2**20, 2),
         "evictions": sum(s.evictions for s in stats),
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "rounds": {"ingest": ingest, "answers": answers, "decoded": decoded}, "latencies": latencies,
     }
 
@@ -163,6 +179,25 @@ def one_after_the_other(alone: list[dict], n: int) -> dict:
             "peak_rss_mb": max(r["peak_rss_mb"] for r in runs)}
 
 
+def linear_rows(threads: int, rows=(1, 2, 4, 8), repeats: int = 40) -> dict:
+    """ms of one of the 0.5B model's MLP projections ([rows, 896] by [4864, 896]) for a few rows: what a decode step of
+    that many streams pays per layer and projection on this machine's BLAS (median of `repeats` calls each)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    weight = torch.randn(4864, 896)
+    out = {}
+    for n in rows:
+        x = torch.randn(n, 896)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.nn.functional.linear(x, weight)
+            times.append(time.perf_counter() - start)
+        out[str(n)] = round(statistics.median(times[3:]) * 1e3, 2)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=MODEL)
@@ -175,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--label", default="")
     p.add_argument("--out", default=OUT)
     p.add_argument("--child", type=int, nargs="+", help=argparse.SUPPRESS)
+    p.add_argument("--linear-only", action="store_true", help="only the linear's time by rows, added to --out")
     args = p.parse_args(argv)
     if args.child:
         result = run_streams(args, args.child)
@@ -183,7 +219,12 @@ def main(argv: list[str] | None = None) -> None:
     settings = {"model": args.model, "cache": args.cache, "rounds": args.rounds, "texts": args.texts,
                 "answer_tokens": args.answer_tokens, "threads": args.threads, "machine": machine(),
                 "label": args.label}
-    records = [r for r in load_records(args.out) if r.get("label") != args.label]
+    linear = {**settings, "mode": "linear_rows_ms", "rows": linear_rows(args.threads),
+              "load_average": round(os.getloadavg()[0], 2)}
+    if args.linear_only:
+        write_records(args.out, load_records(args.out) + [linear])
+        return
+    records = [r for r in load_records(args.out) if r.get("label") != args.label] + [linear]
     alone: list[dict] = []
     for i in range(max(args.streams)):  # each stream alone, in a process of its own, one after the other
         alone.append(child(args, [i]))
