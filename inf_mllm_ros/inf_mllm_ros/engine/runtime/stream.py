@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -87,6 +88,24 @@ class MemoryExport:
     new_blocks: dict[str, Tensor]  # the archive's blocks asked for, as named tensors
     tokens_seen: int
     fill: int
+
+
+@dataclass
+class OpenAnswer:
+    """An answer between its question and its tokens (`KVStream.open_answer`): the question, and what was retrieved
+    for it, in the cache's headroom; its last logits; the most tokens it may have. `KVStream.close_answer` takes the
+    cache back to where it was (and keeps the exchange, where asked): the decoding in between may be the stream's own
+    or a batch of several streams' (engine/memory/batched_step.py)."""
+
+    ids: Tensor  # the question turn's ids
+    logits: Tensor  # the question's last logits [1, vocab]
+    max_new: int  # the most tokens it may have: the room the headroom leaves
+    asked: int  # the tokens asked for (an answer shorter than that without its stop token was cut by the headroom)
+    keep: bool
+    turn: AnswerTurn
+    retrieval: Retrieval
+    snapshot: tuple  # the cache's fill and frontiers and the clock, to go back to
+    started: float  # time.monotonic() when asked
 
 
 class KVStream:
@@ -483,6 +502,49 @@ class KVStream:
         return self._exchange(self.question_parts(question), max_new_tokens, keep_in_memory,
                               AnswerTurn(on_token, cancel, self._stopped, self._answer_text), retrieve=True)
 
+    def open_answer(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
+                    on_token: TokenCallback | None = None, cancel: threading.Event | None = None) -> OpenAnswer | None:
+        """`ask` up to its decoding: the question (with what it retrieves) in the headroom and its last logits, for a
+        decoding done elsewhere (several streams' answers in one batch) and `close_answer` after it; the same answer
+        as `ask`. None where the answer cannot be decoded apart from the memory (kept, and the headroom has no room
+        for the question and the whole answer: it goes into the memory as it decodes): `ask` it then."""
+        question = self.check_text(question, "question")
+        self._ensure_started()
+        started = time.monotonic()
+        asked = max_new_tokens or self.config.max_new_tokens
+        ids, content = self.question_ids(self.question_parts(question))
+        if keep_in_memory and self.cache.slots - self.cache.fill - ids.numel() < asked:
+            return None
+        logits, max_new, snapshot, retrieval = self._open_unkept(ids, asked, content)
+        return OpenAnswer(ids, logits, max_new, asked, keep_in_memory,
+                          AnswerTurn(on_token, cancel, self._stopped, self._answer_text), retrieval, snapshot, started)
+
+    def close_answer(self, answer: OpenAnswer, tokens: list[int]) -> Answer:
+        """End an opened answer with its tokens: the cache back to where it was, slot for slot, then the question and
+        answer kept as one prompt where asked (as `ask` keeps them)."""
+        self._restore(answer.snapshot)
+        if answer.keep:
+            self._keep_exchange(answer.ids, tokens)
+        return self._answer(tokens, answer.retrieval, answer.asked, answer.keep, answer.started)
+
+    def abandon_answer(self, answer: OpenAnswer) -> None:
+        """End an opened answer without tokens (cancelled, stopped, failed): the cache back to where it was."""
+        self._restore(answer.snapshot)
+
+    def progress(self, turn: AnswerTurn) -> Callable[[list[int]], None]:
+        """What a decoding that reads its tokens back in groups calls with the tokens so far: each new one checked
+        for a stop or a cancel and reported, as the eager path does token by token."""
+        reported = 0
+
+        def on_read(tokens: list[int]) -> None:
+            nonlocal reported
+            for n in range(reported + 1, len(tokens) + 1):
+                turn.check()
+                turn.report(tokens[:n])
+            reported = len(tokens)
+
+        return on_read
+
     def check_text(self, text: object, what: str = "text") -> CheckedText:
         """A text, question or recall text by the one text rule (engine/text_rules.py), with this stream's bound."""
         return checked_text(text, what, self.config.max_text_chars)
@@ -577,6 +639,9 @@ class KVStream:
         max_new = max_new_tokens or self.config.max_new_tokens
         ids, content = self.question_ids(question_parts)
         tokens, retrieval = self._answer_tokens(ids, max_new, keep, turn, content if retrieve else None)
+        return self._answer(tokens, retrieval, max_new, keep, start)
+
+    def _answer(self, tokens: list[int], retrieval: Retrieval, max_new: int, keep: bool, start: float) -> Answer:
         # Only the headroom ends an answer before max_new without its stop token (a cancel or stop raises).
         cut = not keep and len(tokens) < max_new and bool(tokens) and tokens[-1] not in self._stop_ids
         return Answer(
@@ -605,10 +670,7 @@ class KVStream:
             # Answer as if not kept, then keep question and answer as one prompt: a cancelled answer
             # leaves the memory as it was. What was retrieved for it is not kept: it is in the archive already.
             tokens, retrieval = self._answer_tokens(ids, max_new, False, turn, retrieve)
-            kept = [t for t in tokens if t not in self._stop_ids]
-            prompt = torch.cat([ids, torch.tensor(kept, dtype=torch.long, device=ids.device)]
-                               + ([closing.to(ids.device)] if closing is not None else []))
-            self._push(self.adapter.text_prompt(prompt))
+            self._keep_exchange(ids, tokens)
             return tokens, retrieval
         if keep:
             logits = self._push(self.adapter.text_prompt(ids), last_logits=True)
@@ -626,6 +688,17 @@ class KVStream:
             if tail_ids.numel():
                 self._push(self.adapter.text_prompt(tail_ids))
             return tokens, retrieval
+        logits, max_new, snapshot, retrieval = self._open_unkept(ids, max_new, retrieve)
+        try:
+            tokens = self._generate(logits, max_new, turn, keep=False)
+        finally:
+            self._restore(snapshot)
+        return tokens, retrieval
+
+    def _open_unkept(self, ids: Tensor, max_new: int, retrieve: slice | None) -> tuple[Tensor, int, tuple, Retrieval]:
+        """An answer not kept, up to its decoding: what it retrieves and the question in the headroom. Returns the
+        question's last logits, the most tokens the headroom leaves room for, the snapshot to go back to and the
+        retrieval. ValueError where the question does not fit; on any failure the cache is as it was."""
         room = self.cache.slots - self.cache.fill - ids.numel()
         if room < 1:
             raise ValueError(
@@ -634,33 +707,36 @@ class KVStream:
             )
         max_new = min(max_new, room)
         snapshot = (self.cache.fill, self.cache.frontiers(), self.tokens_seen)
+        retrieval = Retrieval()
         try:
             if retrieve is not None:
                 budget = min(self.config.retrieve_tokens, room - max_new)
                 retrieval = self.retriever.retrieve(ids, retrieve, budget, self.config.evidence,
                                                     spare=room - max_new - budget, inputs_from=self.inputs_from)
             logits = self.place_unkept(self.adapter.text_prompt(ids))
-            tokens = self._generate(logits, max_new, turn, keep=False)
-        finally:
-            self.cache.truncate(snapshot[0], snapshot[1])
-            self.tokens_seen = snapshot[2]
-        return tokens, retrieval
+        except BaseException:
+            self._restore(snapshot)
+            raise
+        return logits, max_new, snapshot, retrieval
+
+    def _restore(self, snapshot: tuple) -> None:
+        self.cache.truncate(snapshot[0], snapshot[1])
+        self.tokens_seen = snapshot[2]
+
+    def _keep_exchange(self, ids: Tensor, tokens: list[int]) -> None:
+        """A question and its answer into the memory as one prompt, the turn closed."""
+        kept = [t for t in tokens if t not in self._stop_ids]
+        closing = self.closing_ids
+        prompt = torch.cat([ids, torch.tensor(kept, dtype=torch.long, device=ids.device)]
+                           + ([closing.to(ids.device)] if closing is not None else []))
+        self._push(self.adapter.text_prompt(prompt))
 
     def _generate(self, logits: Tensor, max_new: int, turn: AnswerTurn, *, keep: bool) -> list[int]:
         """Greedy decoding; the last token is returned but not pushed. An answer not kept in memory takes the
         stream's static step where it has one (engine/memory/decode_step.py): the same tokens, read back in groups."""
         if not keep and self.static_decoder is not None:
-            reported = 0
-
-            def on_read(tokens: list[int]) -> None:
-                nonlocal reported
-                for n in range(reported + 1, len(tokens) + 1):
-                    turn.check()
-                    turn.report(tokens[:n])
-                reported = len(tokens)
-
             turn.check()
-            return self.static_decoder.generate(logits, max_new, self._stop_ids, on_read)
+            return self.static_decoder.generate(logits, max_new, self._stop_ids, self.progress(turn))
         tokens: list[int] = []
         for step in range(max_new):
             turn.check()
@@ -735,4 +811,4 @@ class KVStream:
             self.tokens_seen = seen
         return times
 
-__all__ = ["KVStream", "StreamStats"]
+__all__ = ["KVStream", "OpenAnswer", "StreamStats"]

@@ -56,6 +56,7 @@ class Job:
     kind: str  # "text", "query", "frame" or "control" (a reset, a save)
     run: Callable[[KVStream], object] | None = None
     text: tuple | None = None
+    question: object | None = None  # a question of a pool's stream, answered in a batch (pool_engine.py)
     future: Future = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
 

@@ -216,6 +216,14 @@ class ModelAdapter(ABC):
             hidden = hidden[-1:]
         return self.model.lm_head(hidden).float()
 
+    def forward_batch(self, embeds: Tensor, position_ids: Tensor, cache, attention_mask: Tensor) -> Tensor:
+        """Several sequences through the decoder in one pass, each over its own rows of `cache`: embeds [batch, q,
+        hidden], a 4-D mask per sequence, taken as given; returns each one's last token's float32 logits
+        [batch, vocab] (the batched answers of engine/memory/batched_step.py)."""
+        out = self.decoder(inputs_embeds=embeds, position_ids=position_ids, attention_mask=attention_mask,
+                           use_cache=True, **{self._cache_argument: cache})
+        return self.model.lm_head(out.last_hidden_state[:, -1]).float()
+
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 

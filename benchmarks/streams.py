@@ -1,0 +1,245 @@
+"""Several streams on one model (engine/runtime/pool.py) against the same streams one after the other.
+
+Each stream is a robot of its own: its own texts (a patrol's reports, its facts its own), a camera frame every round
+and a question at the end of each round, each with `--answer-tokens` as its max_new_tokens. For each count of streams
+(`--streams`, 1 2 4 8):
+
+- pooled: one process loads the model once and holds every stream in a `StreamPool`; each round every stream takes its
+  texts and its frame (one after the other: ingest is not batched), then every stream's question is asked at once
+  (`StreamPool.ask_together`: the questions go in one by one, the answers decode as one batch);
+- one after the other: each of the same streams alone in a process of its own (a pool of one: the same code path,
+  the batch of one), the processes run in turn; the figures of the first n of them add up to n streams' baseline.
+
+Throughput all streams together: input tokens a second (the time spent taking texts and frames in), answer tokens a
+second (the whole answer: question in, retrieval, decoding) and decoded tokens a second (the batched decoding alone);
+question latency (median, 95th percentile; pooled: the batch's call, which every question of the round waits for);
+the process's peak resident memory and each stream's cache and archive bytes. Rates come with a 95 % interval by
+resampling rounds (a percentile bootstrap). Records in results/streams.json, one per (mode, streams), and one of the
+time of one of the model's linear layers by the rows it takes at once (`--linear-only`: that alone), which sets what
+a batch can gain on this machine's BLAS.
+
+    python benchmarks/streams.py                         # the default model, cache 512, 1 2 4 8 streams
+    python benchmarks/streams.py --streams 1 4 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import load_records, machine, peak_rss_bytes, write_records
+
+OUT = "streams.json"
+MODEL = "onevision-qwen2.5-0.5b"
+PLACES = ["dock 3", "aisle 7", "the charging bay", "the north door", "shelf B2", "the loading ramp", "bay 12",
+          "the cold store"]
+THINGS = ["a red pallet", "a blue crate", "a forklift", "a spill of oil", "a stack of boxes", "a broken cone",
+          "a trolley", "a yellow barrel"]
+SMOKE = ["--model", "smolvlm-smollm2", "--streams", "2", "--rounds", "1", "--texts", "2", "--answer-tokens", "4",
+         "--cache", "256", "--label", "smoke"]
+
+
+def texts(stream: int, round_: int, n: int) -> list[str]:
+    """The reports of one robot in one round: its own facts, seeded by the robot and the round."""
+    rng = random.Random(stream * 1000 + round_)
+    return [f"Robot {stream} reports {rng.choice(THINGS)} at {rng.choice(PLACES)}, "
+            f"seen {rng.randint(2, 59)} minutes into its patrol." for _ in range(n)]
+
+
+def question(stream: int, round_: int) -> str:
+    rng = random.Random(stream * 1000 + round_ + 500)
+    return f"Robot {stream}, what did you see at {rng.choice(PLACES)}?"
+
+
+def frame(stream: int, round_: int):
+    import numpy as np
+
+    return np.random.default_rng(stream * 1000 + round_).integers(0, 256, (96, 128, 3), dtype=np.uint8)
+
+
+def interval(rounds: list[tuple[float, float]], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """The 95 % interval of sum(amount) / sum(seconds) over rounds, resampling rounds (percentile bootstrap)."""
+    rng = random.Random(seed)
+    rates = []
+    for _ in range(resamples):
+        drawn = [rounds[rng.randrange(len(rounds))] for _ in rounds]
+        seconds = sum(s for _, s in drawn)
+        rates.append(sum(a for a, _ in drawn) / seconds if seconds else 0.0)
+    rates.sort()
+    return rates[int(0.025 * resamples)], rates[int(0.975 * resamples) - 1]
+
+
+def rate(rounds: list[tuple[float, float]]) -> dict:
+    seconds = sum(s for _, s in rounds)
+    value = sum(a for a, _ in rounds) / seconds if seconds else 0.0
+    low, high = interval(rounds) if len(rounds) > 1 else (value, value)
+    return {"per_s": round(value, 2), "ci95": [round(low, 2), round(high, 2)], "seconds": round(seconds, 2)}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process now (the peak is the model's loading, whatever the streams hold)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+
+
+def run_streams(args, ids: list[int]) -> dict:
+    """The streams `ids` in one pool in this process, round by round; its figures."""
+    import torch
+
+    from inf_mllm_ros.engine.models.loading import load_model
+    from inf_mllm_ros.engine.runtime.pool import Question, StreamPool
+    from inf_mllm_ros.engine.stream_config import StreamConfig
+
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]  # other work on the machine shows in every figure
+    start = time.monotonic()
+    adapter = load_model(args.model, device="cpu", dtype="float32")
+    load_s = time.monotonic() - start
+    gc.collect()
+    rss_model = rss_bytes()
+    pool = StreamPool(adapter, [str(i) for i in ids], StreamConfig(capacity=args.cache))
+    for name in pool:  # what the first answer would build on first use, as the node does while loading
+        pool[name].prepare_first_answer()
+    ingest, answers, decoded, latencies, answer_tokens = [], [], [], [], 0
+    for r in range(args.rounds):
+        tokens, start = 0, time.monotonic()
+        for i in ids:
+            stream = pool[str(i)]
+            tokens += sum(stream.push_texts([(t, 60.0 * r + k) for k, t in enumerate(texts(i, r, args.texts))]))
+            if adapter.supports_frames:
+                tokens += stream.push_frame(frame(i, r), stamp=60.0 * r + args.texts)
+        ingest.append((tokens, time.monotonic() - start))
+        decode_s, steps = pool.decoder.seconds, pool.decoder.steps
+        start = time.monotonic()
+        out = pool.ask_together({str(i): Question(question(i, r), max_new_tokens=args.answer_tokens) for i in ids})
+        seconds = time.monotonic() - start
+        for name, answer in out.items():
+            if isinstance(answer, BaseException):
+                raise answer
+        n = sum(a.tokens_generated for a in out.values())
+        answer_tokens += n
+        answers.append((n, seconds))
+        decoded.append((n, pool.decoder.seconds - decode_s))
+        latencies += [seconds] * len(ids)
+        print(f"[streams] {len(ids)} stream(s) {ids[0]}..: round {r}: {tokens} tokens in {ingest[-1][1]:.1f} s, "
+              f"{n} answer tokens in {seconds:.1f} s ({pool.decoder.steps - steps} steps)", file=sys.stderr, flush=True)
+    stats = [pool[str(i)].stats() for i in ids]
+    gc.collect()
+    rss_end = rss_bytes()  # the model and every stream's memory, after the last round
+    return {
+        "streams": len(ids), "ids": ids, "load_s": round(load_s, 1),
+        "input_tokens": sum(a for a, _ in ingest), "answer_tokens": answer_tokens,
+        "ingest": rate(ingest), "answers": rate(answers), "decoding": rate(decoded),
+        "latency_s": {"median": round(statistics.median(latencies), 2), "p95": round(percentile(latencies, 0.95), 2)},
+        "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1), "rss_after_model_mb": round(rss_model / 2**20, 1),
+        "rss_end_mb": round(rss_end / 2**20, 1),
+        "memory_per_stream_mb": round(statistics.mean((s.cache_bytes + s.archive_bytes) for s in stats) / 2**20, 2),
+        # What each stream holds now: its cache, and of its archive (allocated, touched as it fills) the tokens held.
+        "held_per_stream_mb": round(statistics.mean(
+            s.cache_bytes + s.archive_bytes * s.archive_tokens / max(s.archive_size, 1) for s in stats) / 2**20, 2),
+        "evictions": sum(s.evictions for s in stats),
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "rounds": {"ingest": ingest, "answers": answers, "decoded": decoded}, "latencies": latencies,
+    }
+
+
+def child(args, ids: list[int]) -> dict:
+    cmd = [sys.executable, str(Path(__file__)), "--child", *map(str, ids), "--model", args.model, "--cache",
+           str(args.cache), "--rounds", str(args.rounds), "--texts", str(args.texts), "--answer-tokens",
+           str(args.answer_tokens), "--threads", str(args.threads)]
+    printed = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(printed.strip().splitlines()[-1])
+
+
+def one_after_the_other(alone: list[dict], n: int) -> dict:
+    """The first n single-stream runs, one after the other: their times add up, rounds matched by index."""
+    runs = alone[:n]
+    def summed(key: str) -> list[tuple[float, float]]:
+        return [(sum(r["rounds"][key][k][0] for r in runs), sum(r["rounds"][key][k][1] for r in runs))
+                for k in range(len(runs[0]["rounds"][key]))]
+    latencies = [x for r in runs for x in r["latencies"]]
+    return {"streams": n, "ids": [r["ids"][0] for r in runs],
+            "input_tokens": sum(r["input_tokens"] for r in runs), "answer_tokens": sum(r["answer_tokens"] for r in runs),
+            "ingest": rate(summed("ingest")), "answers": rate(summed("answers")), "decoding": rate(summed("decoded")),
+            "latency_s": {"median": round(statistics.median(latencies), 2),
+                          "p95": round(percentile(latencies, 0.95), 2)},
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs)}
+
+
+def linear_rows(threads: int, rows=(1, 2, 4, 8), repeats: int = 40) -> dict:
+    """ms of one of the 0.5B model's MLP projections ([rows, 896] by [4864, 896]) for a few rows: what a decode step of
+    that many streams pays per layer and projection on this machine's BLAS (median of `repeats` calls each)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    weight = torch.randn(4864, 896)
+    out = {}
+    for n in rows:
+        x = torch.randn(n, 896)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.nn.functional.linear(x, weight)
+            times.append(time.perf_counter() - start)
+        out[str(n)] = round(statistics.median(times[3:]) * 1e3, 2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=MODEL)
+    p.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--cache", type=int, default=512)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--texts", type=int, default=4, help="texts per stream per round")
+    p.add_argument("--answer-tokens", type=int, default=16)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--label", default="")
+    p.add_argument("--out", default=OUT)
+    p.add_argument("--child", type=int, nargs="+", help=argparse.SUPPRESS)
+    p.add_argument("--linear-only", action="store_true", help="only the linear's time by rows, added to --out")
+    args = p.parse_args(argv)
+    if args.child:
+        result = run_streams(args, args.child)
+        print(json.dumps(result))
+        return
+    settings = {"model": args.model, "cache": args.cache, "rounds": args.rounds, "texts": args.texts,
+                "answer_tokens": args.answer_tokens, "threads": args.threads, "machine": machine(),
+                "label": args.label}
+    linear = {**settings, "mode": "linear_rows_ms", "rows": linear_rows(args.threads),
+              "load_average": round(os.getloadavg()[0], 2)}
+    if args.linear_only:
+        write_records(args.out, load_records(args.out) + [linear])
+        return
+    records = [r for r in load_records(args.out) if r.get("label") != args.label] + [linear]
+    alone: list[dict] = []
+    for i in range(max(args.streams)):  # each stream alone, in a process of its own, one after the other
+        alone.append(child(args, [i]))
+    for n in args.streams:
+        records.append({**settings, "mode": "one_after_the_other", **one_after_the_other(alone, n)})
+        write_records(args.out, records)
+    for n in args.streams:
+        pooled = child(args, list(range(n)))
+        pooled.pop("rounds"), pooled.pop("latencies")
+        records.append({**settings, "mode": "pooled", **pooled})
+        write_records(args.out, records)
+        print(f"[streams] {n}: pooled {pooled['answers']['per_s']} answer tok/s, "
+              f"{pooled['decoding']['per_s']} decoded tok/s, {pooled['ingest']['per_s']} input tok/s, "
+              f"{pooled['peak_rss_mb']} MB", flush=True)
+
+
+if __name__ == "__main__":
+    main()

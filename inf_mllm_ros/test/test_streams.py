@@ -1,0 +1,234 @@
+"""Several streams on one model (engine/runtime/pool.py, engine/memory/batched_step.py): on tiny random models of every
+family, each stream of a pool, its inputs taken with evictions, re-packs, frames and pins and its questions answered in
+one batch with the others' (retrieving from its archive), has after every input the memory it would have alone, slot
+for slot, and gives the answers it would give alone; the batch's logits are each stream's own step's."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+
+from inf_mllm_ros.engine.answering import AnswerCancelledError
+from inf_mllm_ros.engine.memory.batched_step import BatchedDecoder, DecodeMember
+from inf_mllm_ros.engine.memory.decode_step import StaticDecoder
+from inf_mllm_ros.engine.models.loading import load_model
+from inf_mllm_ros.engine.runtime.pool import Question, StreamPool
+from inf_mllm_ros.engine.runtime.pool_engine import PoolEngine
+from inf_mllm_ros.engine.runtime.stream import KVStream
+from inf_mllm_ros.engine.stream_config import StreamConfig
+from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
+
+from test_archive import assert_same_state, cache_state, frame, sentence
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+ALL_FAMILIES = FAMILIES + ("llama",)
+QUESTIONS = ["Where is the pallet?", "What did the forklift do at the dock?", "Which door light changed?",
+             "Who moved the crate?"]
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {family: load_model(build_model_folder(family, root / family, seed=5), device="cpu", dtype="float32")
+            for family in ALL_FAMILIES}
+
+
+def configs() -> dict[str, StreamConfig]:
+    """Three memories of one shape (capacity and headroom) that differ in all else: the policy, its bias and pins, the
+    archive and its budget, the chunk size."""
+    small = dict(capacity=48, headroom=128, archive_size=4096, archive_block=16)
+    return {
+        "r1": StreamConfig(**small, chunk_size=16, retrieve_tokens=64),
+        "r2": StreamConfig(**small, chunk_size=16, retrieve_tokens=32,
+                           policy_settings={"attention_bias": 2.0, "pin_share": 0.25}),
+        "r3": StreamConfig(**{**small, "archive_size": 0}, chunk_size=8, policy="h2o"),
+    }
+
+
+def script(name: str, seed: int, supports_frames: bool, rounds: int = 3) -> list[list[tuple]]:
+    """A stream's inputs, round by round, each ('text', words, stamp, pin) or ('frame', seed, stamp); the seed moves
+    the lengths, the pins and where frames fall, so that the streams' fills and positions differ at every question."""
+    rng = random.Random(f"{name}-{seed}")
+    out = []
+    for r in range(rounds):
+        items = []
+        for k in range(rng.randint(2, 5)):
+            stamp = 10.0 * r + k
+            items.append(("text", " ".join(sentence(rng.randrange(40)) for _ in range(rng.randint(1, 3))), stamp,
+                          rng.random() < 0.2))
+            if supports_frames and rng.random() < 0.3:
+                items.append(("frame", rng.randrange(1000), stamp + 0.5))
+        out.append(items)
+    return out
+
+
+def take(stream: KVStream, item: tuple) -> None:
+    if item[0] == "text":
+        stream.push_text(item[1], stamp=item[2], pin=item[3])
+    else:
+        stream.push_frame(frame(item[1]), stamp=item[2])
+
+
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_each_stream_of_a_pool_has_the_memory_and_answers_it_would_have_alone(family, seed, adapters):
+    adapter = adapters[family]
+    pool = StreamPool(adapter, configs())
+    alone = {name: KVStream(adapter, cfg) for name, cfg in configs().items()}
+    scripts = {name: script(name, seed, adapter.supports_frames) for name in pool}
+    rng = random.Random(seed)
+    retrieved = kept = 0
+    for r in range(3):
+        for name in pool:
+            for item in scripts[name][r]:
+                take(pool[name], item)
+                take(alone[name], item)
+                assert_same_state(cache_state(alone[name]), cache_state(pool[name]))
+        questions = {name: Question(rng.choice(QUESTIONS), max_new_tokens=rng.randint(4, 12),
+                                    keep_in_memory=rng.random() < 0.4) for name in pool}
+        answers = pool.ask_together(questions)
+        for name, q in questions.items():
+            want = alone[name].ask(q.text, max_new_tokens=q.max_new_tokens, keep_in_memory=q.keep_in_memory)
+            got = answers[name]
+            assert not isinstance(got, BaseException), got
+            assert (got.text, got.tokens_generated, got.retrieved_stamps, got.cut_by_headroom) == (
+                want.text, want.tokens_generated, want.retrieved_stamps, want.cut_by_headroom), name
+            assert_same_state(cache_state(alone[name]), cache_state(pool[name]))
+            retrieved += got.retrieved_tokens > 0
+            kept += got.kept_in_memory
+    evictions = sum(pool[name].cache.evictions for name in pool)
+    assert evictions > 0 and retrieved > 0 and kept > 0  # the memories moved, answers drew on the archives, some stayed
+    assert pool.decoder.steps > 0
+
+
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_the_batch_gives_every_member_the_logits_and_tokens_of_its_own_step(family, adapters, monkeypatch):
+    """Step by step, each member's logits in the batch are those its stream's own fixed-shape step gives alone (float
+    tolerance), and its tokens the same, at fills and positions that differ between the members."""
+    adapter = adapters[family]
+    pool = StreamPool(adapter, configs())
+    for i, name in enumerate(pool):
+        for item in [item for r in range(i + 1) for item in script(name, 11, adapter.supports_frames)[r]]:
+            take(pool[name], item)
+    steps = 6
+    opened = {name: pool[name].open_answer(QUESTIONS[i], max_new_tokens=steps) for i, name in enumerate(pool)}
+    # Questions of other lengths, other blocks retrieved: each member decodes from a slot and position of its own.
+    assert len({(pool[name].cache.fill, pool[name].cache.next_position) for name in pool}) == len(pool)
+    alone = {}
+    for name in pool:  # each alone over its own storage (slots past the fill, which the batch writes before it reads)
+        decoder = StaticDecoder(adapter, pool[name].cache, "static")
+        decoder.start(opened[name].logits)
+        alone[name] = [(int(decoder.token), decoder.step()[-1].clone()) for _ in range(steps - 1)]
+    logits = []
+    forward_batch = adapter.forward_batch
+
+    def keeping_logits(*args, **kwargs):
+        out = forward_batch(*args, **kwargs)
+        logits.append(out.clone())
+        return out
+
+    monkeypatch.setattr(adapter, "forward_batch", keeping_logits)
+    members = [DecodeMember(pool[name].cache, opened[name].logits, steps, set()) for name in pool]
+    BatchedDecoder(adapter).generate(members)
+    assert len(logits) == steps - 1
+    for row, name in enumerate(pool):
+        assert members[row].tokens[:-1] == [token for token, _ in alone[name]], name
+        for k, (_, want) in enumerate(alone[name]):
+            torch.testing.assert_close(logits[k][row], want, atol=1e-5, rtol=1e-5)
+        pool[name].abandon_answer(opened[name])
+
+
+def test_a_cancelled_answer_leaves_the_batch_and_its_memory_as_it_was_and_the_others_answer_as_alone(adapters):
+    adapter = adapters["qwen2_vl"]
+    pool = StreamPool(adapter, configs())
+    alone = {name: KVStream(adapter, cfg) for name, cfg in configs().items()}
+    for name in pool:
+        for item in script(name, 3, True)[0]:
+            take(pool[name], item)
+            take(alone[name], item)
+    before = cache_state(pool["r2"])
+    cancel = threading.Event()
+
+    def cancel_at_three(text: str, n: int) -> None:
+        if n == 3:
+            cancel.set()
+
+    answers = pool.ask_together({"r1": Question(QUESTIONS[0], max_new_tokens=10),
+                                 "r2": Question(QUESTIONS[1], max_new_tokens=10, on_token=cancel_at_three, cancel=cancel),
+                                 "r3": QUESTIONS[2]})
+    assert isinstance(answers["r2"], AnswerCancelledError)
+    assert_same_state(before, cache_state(pool["r2"]))
+    assert answers["r1"].text == alone["r1"].ask(QUESTIONS[0], max_new_tokens=10).text
+    assert answers["r3"].text == alone["r3"].ask(QUESTIONS[2]).text
+    for name in ("r1", "r3"):
+        assert_same_state(cache_state(alone[name]), cache_state(pool[name]))
+
+
+def test_one_step_serves_every_member_of_the_batch(adapters):
+    """The batch takes as many model steps as its longest answer, not the sum of them."""
+    adapter = adapters["llama"]
+    pool = StreamPool(adapter, configs())
+    for name in pool:
+        for item in script(name, 4, False)[0]:
+            take(pool[name], item)
+    answers = pool.ask_together({name: Question(QUESTIONS[0], max_new_tokens=12) for name in pool})
+    lengths = [a.tokens_generated for a in answers.values()]
+    assert pool.decoder.steps == max(lengths) - 1 < sum(lengths) - len(lengths)
+
+
+def test_a_pool_refuses_caches_of_different_shapes_and_a_bad_question_ends_only_its_own_answer(adapters):
+    adapter = adapters["llama"]
+    with pytest.raises(ValueError, match="one shape"):
+        StreamPool(adapter, {"a": StreamConfig(capacity=48, chunk_size=16), "b": StreamConfig(capacity=64, chunk_size=16)})
+    pool = StreamPool(adapter, ["a", "b"], StreamConfig(capacity=48, chunk_size=16))
+    for name in pool:
+        pool[name].push_text(sentence(3), stamp=0.0)
+    answers = pool.ask_together({"a": "", "b": QUESTIONS[0]})
+    assert isinstance(answers["a"], ValueError) and answers["b"].tokens_generated > 0
+
+
+def test_a_flooded_stream_leaves_another_streams_question_answered_within_one_round(adapters):
+    """A flood of texts into one stream (all of them waiting at once) and a question to another: the question is
+    answered in the next round, after at most the one text call in progress, while most of the flood still waits;
+    each stream's memory is then what it would be alone with the same inputs in the same order."""
+    adapter = adapters["llama"]
+    pool = StreamPool(adapter, configs())
+    engine = PoolEngine(pool)
+    try:
+        for name in pool:
+            engine.submit_text(name, sentence(1), 0.0).result(timeout=60)
+        flood = [engine.submit_text("r1", sentence(i), float(i)) for i in range(200)]
+        answer = engine.submit_ask("r2", Question(QUESTIONS[0], max_new_tokens=6)).result(timeout=60)
+        taken = sum(f.done() for f in flood)
+        assert answer.tokens_generated > 0 and taken < 40  # a text call is bounded by the model's pace (texts wait)
+        frame_done = engine.submit_frame("r3", frame(5), 1.0) if adapter.supports_frames else None
+        for f in flood:
+            f.result(timeout=300)
+        if frame_done is not None:
+            frame_done.result(timeout=60)
+    finally:
+        engine.close(timeout=60)
+    alone = KVStream(adapter, configs()["r2"])
+    alone.push_text(sentence(1), stamp=0.0)
+    assert alone.ask(QUESTIONS[0], max_new_tokens=6).text == answer.text
+    assert_same_state(cache_state(alone), cache_state(pool["r2"]))
+
+
+def test_questions_that_wait_at_once_are_answered_in_one_batch(adapters):
+    adapter = adapters["llama"]
+    pool = StreamPool(adapter, configs())
+    for name in pool:
+        pool[name].push_text(sentence(2), stamp=0.0)
+    engine = PoolEngine(pool)
+    try:
+        with engine.lock:  # every question waits before the worker takes any
+            futures = {name: engine.submit_ask(name, Question(QUESTIONS[1], max_new_tokens=8)) for name in pool}
+        answers = {name: f.result(timeout=60) for name, f in futures.items()}
+    finally:
+        engine.close(timeout=60)
+    assert engine.rounds == 1
+    assert pool.decoder.steps == max(a.tokens_generated for a in answers.values()) - 1
