@@ -26,27 +26,22 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
-from .decode_step import SYNC_EVERY
+from .decode_step import SYNC_EVERY, SlotLayer
 
 if TYPE_CHECKING:
     from ..models.adapters import ModelAdapter
     from .cache import BoundedKVCache
 
 
-class BatchRowsLayer(CacheLayerMixin):
+class BatchRowsLayer(SlotLayer):
     """One layer's keys and values of every member of a batch, [members, heads, slots, dim]: each step's new key of
     member b goes to its slot `slot[b]`, and attention gets every slot of every member."""
 
-    is_compileable = True
-    is_sliding = False
-
     def __init__(self, keys: Tensor, values: Tensor, slot: Tensor):
-        super().__init__()
-        self.keys, self.values, self.slot = keys, values, slot
+        super().__init__(keys, values, slot)
         self.rows = torch.arange(keys.shape[0], device=keys.device)
-        self.is_initialized = True
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         raise RuntimeError("a batch's rows are copied from its members' caches when it forms")
@@ -56,15 +51,6 @@ class BatchRowsLayer(CacheLayerMixin):
         self.keys[self.rows, :, self.slot] = key_states[:, :, 0]
         self.values[self.rows, :, self.slot] = value_states[:, :, 0]
         return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return 0  # positions are given explicitly
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.keys.shape[-2], 0
-
-    def get_max_length(self) -> int:
-        return self.keys.shape[-2]
 
 
 @dataclass
