@@ -28,14 +28,14 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache
 
-from .decode_step import SYNC_EVERY, SlotLayer
+from .decode_step import SYNC_EVERY, StorageLayer
 
 if TYPE_CHECKING:
     from ..models.adapters import ModelAdapter
     from .cache import BoundedKVCache
 
 
-class BatchRowsLayer(SlotLayer):
+class BatchRowsLayer(StorageLayer):
     """One layer's keys and values of every member of a batch, [members, heads, slots, dim]: each step's new key of
     member b goes to its slot `slot[b]`, and attention gets every slot of every member."""
 

@@ -23,6 +23,7 @@ never moves and every changing value is a tensor. Tokens and logits are the eage
 
 from __future__ import annotations
 
+from abc import ABC
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -63,10 +64,10 @@ def compile_step(step: Callable, device: torch.device, options: dict | None = No
     return torch.compile(step, **{**defaults, **(options or {})})
 
 
-class SlotLayer(CacheLayerMixin):
-    """One layer's storage of the bounded cache, seen by a fixed-shape step: the new tokens' keys and values go to
-    the slots in `slot` (a device tensor the step advances; one slot for a decode step, a padded block's for the
-    ingest step of engine/memory/ingest_step.py), and attention gets every slot."""
+class StorageLayer(CacheLayerMixin, ABC):
+    """A layer's keys and values in storage a fixed-shape step writes into at given slots (`slot`, a device tensor
+    the step advances), attention getting every slot: positions are given explicitly, nothing grows. Its kinds say
+    which storage and how a step's tokens go in."""
 
     is_compileable = True
     is_sliding = False
@@ -76,14 +77,6 @@ class SlotLayer(CacheLayerMixin):
         self.keys, self.values, self.slot = keys, values, slot
         self.is_initialized = True
 
-    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
-        raise RuntimeError("the static step writes into storage the bounded cache already holds")
-
-    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        self.keys.index_copy_(2, self.slot, key_states)
-        self.values.index_copy_(2, self.slot, value_states)
-        return self.keys, self.values
-
     def get_seq_length(self) -> int:
         return 0  # positions are given explicitly
 
@@ -92,6 +85,20 @@ class SlotLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return self.keys.shape[-2]
+
+
+class SlotLayer(StorageLayer):
+    """One layer's storage of the bounded cache, seen by a fixed-shape step: the new tokens' keys and values go to
+    the slots in `slot` (one slot for a decode step, a padded block's for the ingest step of
+    engine/memory/ingest_step.py)."""
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        raise RuntimeError("the static step writes into storage the bounded cache already holds")
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        self.keys.index_copy_(2, self.slot, key_states)
+        self.values.index_copy_(2, self.slot, value_states)
+        return self.keys, self.values
 
 
 class StaticDecoder:
