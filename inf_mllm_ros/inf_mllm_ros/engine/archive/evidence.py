@@ -43,21 +43,16 @@ def in_asked_order(evidence: list[Evidence], order: str, limit: int) -> list[Evi
     """The first `limit` of the evidence (ranked, at least ORDER_AMONG long where there are as many) with, where the
     question asks for the newest or the oldest moment (`order`), that one of the entries weighing about as much as
     the heaviest (SAME_THING_SHARE) first; the others as they were."""
-    return _asked_first(evidence, order)[:limit]
-
-
-def _asked_first(evidence: list[Evidence], order: str) -> list[Evidence]:
     stamped = [e for e in evidence if e.stamp is not None]
-    if not order or len(stamped) < 2:
-        return evidence
-    lightest, heaviest = min(e.weight for e in evidence), evidence[0].weight
-    if heaviest <= lightest:
-        return evidence
-    alike = [e for e in stamped if (e.weight - lightest) >= SAME_THING_SHARE * (heaviest - lightest)]
+    lightest = min((e.weight for e in evidence), default=0.0)
+    if not order or len(stamped) < 2 or evidence[0].weight <= lightest:
+        return evidence[:limit]
+    bar = lightest + SAME_THING_SHARE * (evidence[0].weight - lightest)
+    alike = [e for e in stamped if e.weight >= bar]
     if not alike:
-        return evidence
+        return evidence[:limit]
     pick = (max if order == "latest" else min)(alike, key=lambda e: e.stamp)
-    return [pick] + [e for e in evidence if e is not pick]
+    return ([pick] + [e for e in evidence if e is not pick])[:limit]
 
 
 def ranked(blocks: list, scores: Tensor, held: list[bool], quote: Callable[[object], str],
