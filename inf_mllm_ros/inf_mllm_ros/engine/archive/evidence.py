@@ -26,7 +26,7 @@ from ..answering import QUOTE_CHARS, Evidence
 ASKS_LATEST = re.compile(r"\b(?:last|latest|newest|most recent(?:ly)?)\b", re.IGNORECASE)
 ASKS_EARLIEST = re.compile(r"\b(?:first(?![- ]aid)|earliest|oldest)\b", re.IGNORECASE)
 # Entries whose weight is at least this share of the heaviest's, above the lightest entry's, are taken as moments of
-# the same thing when a question asks for the newest or the oldest (chosen on the tuning route bags, seeds 0 to 2).
+# the same thing when a question asks for the newest or the oldest (chosen on the tuning route bags, seeds 0 and 1).
 SAME_THING_SHARE = 0.7
 # The entries that share is taken over, however few are asked for: one asked for still comes from the same five.
 ORDER_AMONG = 5
