@@ -35,8 +35,10 @@ MODEL = "smolvlm-smollm2"
 BURST_PARAMS = {"model": MODEL, "cache_size": 256, "description_period": 0.0, "stats_period": 0.5}
 BURST_TIMEOUT_S = 150.0  # each caller waits this long for its response
 
-# The options of a short run (run.py --smoke): one small burst and one flood.
-SMOKE = ["--runs", "1", "--processes", "2", "--clients", "5", "--label", "smoke"]
+# The options of a short run (run.py --smoke): one small burst. The flood part is the suite's own serial test
+# (test_node_flood.py: the same node_under_flood and reference_flood beside the same load), so its smoke would run
+# the same minute twice.
+SMOKE = ["--part", "burst", "--runs", "1", "--processes", "2", "--clients", "5", "--label", "smoke"]
 
 
 def burst_runs(args, records: list) -> None:

@@ -37,6 +37,12 @@ echo "[test] ROS_DOMAIN_ID=$ROS_DOMAIN_ID RMW_IMPLEMENTATION=$RMW_IMPLEMENTATION
 # stand in for the packages colcon installed.
 python -P -c 'import inf_mllm_ros; print("[test] inf_mllm_ros from", inf_mllm_ros.__file__)'
 
+# One folder for what the package keeps between runs (a model's retrieval heads), shared by every pass, worker and
+# node process of this run (conftest.py), removed at its end: each model's heads are found once a suite.
+INF_MLLM_TEST_CACHE_DIR="$(mktemp -d "${TMPDIR:-/tmp}/inf_mllm_test_cache_XXXXXX")"
+export INF_MLLM_TEST_CACHE_DIR
+trap 'rm -rf "$INF_MLLM_TEST_CACHE_DIR"' EXIT
+
 # The whole test folder unless a test file or test is named.
 targets=(inf_mllm_ros/test)
 for arg in "$@"; do

@@ -24,9 +24,14 @@ RUN_DOMAIN_ID = str((os.getppid() * 8 + int(_WORKER[2:])) % 100 + 1 if _WORKER e
 os.environ["ROS_DOMAIN_ID"] = RUN_DOMAIN_ID
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 # Files the package keeps between runs (a model's retrieval heads) go to a folder of this run's, shared by
-# its child processes, and removed at its end.
-os.environ["INF_MLLM_CACHE_DIR"] = tempfile.mkdtemp(prefix="inf_mllm_test_cache_")
-atexit.register(shutil.rmtree, os.environ["INF_MLLM_CACHE_DIR"], ignore_errors=True)
+# its child processes: the one scripts/test.sh makes for all its passes and workers (INF_MLLM_TEST_CACHE_DIR,
+# so that each model's heads are found once a suite, as a robot finds them once), else one of this process's,
+# removed at its end.
+if os.environ.get("INF_MLLM_TEST_CACHE_DIR"):
+    os.environ["INF_MLLM_CACHE_DIR"] = os.environ["INF_MLLM_TEST_CACHE_DIR"]
+else:
+    os.environ["INF_MLLM_CACHE_DIR"] = tempfile.mkdtemp(prefix="inf_mllm_test_cache_")
+    atexit.register(shutil.rmtree, os.environ["INF_MLLM_CACHE_DIR"], ignore_errors=True)
 
 # A short passage for the engine's equivalence checks (about 250 tokens).
 LIGHTHOUSE = (

@@ -1,6 +1,7 @@
 """Recall on the 0.5B evaluation model: what the bounded cache alone keeps (a fact whose subject keeps coming up,
-about two caches back; pinned facts; facts through a camera flood). Facts told more than four caches back, brought
-back by the archive at question time, are benchmarks/told_long_ago.py's (the suite runs its smoke run)."""
+about two caches back; pinned facts). Facts told more than four caches back, brought back by the archive at question
+time, are benchmarks/told_long_ago.py's, and facts through a camera flood on the default model
+benchmarks/cache_through_frames.py's (the suite runs their smoke runs, and each checks what the suite held it to)."""
 
 from __future__ import annotations
 
@@ -122,60 +123,3 @@ def test_pinned_facts_stay_in_every_layer_and_head_and_are_recalled(qwen, paragr
     assert sum(r for r, _ in unpinned) <= 1, f"unpinned facts mostly lost: {unpinned}"
     assert sum(r for r, _ in pinned) >= 6, f"pinned facts recalled: {pinned}"
     assert sum(r for r, _ in pinned[:4]) > sum(r for r, _ in unpinned), (pinned, unpinned)
-
-
-@pytest.fixture(scope="module")
-def default_model():
-    return load_prepared("onevision-qwen2.5-0.5b")
-
-
-def camera_flood(adapter, policy: str, seed: int, ask_after: tuple[int, ...] = (16,)) -> dict[int, list[bool]]:
-    """The robot's case: facts told, then frames (about 80 tokens each, well past a 512-token cache),
-    with a subject named now and then; every fact asked about after each number of frames in `ask_after`
-    (an answer not kept leaves the memory as it was, so one stream serves every count). Seeds vary
-    subjects, values, the words around each fact and the frames."""
-    import numpy as np
-
-    rng = random.Random(seed)
-    subjects = rng.sample([f"the {c} {o}" for c in COLOURS for o in ("locker", "cabinet")], 4)
-    values = [str(rng.randint(1000, 9999)) for _ in subjects]
-    stream = KVStream(adapter, StreamConfig(capacity=CACHE, policy=policy, chunk_size=128, archive_size=0))
-    for i, (subject, value) in enumerate(zip(subjects, values)):
-        stream.push_text(rng.choice(["", "Note: ", "Update from the shift lead. "]) + f"The code of {subject} is {value}.",
-                         stamp=float(i))
-    pixels = np.random.default_rng(seed)
-    answers = {}
-    for n in range(max(ask_after)):
-        stream.push_frame(pixels.integers(0, 256, (240, 320, 3), dtype=np.uint8), stamp=10.0 + n)
-        if n % 4 == 3:
-            stream.push_text(f"Someone walked past {subjects[n // 4 % len(subjects)]}.", stamp=10.5 + n)
-        if n + 1 in ask_after:
-            assert stream.stats().tokens_evicted > CACHE  # the facts' tokens were long due to go
-            answers[n + 1] = [value in stream.ask(f"What is the code of {subject}?", max_new_tokens=12).text
-                              for subject, value in zip(subjects, values)]
-    return answers
-
-
-@pytest.fixture(scope="module")
-def flooded(default_model) -> list[dict[int, list[bool]]]:
-    """Inf-MLLM through a camera flood on three seeds, asked after 16 frames and after 40."""
-    return [camera_flood(default_model, "inf_mllm", seed, ask_after=(16, 40)) for seed in (0, 1, 2)]
-
-
-@pytest.mark.slow
-def test_inf_mllm_keeps_the_text_through_a_camera_flood(default_model, flooded):
-    inf = [run[16] for run in flooded]
-    streaming = camera_flood(default_model, "streaming_llm", 0)[16]
-    assert not any(streaming), "streaming_llm keeps only the newest frames"
-    # Measured here: 9 of 12 (3, 2 and 4 of 4 by seed). Without text_share the frames push the facts
-    # out (benchmarks/camera_flood.py: 0 of 24 answers, against 13 of 24 with it).
-    assert sum(map(sum, inf)) >= 6, f"inf_mllm recalls after the flood: {inf}"
-
-
-@pytest.mark.slow
-def test_naming_the_subjects_again_does_not_push_the_facts_out(flooded):
-    """Forty frames on, the mentions (text too, and newer than the facts) outgrow the text's share. Ranked by
-    the attention it has drawn, age aside, a fact keeps its place among the mentions of its subject."""
-    inf = [run[40] for run in flooded]
-    # Measured here: 7 of 12 (3, 2 and 2 by seed); with the age term in the text's ranking, 0 of 12.
-    assert sum(map(sum, inf)) >= 4, f"inf_mllm recalls 40 frames after the facts: {inf}"

@@ -101,7 +101,7 @@ FILLER = ["A cart rolled past the shelves with boxes of screws.", "The floor nea
           "The lights in the hall flickered for a moment.", "Someone stacked empty crates beside the wall."]
 
 
-def planted_stream(adapter, seed: int, offset: int, messages: int = 90):
+def planted_stream(adapter, seed: int, offset: int, messages: int = 45):
     """A stream of several caches' worth of filler, with one fact planted `offset` messages in; every message
     stamped one second apart and posed one metre apart along x."""
     rng = random.Random(seed)
@@ -118,7 +118,7 @@ def smollm2():
     return load_prepared("smollm2")
 
 
-@pytest.mark.parametrize("seed, offset", [(0, 5), (1, 23), (2, 47)])
+@pytest.mark.parametrize("seed, offset", [(0, 5), (1, 19), (2, 31)])
 def test_the_planted_moment_is_an_answers_heaviest_evidence_and_a_recalls_first(smollm2, seed, offset):
     stream = planted_stream(smollm2, seed, offset)
     answer = stream.ask("Where is the red cone?", max_new_tokens=12)
@@ -149,10 +149,10 @@ def test_of_reports_of_one_form_the_one_naming_the_thing_is_found(smollm2, seed)
     an answer's evidence and a recall's moments, whichever report is asked of and wherever it lies."""
     rng = random.Random(seed)
     things = rng.sample(THINGS, len(THINGS))
-    at = sorted(rng.sample(range(4, 86), len(things)))
+    at = sorted(rng.sample(range(4, 44), len(things)))
     stream = KVStream(smollm2, StreamConfig(capacity=128, chunk_size=32, archive_block=32))
     reports = iter(things)
-    for i in range(90):
+    for i in range(48):
         text = (f"Patrol robot R1 saw a {rng.choice(COLOURS)} {next(reports)} at {rng.choice(PLACES)}." if i in at
                 else rng.choice(FILLER))
         stream.push_text(text, stamp=float(i), pose=Pose(float(i), 0.0, 0.0))
@@ -228,11 +228,11 @@ def test_of_moments_weighing_alike_the_asked_one_comes_first_the_rest_as_they_we
 THRICE = "I see the red cone by the charging dock."
 
 
-@pytest.mark.parametrize("seed, offsets", [(0, (6, 31, 58)), (1, (12, 40, 71)), (2, (3, 25, 49))])
+@pytest.mark.parametrize("seed, offsets", [(0, (6, 17, 32)), (1, (12, 23, 38)), (2, (3, 14, 27))])
 def test_a_thing_seen_three_times_last_and_first_give_the_newest_and_the_oldest_sighting(smollm2, seed, offsets):
     rng = random.Random(seed)
     stream = KVStream(smollm2, StreamConfig(capacity=128, chunk_size=32, archive_block=32))
-    for i in range(80):
+    for i in range(42):
         stream.push_text(THRICE if i in offsets else rng.choice(FILLER), stamp=float(i), pose=Pose(float(i), 0.0, 0.0))
     stamps = {float(o) for o in offsets}
     last = stream.ask("Where did you last see the red cone?", max_new_tokens=2).evidence
