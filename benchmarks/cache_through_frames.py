@@ -27,7 +27,7 @@ import random
 import sys
 import time
 
-from common import RESULTS, machine, write_records
+from common import machine, shown, write_records
 
 MODEL = "onevision-qwen2.5-0.5b"
 SEEDS = (0, 1, 2)
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     records.append({"kind": "summary", "model": args.model, "seeds": args.seeds, "ask_after": list(ask_after),
                     "capacity": args.capacity, "device": machine(), "seconds": round(time.monotonic() - start, 1)})
     path = write_records(args.out, records)
-    print(f"wrote {path.relative_to(RESULTS.parent) if RESULTS.parent in path.parents else path}")
+    print(f"wrote {shown(path)}")
     if shipped:
         check(inf, streaming)
         print("checked: as the suite held it", flush=True)

@@ -70,6 +70,11 @@ def machine() -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+def shown(path: Path) -> Path:
+    """A written file's path as printed: from the checkout where it is inside it (a smoke run's scratch folder is not)."""
+    return path.relative_to(ROOT) if ROOT in path.parents else path
+
+
 def write_records(name: str, records: list[dict]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / name

@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from common import RESULTS, ROOT, machine
+from common import RESULTS, machine, shown
 from inf_mllm_ros.testing.node_process import default_domain_id
 from inf_mllm_ros.testing.soak import NODE_PARAMS, run_soak
 
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     (RESULTS / PARTIAL).unlink(missing_ok=True)  # the full results are written
     summary = records[-1]
     print(json.dumps(summary, indent=1))
-    print(f"wrote {path.relative_to(ROOT)} and {png.relative_to(ROOT)}")
+    print(f"wrote {shown(path)} and {shown(png)}")
     if summary["node_exit_code"] != 0:
         raise SystemExit(f"the node exited with {summary['node_exit_code']} after SIGINT")
 

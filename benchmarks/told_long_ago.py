@@ -25,7 +25,7 @@ import random
 import sys
 import time
 
-from common import RESULTS, machine, write_records
+from common import machine, shown, write_records
 
 FACTS_AT_ONCE = 6
 STREAM_SEEDS = (0, 1, 2)  # tuning seeds: a genre, a mention style and a first kind each
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     records.append({"kind": "summary", "model": args.model, "seeds": args.seeds, "facts": args.facts,
                     "capacity": args.capacity, "device": machine(), "seconds": round(time.monotonic() - start, 1)})
     path = write_records(args.out, records)
-    print(f"wrote {path.relative_to(RESULTS.parent) if RESULTS.parent in path.parents else path}")
+    print(f"wrote {shown(path)}")
     if shipped:
         check(results, updated)
         print("checked: as the suite held it", flush=True)
