@@ -33,7 +33,7 @@ BENCHMARKS = {
     "told_long_ago": "six facts of every kind told more than four caches back, asked with and without the archive",
     "dialogue": "a dialogue that tells facts and asks them many rounds later",
     "camera_flood": "facts told among a flood of camera frames",
-    "cache_through_frames": "facts told, then frames well past the cache, asked from the cache alone (no archive)",
+    "cache_alone": "what the bounded cache alone keeps: pinned facts, and facts through a flood of frames",
     "frame_stream": "an endless camera stream: memory and time per frame stay flat",
     "chunk_time": "time per chunk of input per policy",
     "eviction_ops": "the eviction's own operations per chunk",
