@@ -279,6 +279,29 @@ class Inputs:
                 engine.time_origin = self.stream_clock.origin
         return seconds
 
+    def restart_clock(self, origin: float | None) -> None:
+        """Times go on from this caller's time of stream time 0 (a restored memory's), or from the next input."""
+        with self._clock_lock:
+            self.stream_clock = StreamClock(origin)
+
+    @property
+    def time_origin(self) -> float | None:
+        """The caller's time of stream time 0, None before the first input."""
+        return self.stream_clock.origin
+
+    @property
+    def pose_frame(self) -> str:
+        """The frame the inputs' poses are in ("" before the first pose)."""
+        return self.poses.frame_id
+
+    def keep_pose_frame(self, frame: str) -> None:
+        """Poses in this frame only (a restored memory's)."""
+        self.poses.keep_frame(frame)
+
+    def descriptions_restarted(self) -> None:
+        """A description's failure is news only while descriptions run: a new period starts without it."""
+        self.description_error = None
+
     def ros_time(self, stream_time: float | None) -> Time:
         if stream_time is None or self.stream_clock.origin is None:
             return Time()

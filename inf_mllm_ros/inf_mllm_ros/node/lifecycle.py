@@ -45,7 +45,6 @@ from ..engine.models.loading import fetch_model
 from ..engine.runtime.engine import StreamingEngine
 from .engine_interface import EngineLike
 from .executor import OnceQueuedExecutor
-from ..input_rules import StreamClock
 from .health import Health, NodeCounters
 from .inputs import Inputs
 from .parameters import change_problem, declare_parameters
@@ -152,7 +151,7 @@ class InfMLLMNode(LifecycleNode):
         if old is not None:
             self.destroy_timer(old)
         if name == "description":
-            self.inputs.description_error = None  # a failure is news only while descriptions run
+            self.inputs.descriptions_restarted()
         if period > 0.0:
             callback = {"description": self.inputs.on_description_timer, "stats": self.health.publish_stats}[name]
             # A group each, as each input has (node/inputs.py, `subscribe`): the description's is the reports'.
@@ -226,12 +225,12 @@ class InfMLLMNode(LifecycleNode):
             self.health.publish_stats()
             return TransitionCallbackReturn.FAILURE
         # Times go on from a restored memory's clock: its first input was stream time 0.
-        self.inputs.stream_clock = StreamClock(self.engine.time_origin)
+        self.inputs.restart_clock(self.engine.time_origin)
         if self.engine.pose_frame:  # a restored memory's poses are in its frame: new ones must be too
             if self.param("pose_frame") and self.param("pose_frame") != self.engine.pose_frame:
                 self.get_logger().warning(f"the memory keeps its poses in {self.engine.pose_frame!r}; pose_frame "
                                           f"{self.param('pose_frame')!r} is not used")
-            self.inputs.poses.keep_frame(self.engine.pose_frame)
+            self.inputs.keep_pose_frame(self.engine.pose_frame)
         self._report_ready(time.monotonic() - started)
         return TransitionCallbackReturn.SUCCESS
 

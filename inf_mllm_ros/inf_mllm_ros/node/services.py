@@ -209,8 +209,8 @@ class Services:
         response.tokens_seen = answer.tokens_seen
         response.cache_fill = answer.cache_fill
         response.retrieved_tokens = answer.retrieved_tokens
-        response.evidence = evidence_msgs(answer.evidence, self.inputs.ros_time, self.inputs.poses.frame_id)
-        self.markers.answered(answer.evidence, self.inputs.poses.frame_id, self.inputs.ros_time)
+        response.evidence = evidence_msgs(answer.evidence, self.inputs.ros_time, self.inputs.pose_frame)
+        self.markers.answered(answer.evidence, self.inputs.pose_frame, self.inputs.ros_time)
         response.latency = time.monotonic() - start
         return response
 
@@ -228,7 +228,7 @@ class Services:
         # Radius 0: anywhere (a request's default); any other radius is the rule's to judge.
         near = None if request.radius == 0.0 else (request.x, request.y, request.radius)
         limit = request.max_results or DEFAULT_RECALL_RESULTS
-        origin = self.inputs.stream_clock.origin
+        origin = self.inputs.time_origin
         since, until = (None if (t.sec, t.nanosec) == (0, 0) or origin is None else stamp_seconds(t, 0) - origin
                         for t in (request.since, request.until))
         if not problem:
@@ -253,8 +253,8 @@ class Services:
             response.success, response.message = False, str(exc)
             return response
         response.success = True
-        response.moments = evidence_msgs(moments, self.inputs.ros_time, self.inputs.poses.frame_id)
-        self.markers.recalled(moments, self.inputs.poses.frame_id, self.inputs.ros_time)
+        response.moments = evidence_msgs(moments, self.inputs.ros_time, self.inputs.pose_frame)
+        self.markers.recalled(moments, self.inputs.pose_frame, self.inputs.ros_time)
         response.latency = time.monotonic() - start
         return response
 
