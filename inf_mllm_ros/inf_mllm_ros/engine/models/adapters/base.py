@@ -222,7 +222,13 @@ class ModelAdapter(ABC):
         [batch, vocab] (the batched answers of engine/memory/batched_step.py)."""
         out = self.decoder(inputs_embeds=embeds, position_ids=position_ids, attention_mask=attention_mask,
                            use_cache=True, **{self._cache_argument: cache})
-        return self.model.lm_head(out.last_hidden_state[:, -1]).float()
+        hidden, head = out.last_hidden_state[:, -1], self.model.lm_head
+        if not isinstance(head, nn.Linear):
+            return head(hidden).float()
+        # The weights on the left: a few rows times the vocabulary's projection, the step's largest matrix, as
+        # rows @ weight.T runs at half the speed on a CPU's BLAS (MKL, 4 rows of the 0.5B's: 100 against 45 ms).
+        logits = torch.mm(head.weight, hidden.t()).t()
+        return (logits if head.bias is None else logits + head.bias).float()
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
