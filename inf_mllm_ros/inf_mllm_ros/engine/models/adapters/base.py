@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ...ops.attention import ATTENTION_NAME
+from ...ops.few_rows import weights_left_for_few_rows
 from ..chat import STREAM_CLOCK, ChatFormat, MarkerClock, check_stamp, stamped
 from ...model_errors import FramesNotSupportedError
 
@@ -67,6 +68,7 @@ class ModelAdapter(ABC):
         self.notice = ""  # a caveat to show users with this model (set for the embedded default)
         self.chat = ChatFormat.from_tokenizer(tokenizer)
         self.model.set_attn_implementation(ATTENTION_NAME)
+        weights_left_for_few_rows(self.model)  # a batch's decode step: engine/ops/few_rows.py
         # transformers 5.24 renamed the decoder's past_key_values to cache, and drops the old name in 5.40.
         self._cache_argument = (
             "cache" if "cache" in inspect.signature(self.decoder.forward).parameters else "past_key_values"
@@ -222,13 +224,7 @@ class ModelAdapter(ABC):
         [batch, vocab] (the batched answers of engine/memory/batched_step.py)."""
         out = self.decoder(inputs_embeds=embeds, position_ids=position_ids, attention_mask=attention_mask,
                            use_cache=True, **{self._cache_argument: cache})
-        hidden, head = out.last_hidden_state[:, -1], self.model.lm_head
-        if not isinstance(head, nn.Linear):
-            return head(hidden).float()
-        # The weights on the left: a few rows times the vocabulary's projection, the step's largest matrix, as
-        # rows @ weight.T runs at half the speed on a CPU's BLAS (MKL, 4 rows of the 0.5B's: 100 against 45 ms).
-        logits = torch.mm(head.weight, hidden.t()).t()
-        return (logits if head.bias is None else logits + head.bias).float()
+        return self.model.lm_head(out.last_hidden_state[:, -1]).float()
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
