@@ -180,6 +180,22 @@ def test_one_step_serves_every_member_of_the_batch(adapters):
     assert pool.decoder.steps == max(lengths) - 1 < sum(lengths) - len(lengths)
 
 
+def test_wide_linears_take_a_few_rows_weights_left_and_one_row_as_torch_does(adapters):
+    """A batch's rows through a wide projection (engine/ops/few_rows.py) give torch's own linear within float
+    tolerance; one row and many rows take torch's own path, bit for bit."""
+    wide = [m for m in adapters["llama"].model.modules()
+            if type(m) is torch.nn.Linear and m.out_features > m.in_features]
+    assert wide and all("forward" in vars(m) for m in wide)
+    for module in wide:
+        for rows in (1, 2, 4, 8, 9):
+            x = torch.randn(rows, 1, module.in_features)
+            want = torch.nn.functional.linear(x, module.weight, module.bias)
+            if rows in (1, 9):
+                assert torch.equal(module(x), want)
+            else:
+                torch.testing.assert_close(module(x), want, atol=1e-5, rtol=1e-5)
+
+
 def test_a_pool_refuses_caches_of_different_shapes_and_a_bad_question_ends_only_its_own_answer(adapters):
     adapter = adapters["llama"]
     with pytest.raises(ValueError, match="one shape"):

@@ -6,9 +6,10 @@ one batch. Every stream's cache has the same shape (`BoundedKVCache.slots` slots
 stacks along the batch dimension:
 
 - when the batch forms, each layer's keys and values of every member are copied once into the batch's own rows
-  ([members, heads, slots, dim]); each step writes each member's new token at that member's next slot there, and
-  attention runs over all the slots with each member's own mask (`slot index <= its slot`), as the single stream's
-  fixed-shape step (engine/memory/decode_step.py) does over its own storage;
+  ([members, heads, span, dim], the span being the slots up to the last one any member's answer reaches); each step
+  writes each member's new token at that member's next slot there, and attention runs over the span with each
+  member's own mask (`slot index <= its slot`), as the single stream's fixed-shape step (engine/memory/decode_step.py)
+  does over its own storage;
 - the members' caches are never written: an answer's slots are taken away after it anyway (a kept answer goes
   into its stream's memory afterwards as a prompt of its own), so each stream's memory is what it was;
 - tokens, slots and positions live on the device, the next tokens are chosen there (greedy), and the host reads
@@ -36,8 +37,8 @@ if TYPE_CHECKING:
 
 
 class BatchRowsLayer(StorageLayer):
-    """One layer's keys and values of every member of a batch, [members, heads, slots, dim]: each step's new key of
-    member b goes to its slot `slot[b]`, and attention gets every slot of every member."""
+    """One layer's keys and values of every member of a batch, [members, heads, span, dim]: each step's new key of
+    member b goes to its slot `slot[b]`, and attention gets the whole span of every member."""
 
     def __init__(self, keys: Tensor, values: Tensor, slot: Tensor):
         super().__init__(keys, values, slot)
@@ -109,10 +110,12 @@ class BatchedDecoder:
             slot = torch.tensor([m.cache.fill for m in active], dtype=torch.long, device=device)
             position = torch.tensor([m.cache.next_position for m in active], dtype=torch.long, device=device)
             chosen = torch.empty(len(active), longest, dtype=torch.long, device=device)
-            layers = [(torch.cat([m.cache.layers[i].keys for m in active]),
-                       torch.cat([m.cache.layers[i].values for m in active]))
+            # Only the slots some member reads: its cached ones and its answer's (the last token is not fed).
+            span = max(m.cache.fill + m.max_new - 1 for m in active)
+            layers = [(torch.cat([m.cache.layers[i].keys[..., :span, :] for m in active]),
+                       torch.cat([m.cache.layers[i].values[..., :span, :] for m in active]))
                       for i in range(len(active[0].cache.layers))]
-            slot_index = torch.arange(layers[0][0].shape[-2], device=device)
+            slot_index = torch.arange(span, device=device)
             step = 0
             while True:
                 chosen[:, step] = token

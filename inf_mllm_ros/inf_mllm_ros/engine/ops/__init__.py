@@ -1,2 +1,2 @@
 """Tensor operations: the attention function, rotary re-rotation, the retrieval-window scores (and their Triton
-kernel)."""
+kernel), linear layers of a few rows."""
