@@ -147,7 +147,7 @@ def run_stream(adapter, paras, args, policy: str, cache: int, trial: int) -> lis
         bury(distance)
         for fact in facts:
             for archive in (True, False) if policy != "full" and args.baseline else (True,):
-                stream.config.retrieve_tokens = budget if archive else 0
+                stream.reconfigure(retrieve_tokens=budget if archive else 0)
                 answer = stream.ask(fact["question"], max_new_tokens=24)
                 text = answer.text.lower()
                 recalled = (fact["new_value"].lower() in text and fact["value"].lower() not in text
@@ -160,7 +160,7 @@ def run_stream(adapter, paras, args, policy: str, cache: int, trial: int) -> lis
                              "recalled": recalled, "answer": answer.text,
                              "kind": fact.get("kind", "code"), "genre": fact.get("genre"),
                              "retrieved_tokens": answer.retrieved_tokens, "latency_s": round(answer.latency, 3)})
-        stream.config.retrieve_tokens = budget
+        stream.reconfigure(retrieve_tokens=budget)
     print(f"{policy}@{cache} trial {trial}: {sum(r['recalled'] for r in rows if r['archive'])}/"
           f"{sum(r['archive'] for r in rows)} with the archive, "
           f"{sum(r['recalled'] for r in rows if not r['archive'])}/{sum(not r['archive'] for r in rows)} without "
@@ -241,11 +241,11 @@ def latency(args) -> None:
         for name, retrieve, evidence in (("without", 0, 0), ("with", record["settings"]["retrieve_tokens"],
                                                                 record["settings"]["evidence"]),
                                          ("with_no_evidence", record["settings"]["retrieve_tokens"], 0)):
-            stream.config.retrieve_tokens, stream.config.evidence = retrieve, evidence
+            stream.reconfigure(retrieve_tokens=retrieve, evidence=evidence)
             times = [stream.ask(f["question"], max_new_tokens=16).latency for f in facts for _ in range(2)]
             runs[name] = statistics.median(times)
-        stream.config.retrieve_tokens, stream.config.evidence = (record["settings"]["retrieve_tokens"],
-                                                                 record["settings"]["evidence"])
+        stream.reconfigure(retrieve_tokens=record["settings"]["retrieve_tokens"],
+                           evidence=record["settings"]["evidence"])
         record[archived] = {**runs, "ratio": runs["with"] / runs["without"],
                             "evidence_ratio": runs["with"] / runs["with_no_evidence"],
                             "archive_tokens": stream.archive.tokens}

@@ -97,7 +97,7 @@ def run_one(args) -> list[dict]:
         if n % args.ask_every == 0:
             held = {f"{kind}_slots_held": slots_held(stream, ranges) for kind, ranges in spans.items()}
             for archive in (True, False) if args.policy != "full" else (False,):
-                stream.config.retrieve_tokens = budget if archive else 0
+                stream.reconfigure(retrieve_tokens=budget if archive else 0)
                 for fact in facts:
                     answer = stream.ask(fact["question"], max_new_tokens=12)
                     records.append({
@@ -110,7 +110,7 @@ def run_one(args) -> list[dict]:
                     })
                 print(f"  {args.policy} {capacity} {args.setting} archive {archive}: {n} frames, "
                       f"{sum(r['recalled'] for r in records[-len(facts):])}/{len(facts)}", file=sys.stderr, flush=True)
-            stream.config.retrieve_tokens = budget
+            stream.reconfigure(retrieve_tokens=budget)
     seconds = time.perf_counter() - t0
     for r in records:
         r.update({"tokens_streamed": stream.tokens_seen, "seconds": round(seconds, 1), "device": machine(),

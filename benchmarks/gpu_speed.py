@@ -175,7 +175,7 @@ def measure(shape: str, args, record: dict) -> dict:
     decoders = {"eager": None, "static": StaticDecoder(adapter, stream.cache, "static"),
                 "compiled": shipped if shipped is not None and shipped.mode == "compiled"
                 else StaticDecoder(adapter, stream.cache, "compiled")}
-    stream.config.retrieve_tokens = stream.config.evidence = 0  # decoding alone
+    stream.reconfigure(retrieve_tokens=0, evidence=0)  # decoding alone
     for mode, decoder in decoders.items():
         stream.static_decoder = decoder
         out[f"decode_ms_{mode}"] = decode_ms(stream, args.tokens, args.repeats)
@@ -188,7 +188,7 @@ def measure(shape: str, args, record: dict) -> dict:
     out["decode_step_shipped"] = "eager" if shipped is None else shipped.mode
     stream.ask(QUESTION, max_new_tokens=16)  # warm-up (and the compile, where compiled)
     answers = {"0": median_latency(stream, 16, args.repeats)}
-    stream.config.retrieve_tokens, stream.config.evidence = retrieve, evidence
+    stream.reconfigure(retrieve_tokens=retrieve, evidence=evidence)
     stream.ask(QUESTION, max_new_tokens=16)  # the model's retrieval heads are found at its first retrieval
     for archived in ARCHIVED[1:] if not args.smoke else (512, 2048):
         tile_archive(stream, archived)

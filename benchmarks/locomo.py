@@ -278,7 +278,7 @@ def stream_records(adapter, conv: str, setting: str, names: list[str], cache: in
         values["max_new_tokens"] = args.max_new_tokens
     stream = KVStream(adapter, stream_config(values))
     if args.answer_prompt is not None:
-        stream.config.answer_prompt = args.answer_prompt
+        stream.reconfigure(answer_prompt=args.answer_prompt)
     stream.time_origin = origin
     started = time.monotonic()
     memory = Path(args.memories) / f"{conv}_{setting}_{values['cache_size']}.mem" if args.memories else None
@@ -318,7 +318,7 @@ def stream_records(adapter, conv: str, setting: str, names: list[str], cache: in
         return
     for name in names:  # the setting's own, then no_archive where the archive's stream serves it too
         if name == "no_archive":
-            stream.config.retrieve_tokens, stream.config.evidence = 0, 0
+            stream.reconfigure(retrieve_tokens=0, evidence=0)
         answer_all(stream, conv, name, values["cache_size"], questions, held_turns, done.get(name, set()), args,
                    write)
 
@@ -419,7 +419,7 @@ def latency(stream, conv: str, cache: int, questions: list[Question], new_tokens
            "day_turns": "each day's turn computed once, then placed as kept"}
     stream.ask("What happened?", max_new_tokens=2)  # the retrieval heads and the index, once
     for name in ("archive", "no_days", "no_archive"):
-        stream.config.retrieve_tokens = 0 if name == "no_archive" else budget
+        stream.reconfigure(retrieve_tokens=0 if name == "no_archive" else budget)
         stream.retriever.place_day = (lambda turn, spare: 0) if name == "no_days" else place_day
         computed.clear()
         times = []
@@ -428,7 +428,8 @@ def latency(stream, conv: str, cache: int, questions: list[Question], new_tokens
             stream.ask(q.question, max_new_tokens=new_tokens)
             times.append(time.perf_counter() - start)
         out[name] = {"answer_s_median": round(statistics.median(times), 3), "day_turns": len(computed)}
-    stream.retriever.place_day, stream.config.retrieve_tokens = place_day, budget
+    stream.retriever.place_day = place_day
+    stream.reconfigure(retrieve_tokens=budget)
     for name in ("archive", "no_days"):
         out[name]["of_no_archive"] = round(out[name]["answer_s_median"] / out["no_archive"]["answer_s_median"], 3)
     print(json.dumps(out), flush=True)

@@ -62,12 +62,11 @@ def told_long_ago(adapter, seed: int, *, facts_at_once: int = FACTS_AT_ONCE, cap
         message += 1
         stream.push_text(told[message // 3 % facts_at_once].mentions[style] if message % 3 == 0 else next(source))
     results = []
-    budget = stream.config.retrieve_tokens
     for fact in told:
         with_archive = stream.ask(fact.question, max_new_tokens=max_new_tokens)
-        stream.config.retrieve_tokens = 0
+        budget = stream.reconfigure(retrieve_tokens=0)
         without = stream.ask(fact.question, max_new_tokens=max_new_tokens)
-        stream.config.retrieve_tokens = budget
+        stream.reconfigure(**budget)
         assert without.retrieved_tokens == 0
         results.append((fact.recalled(with_archive.text), fact.recalled(without.text), with_archive.text,
                         with_archive.retrieved_tokens > 0))

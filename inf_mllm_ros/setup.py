@@ -43,7 +43,7 @@ setup(
     license="Apache-2.0",
     entry_points={
         "console_scripts": [
-            "inf_mllm_node = inf_mllm_ros.node.lifecycle:main",
+            "inf_mllm_node = inf_mllm_ros.node.process:main",
             "inf_mllm_replay = inf_mllm_ros.bags.replay:main",
             "inf_mllm_offline = inf_mllm_ros.bags.offline:main",
             "inf_mllm_demo = inf_mllm_ros.demo:main",

@@ -96,6 +96,10 @@ PARAMETERS = (
     Param("torch_threads", 0, "CPU threads the model uses; 0: every core but one (at least one), the one left to the "
           "node's executor and DDS. On a small or busy CPU fewer threads can be much faster.", low=0, high=1024),
     Param("trust_remote_code", False, "Allow code shipped in the model folder to run."),
+    Param("streams", [""], "Several memories on this one model, a robot (or camera) each: their names, each a "
+          "node of its own in the namespace of that name (topics <name>/text..., services <name>/inf_mllm/query...), "
+          "with these parameters and its own as '<name>.<parameter>'; the model is loaded once and its jobs take "
+          "turns ([''] : one memory, this node, as always; docs/node.md, Several robots)."),
     Param("cache_size", StreamConfig.capacity, "Tokens the KV cache keeps (fixed memory).", low=MIN_CAPACITY,
           high=1 << 20,
           engine_field="capacity"),
@@ -203,6 +207,10 @@ PARAMETERS = (
 
 DEFAULTS = {p.name: p.default for p in PARAMETERS}
 BY_NAME = {p.name: p for p in PARAMETERS}
+# What every memory on one model shares (`streams`): the model and how it is loaded and run. A memory's own value for
+# one of them is refused.
+MODEL_PARAMETERS = ("autostart", "model", "model_revision", "device", "dtype", "torch_threads", "trust_remote_code",
+                    "streams")
 
 
 def value_problem(name: str, value) -> str | None:

@@ -197,7 +197,7 @@ def test_an_answer_that_retrieved_leaves_the_cache_as_it_was_slot_for_slot(famil
     assert answer.retrieved_tokens > 0 and not answer.kept_in_memory
     assert_same_state(before, cache_state(stream))
     # With the archive's budget at 0 the answer retrieves nothing.
-    stream.config.retrieve_tokens = 0
+    stream.reconfigure(retrieve_tokens=0)
     assert stream.ask("Where is the pallet?", max_new_tokens=8).retrieved_tokens == 0
 
 

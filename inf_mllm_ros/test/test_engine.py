@@ -98,7 +98,7 @@ def test_a_stop_ends_a_long_text_at_its_block_and_keeps_what_went_in(smollm2, mo
     forward = smollm2.forward
 
     def stop_during_the_first_block(*args, **kwargs):
-        stream.stop_requested = True  # as close() does, from another thread, while the model runs
+        stream.request_stop()  # as close() does, from another thread, while the model runs
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(smollm2, "forward", stop_during_the_first_block)
@@ -130,7 +130,7 @@ def test_a_stop_never_cuts_a_kept_question_short(smollm2, monkeypatch):
     before, forward = stream.tokens_seen, smollm2.forward
 
     def stop_during_the_first_block(*args, **kwargs):
-        stream.stop_requested = True
+        stream.request_stop()
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(smollm2, "forward", stop_during_the_first_block)

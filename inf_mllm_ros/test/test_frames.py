@@ -195,7 +195,7 @@ def test_broken_frames_are_refused_and_leave_memory_as_it_was(family, adapters):
         # A text is held to the same rule (it used to go in as "[?] ..."), a batch refused whole.
         with pytest.raises(ValueError, match="text stamp"):
             stream.push_texts([("A pallet moved.", 2.0), ("A box fell again.", stamp)])
-    stream.config.max_frame_pixels = 0
+    stream.reconfigure(max_frame_pixels=0)
     with pytest.raises(ValueError, match="max_frame_pixels"):
         stream.push_frame(frames(1)[0], 3.0)
     assert state(stream) == before

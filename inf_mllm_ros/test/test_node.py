@@ -666,38 +666,56 @@ def test_sigterm_answers_the_callers_waiting_then_exits_cleanly(probe, node):
     assert node.stop() == 0
 
 
-def test_two_namespaced_nodes_side_by_side_keep_their_own_memory(tmp_path):
-    """One machine serving two robots (docs/deployment.md): the same node in /robot_a and /robot_b, each with
-    its own topics, services and memory; what one robot is told never reaches the other's memory."""
-    robots = ["/robot_a", "/robot_b"]
-    params = dict(PARAMS, model="smollm2", cache_size=256)
-    nodes = []
-    for ns in robots:
-        folder = tmp_path / ns.strip("/")
-        folder.mkdir()
-        nodes.append(NodeProcess(REPO_ROOT, dict(os.environ), folder, params, NODE, ns))
-    probe = RosProbe("robots_probe", alive=lambda: [n.check_alive() for n in nodes])
+def test_several_robots_on_one_model_keep_their_own_memory_parameters_and_health(tmp_path):
+    """One process serving two robots on one model (`streams`, docs/node.md): a node each in /<ns>/robot_a and
+    /<ns>/robot_b, with its own topics, services, parameters and /diagnostics status; what one robot is told never
+    reaches the other's memory. A memory's own parameter (robot_b's cache) is its own; the model's cannot be."""
+    robots = [f"{NAMESPACE}/robot_a", f"{NAMESPACE}/robot_b"]
+    params = dict(PARAMS, model="smollm2", cache_size=256, streams=["robot_a", "robot_b"],
+                  robot_b={"cache_size": 384, "system_prompt": "You are robot B's memory."})
+    process = NodeProcess(REPO_ROOT, dict(os.environ), tmp_path, params)
+    probe = RosProbe("robots_probe", alive=process.check_alive)
     try:
         stats = {ns: Latest(probe, CacheStats, f"{ns}/{NODE}/cache_stats", RELIABLE) for ns in robots}
+        probe.diagnostics = Latest(probe, DiagnosticArray, "/diagnostics", RELIABLE)
         for ns in robots:
             stats[ns].wait(lambda m: m.model_ready, timeout=180, what=f"{ns} ready")
+        assert [stats[ns].last.capacity for ns in robots] == [256, 384]
         texts = {ns: probe.node.create_publisher(String, f"{ns}/text", RELIABLE) for ns in robots}
-        publish_until_matched(probe, texts["/robot_a"], String(data="Forklift F2 parked at dock 3."))
-        publish_until_matched(probe, texts["/robot_b"], String(data="Forklift F2 parked at dock 7."))
-        publish_until_matched(probe, texts["/robot_b"], String(data="Pallet A17 arrived at dock 2."))
-        a = stats["/robot_a"].wait(lambda m: m.texts_ingested >= 1, timeout=60, what="robot_a's text")
-        b = stats["/robot_b"].wait(lambda m: m.texts_ingested >= 2, timeout=60, what="robot_b's texts")
+        publish_until_matched(probe, texts[robots[0]], String(data="Forklift F2 parked at dock 3."))
+        publish_until_matched(probe, texts[robots[1]], String(data="Forklift F2 parked at dock 7."))
+        publish_until_matched(probe, texts[robots[1]], String(data="Pallet A17 arrived at dock 2."))
+        a = stats[robots[0]].wait(lambda m: m.texts_ingested >= 1, timeout=60, what="robot_a's text")
+        b = stats[robots[1]].wait(lambda m: m.texts_ingested >= 2, timeout=60, what="robot_b's texts")
         time.sleep(1.0)  # anything that crossed over would have arrived by now
-        assert stats["/robot_a"].last.texts_ingested == 1 and stats["/robot_b"].last.texts_ingested == 2
+        assert stats[robots[0]].last.texts_ingested == 1 and stats[robots[1]].last.texts_ingested == 2
         assert a.tokens_seen < b.tokens_seen
-        for ns in robots:
+        for ns, own, other in zip(robots, ("dock 3", "dock 7"), ("dock 7", "dock 3")):
             query = probe.node.create_client(Query, f"{ns}/{NODE}/query")
-            response = probe.call(query, Query.Request(question="Where did forklift F2 park?"), timeout=120)
+            response = probe.call(query, Query.Request(question="At which dock did forklift F2 park?"), timeout=120)
             assert response.success, (ns, response.message)
+            said = [e.text for e in response.evidence]  # what the answer rests on: this robot's inputs only
+            assert any(own in text for text in said) and not any(other in text for text in said), (ns, said)
+            assert other not in response.answer, (ns, response.answer)
+        for ns in robots:
+            values = {kv.key: kv.value for kv in health(probe, ns + "/" + NODE, DiagnosticStatus.OK).values}
+            assert values["state"] == "active"
     finally:
         probe.close()
-        codes = [n.stop() for n in nodes]
-    assert codes == [0, 0], [n.log()[-2000:] for n in nodes]
+        code = process.stop()
+    assert code == 0, process.log()[-3000:]
+    assert process.log().count("loading model") == 2, process.log()[-3000:]  # a configure each, one load (SharedModel)
+
+
+def test_a_memorys_own_value_for_the_models_parameter_is_refused_at_start(tmp_path):
+    process = NodeProcess(REPO_ROOT, dict(os.environ), tmp_path,
+                          dict(PARAMS, streams=["robot_a", "robot_b"], robot_b={"model": "smollm2"}), "refused")
+    try:
+        code = process.proc.wait(60)
+    finally:
+        process.stop()
+    assert code == 1, process.log()[-3000:]
+    assert "robot_b.model" in process.log() and "the model's" in process.log(), process.log()[-3000:]
 
 
 def test_sigint_twice_stops_a_node_cleanly(tmp_path):

@@ -136,3 +136,25 @@ def test_every_shipped_parameters_file_is_valid_and_builds_an_engine(name):
     problems = {key: value_problem(key, value) for key, value in params.items()}
     assert not any(problems.values()), problems
     node_stream_config(dict(DEFAULTS, **params))
+
+
+def test_the_three_robots_file_gives_each_robot_valid_values_of_its_own_and_the_models_to_all():
+    """config/three_robots.yaml (`streams`, node/streams.py): each robot's values are the file's top ones and its own,
+    all of them pass the node's rules, none of its own is the model's, and each robot's memory builds."""
+    from inf_mllm_ros.node.streams import stream_names
+    from inf_mllm_ros.settings import MODEL_PARAMETERS
+
+    path = REPO_ROOT / "inf_mllm_bringup" / "config" / "three_robots.yaml"
+    params = yaml.safe_load(path.read_text(encoding="utf-8"))["/**"]["ros__parameters"]
+    robots = stream_names(params["streams"])
+    assert len(robots) == 3
+    shared = {k: v for k, v in params.items() if k not in robots}
+    configs = []
+    for robot in robots:
+        own = params[robot]
+        assert not set(own) & set(MODEL_PARAMETERS), own
+        values = dict(shared, **own)
+        problems = {key: value_problem(key, value) for key, value in values.items()}
+        assert not any(problems.values()), (robot, problems)
+        configs.append(node_stream_config(dict(DEFAULTS, **values)))
+    assert len({c.capacity for c in configs}) > 1  # a robot's own value is its own

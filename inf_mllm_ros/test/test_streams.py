@@ -17,6 +17,7 @@ from inf_mllm_ros.engine.memory.decode_step import StaticDecoder
 from inf_mllm_ros.engine.models.loading import load_model
 from inf_mllm_ros.engine.runtime.pool import Question, StreamPool
 from inf_mllm_ros.engine.runtime.pool_engine import PoolEngine
+from inf_mllm_ros.engine.runtime.shared_model import SharedModel
 from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
@@ -232,6 +233,39 @@ def test_a_flooded_stream_leaves_another_streams_question_answered_within_one_ro
     alone.push_text(sentence(1), stamp=0.0)
     assert alone.ask(QUESTIONS[0], max_new_tokens=6).text == answer.text
     assert_same_state(cache_state(alone), cache_state(pool["r2"]))
+
+
+def test_memories_on_a_shared_model_load_it_once_take_turns_and_keep_what_they_would_alone(adapters):
+    """Two engines built through one SharedModel (the node's `streams`): the model is loaded once for both; a flood of
+    texts into one leaves the other's question answered after at most the job in progress, while most of the flood
+    still waits; and each memory is what it would be alone."""
+    folder = adapters["llama"].folder
+    shared = SharedModel()
+    options = dict(device="cpu", dtype="float32", max_pending_texts=500)
+    flooded, asked = shared.engine(folder, configs()["r1"], **options), shared.engine(folder, configs()["r2"], **options)
+    try:
+        assert flooded.wait_ready(120) and asked.wait_ready(120)
+        assert shared.loads == 1 and flooded.adapter is asked.adapter
+        flooded.push_text(sentence(1), 0.0, timeout=60)
+        asked.push_text(sentence(2), 0.0, timeout=60)
+        flood = [flooded.submit_text(sentence(i), float(i)) for i in range(200)]
+        answer = asked.submit_ask(QUESTIONS[0], max_new_tokens=6).result(timeout=60)
+        taken = sum(f.done() for f in flood)
+        assert answer.tokens_generated > 0 and taken < 40, taken
+        for f in flood:
+            f.result(timeout=300)
+        with pytest.raises(ValueError, match="loaded once"):
+            shared.engine(folder, configs()["r3"], device="cpu", dtype="bfloat16")
+    finally:
+        flooded.close(timeout=60)
+        asked.close(timeout=60)
+    alone = KVStream(adapters["llama"], configs()["r2"])
+    alone.push_text(sentence(2), stamp=0.0)
+    assert alone.ask(QUESTIONS[0], max_new_tokens=6).text == answer.text
+    alone_flooded = KVStream(adapters["llama"], configs()["r1"])
+    alone_flooded.push_text(sentence(1), stamp=0.0)
+    alone_flooded.push_texts([(sentence(i), float(i)) for i in range(200)])
+    assert alone_flooded.tokens_seen == flooded.stats().tokens_seen
 
 
 def test_questions_that_wait_at_once_are_answered_in_one_batch(adapters):

@@ -245,8 +245,7 @@ def test_a_thing_seen_three_times_last_and_first_give_the_newest_and_the_oldest_
 
 def test_evidence_off_costs_nothing_and_gives_none(smollm2):
     stream = planted_stream(smollm2, 3, 8, messages=30)
-    stream.config.evidence = 0
-    stream.config.retrieve_tokens = 0
+    stream.reconfigure(evidence=0, retrieve_tokens=0)
     calls = []
     content_queries = stream.content_queries
     stream.content_queries = lambda *a: calls.append(1) or content_queries(*a)

@@ -214,11 +214,11 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
                       "tokens_generated": ans.tokens_generated, "seconds": ans.latency, **stats()}
             if ans.retrieved_tokens:
                 # The same question from the cache alone, for the report (the memory is unchanged by either).
-                budget, stream.config.retrieve_tokens = stream.config.retrieve_tokens, 0
+                budget = stream.reconfigure(retrieve_tokens=0)
                 try:
                     alone = stream.ask(q.question, max_new_tokens=config.max_new_tokens)
                 finally:
-                    stream.config.retrieve_tokens = budget
+                    stream.reconfigure(**budget)
                 record.update(answer_without_archive=alone.text, correct_without_archive=q.matches(alone.text))
             emit(record)
             result.answers.append(record)

@@ -14,6 +14,11 @@ DEFAULT_SYSTEM_PROMPT = (
 # How an answer is decoded, and an input's blocks taken in (engine/memory/decode_step.py, engine/memory/ingest_step.py).
 STEP_MODES = ("auto", "eager", "static", "compiled")
 
+# The settings a stream takes while it runs (`KVStream.reconfigure`), from its next input or question: how it answers,
+# what it takes in and what an answer retrieves. The others shape its cache and archive when it is made.
+RECONFIGURABLE = frozenset({"system_prompt", "max_new_tokens", "answer_prompt", "max_frame_pixels", "max_text_chars",
+                            "retrieve_tokens", "evidence"})
+
 # The smallest memory that still holds the sinks, a recent window and a few candidates.
 MIN_CAPACITY = 8
 

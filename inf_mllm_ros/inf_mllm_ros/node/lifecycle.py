@@ -18,33 +18,25 @@ A thin lifecycle node over `StreamingEngine`, which runs the model on its own wo
 The node owns its parts, one module each: node/inputs.py (`Inputs`: frames, texts, the outbox of engine
 reports, descriptions), node/services.py (`Services`: the services and the action) and node/health.py (`Health`:
 `~/cache_stats`, `/diagnostics`); node/parameters.py declares and checks the parameters. This module wires them,
-holds the lifecycle, applies a parameter change to whatever reads it, and has the process's main. The node
-uses the engine through `EngineLike` (node/engine_interface.py).
-
-Runnable as `ros2 run inf_mllm_ros inf_mllm_node`.
+holds the lifecycle and applies a parameter change to whatever reads it. The node uses the engine through
+`EngineLike` (node/engine_interface.py). The process that runs it (one node, or one per memory on a shared model) is
+node/process.py: `ros2 run inf_mllm_ros inf_mllm_node`.
 """
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from typing import Callable
 
-import rclpy
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
-from rclpy.exceptions import ParameterException
-from rclpy.executors import ExternalShutdownException
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
-from rclpy.logging import get_logger
-from rclpy.signals import SignalHandlerOptions
 
 from ..engine.api import EngineNotReadyError
 from ..engine.models.loading import fetch_model
 from ..engine.runtime.engine import StreamingEngine
 from .engine_interface import EngineLike
-from .executor import OnceQueuedExecutor
 from .health import Health, NodeCounters
 from .inputs import Inputs
 from .parameters import change_problem, declare_parameters
@@ -319,6 +311,10 @@ class InfMLLMNode(LifecycleNode):
         # two keep topics, timers and quick refusals going.
         return self.param("max_pending_queries") + 5
 
+    def end_autostart(self) -> None:
+        """Autostart's configure and activate are over (succeeded or not): callers hear the lifecycle's state now."""
+        self.node_state.autostarting = False
+
     def close(self) -> None:
         """Refuse new queries and stop the model: every caller still waiting is answered "node is shutting down".
 
@@ -353,70 +349,3 @@ class InfMLLMNode(LifecycleNode):
         elif saved is not None:
             self.get_logger().info(f"memory saved to {saved.path}: {saved.fill} tokens held, {saved.tokens_seen} seen")
         return True
-
-
-def shut_down(node: InfMLLMNode, executor: OnceQueuedExecutor, grace: float = 5.0) -> None:
-    """Stop the model, then keep serving until every caller still waiting has its response.
-
-    Requests that arrive meanwhile are answered at once with "node is shutting down".
-    """
-    node.close()
-    settle = time.monotonic() + 0.3  # requests already on their way get their refusal too
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and (node.services_busy or time.monotonic() < settle):
-        executor.spin_once(timeout_sec=0.05)
-    executor.shutdown(timeout_sec=grace)
-
-
-def autostart(node: InfMLLMNode, stop: threading.Event, failed: threading.Event) -> None:
-    """Configure (load the model) and activate; a failed configure ends the process with code 1."""
-    try:
-        result = node.trigger_configure()
-        if stop.is_set():
-            return
-        if result != TransitionCallbackReturn.SUCCESS:
-            node.get_logger().fatal("configure failed (see above); exiting with code 1")
-            failed.set()
-            stop.set()
-            return
-        node.trigger_activate()
-    finally:
-        node.node_state.autostarting = False
-
-
-def main(args=None) -> int:
-    # The node handles SIGINT and SIGTERM itself: rclpy's handler would shut the ROS context down at once,
-    # and callers waiting for an answer would never get their response. A second signal (a terminal and a
-    # launch file both send one) only repeats the request.
-    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
-    stop, failed = threading.Event(), threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    node = executor = None
-    try:
-        node = InfMLLMNode()
-        executor = OnceQueuedExecutor(num_threads=node.executor_threads)
-        executor.add_node(node)
-        if node.get_parameter("autostart").value:
-            threading.Thread(target=autostart, args=(node, stop, failed), name="inf_mllm_autostart",
-                             daemon=True).start()
-        while not stop.is_set():
-            executor.spin_once(timeout_sec=0.1)  # wakes up for a signal within 0.1 s
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    except ParameterException as exc:
-        get_logger(NODE_NAME).fatal(f"bad parameter: {exc}")
-        return 1
-    finally:
-        if node is not None:
-            if executor is not None:
-                shut_down(node, executor)
-            else:
-                node.close()
-            node.destroy_node()
-        rclpy.try_shutdown()
-    return 1 if failed.is_set() else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -124,10 +124,8 @@ def load_model(
         raise
     except Exception as exc:
         raise ModelLoadError(f"model folder {folder}: loading failed ({type(exc).__name__}: {exc})") from exc
-    notice = getattr(config, "inf_mllm_notice", "")
-    if notice:
-        adapter.notice = notice
-        log.warning(notice)
+    if adapter.notice:
+        log.warning(adapter.notice)
     return adapter
 
 

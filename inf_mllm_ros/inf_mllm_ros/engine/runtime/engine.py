@@ -42,6 +42,7 @@ from ..stream_config import StreamConfig
 from .stream import StreamStats
 from ..text_rules import TextRefused, checked_text
 from .checkpoints import Checkpointer
+from .model_turns import ModelTurns
 from .work_queue import Job
 from .worker import EngineCounters, EngineWorker, WorkBoard
 
@@ -51,7 +52,9 @@ class StreamingEngine:
 
     model: a model folder or an embedded model ("onevision-qwen2.5-0.5b", the default, or the small
         "smolvlm-smollm2": real text answers, untrained vision; "smollm2" or "qwen2.5-0.5b": text only; see
-        loading.py); or pass `adapter` already loaded.
+        loading.py); or pass `adapter` already loaded, or `load`, which gives it (called on the worker). Engines
+        over one adapter (a memory each, the weights loaded once: shared_model.py) share its `turns`
+        (model_turns.py), a job in the model at a time, in the order asked for.
     The model loads on the worker; `ready` is set when it is usable, `load_error` says why not.
     """
 
@@ -61,6 +64,7 @@ class StreamingEngine:
         config: StreamConfig | None = None,
         *,
         adapter: ModelAdapter | None = None,
+        load: Callable[[], ModelAdapter] | None = None,
         device: str = "auto",
         dtype: str = "auto",
         trust_remote_code: bool = False,
@@ -72,6 +76,7 @@ class StreamingEngine:
         memory_file: str | None = None,
         checkpoint_period: float = 0.0,
         torch_threads: int = 0,
+        turns: ModelTurns | None = None,
     ):
         self.config = config or StreamConfig()
         self.max_pending_texts = max_pending_texts
@@ -81,11 +86,17 @@ class StreamingEngine:
         self._board = WorkBoard(LiveSettings.of(self.config, frame_period=frame_period, max_text_delay=max_text_delay,
                                                 checkpoint_period=checkpoint_period))
         self.checkpoints = Checkpointer(memory_file)
-        loader = (lambda: adapter) if adapter is not None else (
-            lambda: load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-        )
+
+        def loader() -> ModelAdapter:  # on the worker
+            if load is not None:
+                return load()
+            if adapter is not None:
+                return adapter
+            return load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+
         self.worker = EngineWorker(self._board, loader, self.config, self.checkpoints, on_ingested=on_ingested,
-                                   on_load_failed=lambda: self.close(timeout=0), torch_threads=torch_threads)
+                                   on_load_failed=lambda: self.close(timeout=0), torch_threads=torch_threads,
+                                   turns=turns)
         self.worker.start()
 
     # --- what callers read ----------------------------------------------------------------------------
@@ -222,8 +233,8 @@ class StreamingEngine:
         if future.cancel():
             return False
         with self._board.lock:
-            if hasattr(future, "counted_answered"):  # ended just now: counted already
-                if future.counted_answered:
+            if future in self._board.counted:  # ended just now: counted already
+                if self._board.counted[future]:
                     self.counters.queries_answered -= 1
                     self.counters.queries_failed += 1
             else:
@@ -352,8 +363,7 @@ class StreamingEngine:
         save. Whether the worker has ended (False: it is still inside the model)."""
         with self._board.lock:
             self._board.closed = True
-            if self.worker.stream is not None:
-                self.worker.stream.stop_requested = True
+            self.worker.request_stop()
             waiting = self._board.work.drain()
             self._board.lock.notify_all()
         for job in waiting:

@@ -63,8 +63,13 @@ class LiveSettings:
                 raise ValueError(f"{name} must be >= 0, got {getattr(new, name)}")
         return new
 
+    @property
+    def stream_part(self) -> dict:
+        """These settings' part that a stream takes as it runs (`KVStream.reconfigure`), the policy's knobs aside."""
+        return dict(system_prompt=self.system_prompt, max_new_tokens=self.max_new_tokens,
+                    answer_prompt=self.answer_prompt, max_text_chars=self.max_text_chars)
+
     def stream_config(self, config: StreamConfig) -> StreamConfig:
         """`config` (a new object) with these settings' stream part."""
-        return dataclasses.replace(config, system_prompt=self.system_prompt, max_new_tokens=self.max_new_tokens,
-                                   answer_prompt=self.answer_prompt, max_text_chars=self.max_text_chars,
+        return dataclasses.replace(config, **self.stream_part,
                                    policy_settings={**config.policy_settings, **self.policy_settings})

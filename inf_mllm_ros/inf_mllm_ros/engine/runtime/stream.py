@@ -15,6 +15,7 @@ import functools
 import logging
 import threading
 import time
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -39,7 +40,7 @@ from ..models.chat import MarkerClock, check_stamp, stamped
 from ..memory.decode_step import StaticDecoder, resolve_decode_step
 from ..memory.ingest_step import StaticIngester
 from ..memory.policies import make_policy
-from ..stream_config import StreamConfig
+from ..stream_config import RECONFIGURABLE, StreamConfig
 from ..archive.evidence import Evidence
 from ..poses import Pose
 from ..archive.retrieval_heads import retrieval_heads
@@ -111,7 +112,7 @@ class OpenAnswer:
 class KVStream:
     """Text, frames and questions into one model through a bounded KV cache.
 
-    Setting `stop_requested` (from any thread) ends the current answer at the next token, and a text message
+    `request_stop()` (from any thread) ends the current answer at the next token, and a text message
     being pushed at the end of its current block (chunk_size tokens), with StreamStoppedError, so a shutdown
     waits for neither a long generation nor a long text. The blocks that went in stay (a message cut
     short, as when a push fails part-way); a frame (a few blocks at most) and a kept question or answer
@@ -121,7 +122,7 @@ class KVStream:
     Questions: `ask`, `describe`; `recall` finds the moments a text points to, without an answer.
     """
 
-    stop_requested = False
+    stop_requested = False  # see `request_stop`
 
     def __init__(self, adapter: ModelAdapter, config: StreamConfig | None = None):
         self.adapter = adapter
@@ -264,10 +265,27 @@ class KVStream:
         """How the next input's time reads to the model (the wall clock needs `time_origin`)."""
         return MarkerClock(self.config.clock, self.config.time_zone, self.time_origin, self.newest_stamp)
 
+    def request_stop(self) -> None:
+        """End the current answer at its next token and a text message at the end of its block, and refuse further
+        work (StreamStoppedError); safe from any thread."""
+        self.stop_requested = True
+
     def set_policy_knob(self, name: str, value) -> None:
         """Change one of the policy's live settings (from the next eviction); ValueError if it cannot."""
         self.policy.set_knob(name, value)
-        self.config.policy_settings = {**self.config.policy_settings, name: getattr(self.policy, name)}
+        self.config = dataclasses.replace(self.config, policy_settings={**self.config.policy_settings,
+                                                                        name: getattr(self.policy, name)})
+
+    def reconfigure(self, **changes) -> dict:
+        """Change settings of `RECONFIGURABLE` (engine/stream_config.py) from the next input or question. The
+        stream's configuration becomes a new object, checked whole (ValueError: nothing changes), so that no caller
+        shares one with it. Returns the values replaced: `reconfigure(**returned)` puts them back."""
+        fixed = sorted(set(changes) - RECONFIGURABLE)
+        if fixed:
+            raise ValueError(f"not a setting a stream takes while it runs: {', '.join(fixed)}")
+        before = {name: getattr(self.config, name) for name in changes}
+        self.config = dataclasses.replace(self.config, **changes)
+        return before
 
     def stats(self) -> StreamStats:
         return StreamStats(

@@ -12,12 +12,14 @@ import gc
 import logging
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from ..answering import StreamStoppedError
 from ..models.loading import use_torch_threads
+from .model_turns import ModelTurns
 from .stream import KVStream, StreamStats
 from ..stream_config import StreamConfig
 from .work_queue import WorkQueue
@@ -56,6 +58,8 @@ class WorkBoard:
     closed: bool = False
     load_error: Exception | None = None
     abandoned: set[Future] = field(default_factory=set)  # running queries whose callers were told they failed
+    # Each finished query's future: whether it was counted answered (held no longer than its caller holds it).
+    counted: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
 
     def closed_reason(self) -> str:
         return f"model failed to load: {self.load_error}" if self.load_error else "engine is closed"
@@ -65,7 +69,7 @@ class WorkBoard:
         with self.lock:
             answered = ok and future not in self.abandoned
             self.abandoned.discard(future)
-            future.counted_answered = answered
+            self.counted[future] = answered
             if answered:
                 self.counters.queries_answered += 1
             else:
@@ -78,13 +82,15 @@ class EngineWorker:
     board: shared with the engine's callers. loader: gives the model adapter (called on the thread). config: the
     stream's settings as made (the live ones come from the board). checkpoints: the memory file. on_ingested: told
     "text" or "frame" after an input went in. on_load_failed: called once if the model cannot be loaded (the engine
-    closes). torch_threads: torch's threads on this thread (0: torch's default).
+    closes). torch_threads: torch's threads on this thread (0: torch's default). turns: the model's, where other
+    engines share it (model_turns.py): each job runs in a turn of its own.
     """
 
     def __init__(self, board: WorkBoard, loader: Callable, config: StreamConfig, checkpoints: Checkpointer, *,
                  on_ingested: Callable[[str], None] | None = None, on_load_failed: Callable[[], None],
-                 torch_threads: int = 0):
+                 torch_threads: int = 0, turns: ModelTurns | None = None):
         self.board, self.config, self.checkpoints = board, config, checkpoints
+        self.turns = turns if turns is not None else ModelTurns()  # shared with the other engines on the model
         self.on_ingested, self.on_load_failed, self.torch_threads = on_ingested, on_load_failed, torch_threads
         self.stream: KVStream | None = None
         self.stats: StreamStats | None = None  # the stream's figures after the last finished job (under the lock)
@@ -96,21 +102,27 @@ class EngineWorker:
     def start(self) -> None:
         self.thread.start()
 
+    def request_stop(self) -> None:
+        """Stop the stream's current job at its next token or block (`KVStream.request_stop`); from any thread."""
+        if self.stream is not None:
+            self.stream.request_stop()
+
     def _run(self, loader) -> None:
         board = self.board
         use_torch_threads(self.torch_threads)
         try:
             adapter = loader()
-            with board.lock:  # with the settings changed while it loaded
-                self._applied = board.settings
-                self.stream = KVStream(adapter, self._applied.stream_config(self.config))
-            if self.stream.archive.enabled:
-                start = time.monotonic()
-                self.stream.retrieval_heads()  # found (or read) while loading, so that no question waits for them
-                self.preparation["retrieval_heads"] = time.monotonic() - start
-            if self.checkpoints.memory_file is not None:
-                self.checkpoints.restore(self.stream, self._applied.checkpoint_period)
-            self._prepare_first_answer()
+            with self.turns.turn():  # what follows runs the model
+                with board.lock:  # with the settings changed while it loaded
+                    self._applied = board.settings
+                    self.stream = KVStream(adapter, self._applied.stream_config(self.config))
+                if self.stream.archive.enabled:
+                    start = time.monotonic()
+                    self.stream.retrieval_heads()  # found (or read) while loading, so that no question waits for them
+                    self.preparation["retrieval_heads"] = time.monotonic() - start
+                if self.checkpoints.memory_file is not None:
+                    self.checkpoints.restore(self.stream, self._applied.checkpoint_period)
+                self._prepare_first_answer()
             # The stream that found the retrieval heads is garbage in a reference cycle: freed now, not at some
             # later collection, so that the resident memory after loading is the memory's own.
             gc.collect()
@@ -130,19 +142,25 @@ class EngineWorker:
                     board.lock.wait(min(self.checkpoints.next_due - time.monotonic(), 3600.0))
                 if board.closed:
                     break
-                settings = board.settings
-                jobs = (board.work.next_jobs(self.config.capacity, self.config.chunk_size, settings.frame_period,
-                                             settings.max_text_delay) if board.work else [])
-            try:
-                self._take(jobs, settings)
-            except Exception as exc:  # the worker's own bookkeeping, not a job, failed: it must not end the worker
-                log.exception("the engine's worker recovered from an error between jobs")
-                for job in jobs:  # every caller still waiting hears why
-                    future = job.future
-                    if not future.done() and (future.running() or future.set_running_or_notify_cancel()):
-                        future.set_exception(exc)
+            # The jobs are taken once the model is this worker's: what came while another stream had it is in them.
+            with self.turns.turn():
+                with board.lock:
+                    if board.closed:
+                        break
+                    settings = board.settings
+                    jobs = (board.work.next_jobs(self.config.capacity, self.config.chunk_size, settings.frame_period,
+                                                 settings.max_text_delay) if board.work else [])
+                try:
+                    self._take(jobs, settings)
+                except Exception as exc:  # the worker's own bookkeeping, not a job, failed: it must not end it
+                    log.exception("the engine's worker recovered from an error between jobs")
+                    for job in jobs:  # every caller still waiting hears why
+                        future = job.future
+                        if not future.done() and (future.running() or future.set_running_or_notify_cancel()):
+                            future.set_exception(exc)
         if self.checkpoints.memory_file is not None:
-            self.checkpoint(wait=True)  # the last save, after the job that close() stopped or let finish
+            with self.turns.turn():
+                self.checkpoint(wait=True)  # the last save, after the job that close() stopped or let finish
 
     def _prepare_first_answer(self) -> None:
         """After the model and the memory are loaded: what the first answer would build on first use (the static
@@ -190,7 +208,7 @@ class EngineWorker:
         for name, value in settings.policy_settings.items():
             if before.policy_settings.get(name) != value:
                 stream.set_policy_knob(name, value)
-        stream.config = settings.stream_config(stream.config)
+        stream.reconfigure(**settings.stream_part)
         self._applied = settings
 
     def _run_job(self, job: Job) -> bool:

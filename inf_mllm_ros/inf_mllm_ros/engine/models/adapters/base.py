@@ -65,7 +65,8 @@ class ModelAdapter(ABC):
         self.tokenizer = tokenizer
         self.processor = processor
         self.folder = folder
-        self.notice = ""  # a caveat to show users with this model (set for the embedded default)
+        # A caveat to show users with this model: what the embedded default's folder says (embedded_models.py).
+        self.notice = str(getattr(getattr(model, "config", None), "inf_mllm_notice", "") or "")
         self.chat = ChatFormat.from_tokenizer(tokenizer)
         self.model.set_attn_implementation(ATTENTION_NAME)
         weights_left_for_few_rows(self.model)  # a batch's decode step: engine/ops/few_rows.py
