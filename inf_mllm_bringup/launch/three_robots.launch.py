@@ -9,7 +9,6 @@ Several robots on one model). Every argument of inf_mllm.launch.py is passed on.
 
 import os
 
-from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription
 from launch.launch_description_sources import PythonLaunchDescriptionSource
@@ -17,7 +16,7 @@ from launch.substitutions import LaunchConfiguration
 
 
 def generate_launch_description():
-    share = get_package_share_directory("inf_mllm_bringup")
+    share = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package's share folder, installed
     return LaunchDescription([
         DeclareLaunchArgument("params_file", default_value=os.path.join(share, "config", "three_robots.yaml"),
                               description="The robots' parameters: streams, every robot's values, each one's own"),

@@ -203,6 +203,19 @@ def test_the_launch_file_reads_the_parameter_table_in_its_own_process_without_to
     assert done.stdout.strip() == "", f"{launched} load {done.stdout.strip()}"
 
 
+def test_the_node_process_loads_torch_only_to_configure():
+    """Every module of the node (node/) imports without torch or transformers: the model's machinery comes with the
+    first configure, so that a process refused at start (a bad parameter) says so at once and a node that waits
+    unconfigured for a lifecycle manager stays small. Checked in a fresh interpreter."""
+    node = sorted(f"inf_mllm_ros.node.{path.stem}" for path in (PACKAGE / "node").glob("*.py"))
+    assert "inf_mllm_ros.node.process" in node
+    code = ("import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)\n"
+            "print(','.join(m for m in ('torch', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-P", "-c", code, *node], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "", f"the node's modules load {done.stdout.strip()}"
+
+
 def test_every_module_is_placed_in_the_architecture():
     """docs/architecture.md names every module of the package, and the plan and the recorder it draws are the
     engine's names."""

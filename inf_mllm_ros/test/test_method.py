@@ -15,7 +15,7 @@ from inf_mllm_ros.engine.stream_config import StreamConfig
 from conftest import SHARED_TEXT
 
 CACHE = 256
-TOKENS = 2048
+TOKENS = 1536  # six caches; measured: at bias 0 86 % of the kept candidates from the first half, at bias 8 none
 PLAIN = {"score_memory": False, "score_pool": 1}
 BIAS_OFFSET = 5_000  # where in the novel the bias is varied
 

@@ -118,9 +118,26 @@ def smollm2():
     return load_prepared("smollm2")
 
 
-@pytest.mark.parametrize("seed, offset", [(0, 5), (1, 19), (2, 31)])
-def test_the_planted_moment_is_an_answers_heaviest_evidence_and_a_recalls_first(smollm2, seed, offset):
-    stream = planted_stream(smollm2, seed, offset)
+PLANTED = [(0, 5), (1, 19), (2, 31)]  # (seed, offset): the streams the tests below share
+
+
+@pytest.fixture(scope="module")
+def planted(smollm2):
+    """`(seed, offset)` -> its `planted_stream`, made once a module: the tests that take it only ask and recall,
+    which leave the memory as it was."""
+    made = {}
+
+    def stream(seed: int, offset: int) -> KVStream:
+        if (seed, offset) not in made:
+            made[seed, offset] = planted_stream(smollm2, seed, offset)
+        return made[seed, offset]
+
+    return stream
+
+
+@pytest.mark.parametrize("seed, offset", PLANTED)
+def test_the_planted_moment_is_an_answers_heaviest_evidence_and_a_recalls_first(planted, seed, offset):
+    stream = planted(seed, offset)
     answer = stream.ask("Where is the red cone?", max_new_tokens=12)
     top = answer.evidence[0]
     assert (top.stamp, top.pose, top.kind) == (float(offset), Pose(float(offset), 0.0, 0.0), "text")
@@ -164,8 +181,8 @@ def test_of_reports_of_one_form_the_one_naming_the_thing_is_found(smollm2, seed)
         assert (stream.recall(f"the {thing}", limit=3)[0].stamp, thing) == (stamp, thing)
 
 
-def test_a_recall_refuses_unusable_arguments_with_a_reason(smollm2):
-    stream = planted_stream(smollm2, 0, 3, messages=20)
+def test_a_recall_refuses_unusable_arguments_with_a_reason(planted):
+    stream = planted(*PLANTED[0])
     for kwargs, reason in [({"text": ""}, "empty"), ({"text": "cone", "limit": 0}, "limit"),
                            ({"text": "cone", "since": 5.0, "until": 1.0}, "ends"),
                            ({"text": "cone", "near": (0.0, 0.0, 0.0)}, "radius")]:
@@ -176,9 +193,9 @@ def test_a_recall_refuses_unusable_arguments_with_a_reason(smollm2):
     assert stream.stats() == before, "a recall leaves the memory as it was"
 
 
-@pytest.mark.parametrize("seed, offset", [(4, 3), (5, 11), (6, 19)])
-def test_the_system_turn_is_no_input_no_evidence_and_no_moment_names_it(smollm2, seed, offset, tmp_path):
-    stream = planted_stream(smollm2, seed, offset, messages=30)
+@pytest.mark.parametrize("seed, offset", PLANTED)
+def test_the_system_turn_is_no_input_no_evidence_and_no_moment_names_it(smollm2, planted, seed, offset, tmp_path):
+    stream = planted(seed, offset)
     system = len(smollm2.tokenize_turn(smollm2.chat.system_parts(stream.config.system_prompt)))
     assert stream.inputs_from == system > 0
     assert any(b.first_seq < system for b in stream.archive.blocks), "the system turn is archived"
@@ -244,7 +261,7 @@ def test_a_thing_seen_three_times_last_and_first_give_the_newest_and_the_oldest_
 
 
 def test_evidence_off_costs_nothing_and_gives_none(smollm2):
-    stream = planted_stream(smollm2, 3, 8, messages=30)
+    stream = planted_stream(smollm2, 3, 8, messages=20)
     stream.reconfigure(evidence=0, retrieve_tokens=0)
     calls = []
     content_queries = stream.content_queries

@@ -34,8 +34,6 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 
 from ..engine.api import EngineNotReadyError
-from ..engine.models.loading import fetch_model
-from ..engine.runtime.engine import StreamingEngine
 from .engine_interface import EngineLike
 from .health import Health, NodeCounters
 from .inputs import Inputs
@@ -60,13 +58,14 @@ class InfMLLMNode(LifecycleNode):
     - deactivate: stops taking input and saves the memory to `memory_file`; the memory stays loaded;
     - cleanup: saves the memory and frees the model.
 
-    engine_factory builds the engine from the parameters (StreamingEngine's signature); tests may
+    engine_factory builds the engine from the parameters (StreamingEngine's signature; None: StreamingEngine, imported
+    at the first configure, so that a node that is refused at start or waits unconfigured never loads torch); tests may
     pass their own. The node owns its parts (`inputs`, `service_handlers`, `health`) and what it hands them: the
     state they read (`node_state`, node/state.py: the engine, `active`, `stopping`, `autostarting`,
     `lifecycle_state`), `param` and the counters they write (`counters`).
     """
 
-    def __init__(self, node_name: str = NODE_NAME, *, engine_factory: Callable[..., EngineLike] = StreamingEngine,
+    def __init__(self, node_name: str = NODE_NAME, *, engine_factory: Callable[..., EngineLike] | None = None,
                  **kwargs):
         super().__init__(node_name, **kwargs)
         declare_parameters(self)
@@ -191,7 +190,7 @@ class InfMLLMNode(LifecycleNode):
                 f"loading model {self.param('model')!r} (cache {config.capacity} tokens, policy {config.policy}"
                 + "".join(f", {k} {v}" for k, v in config.policy_settings.items()) + ")")
             started = time.monotonic()
-            self.node_state.engine = self._engine_factory(
+            self.node_state.engine = (self._engine_factory or streaming_engine())(
                 self._fetch_model(values), config, **load_settings(values),
                 max_pending_texts=self.param("max_pending_texts"),
                 max_pending_queries=self.param("max_pending_queries"),
@@ -239,6 +238,8 @@ class InfMLLMNode(LifecycleNode):
                 self.get_logger().info(self.node_state.model_download)
 
         try:
+            from ..engine.models.loading import fetch_model  # the model's machinery, once a model is wanted
+
             model = fetch_model(values["model"], values["model_revision"],
                                 trust_remote_code=values["trust_remote_code"], progress=progress)
         finally:
@@ -349,3 +350,10 @@ class InfMLLMNode(LifecycleNode):
         elif saved is not None:
             self.get_logger().info(f"memory saved to {saved.path}: {saved.fill} tokens held, {saved.tokens_seen} seen")
         return True
+
+
+def streaming_engine() -> Callable[..., EngineLike]:
+    """The engine a node builds unless told otherwise: `StreamingEngine`, imported when first wanted (with torch)."""
+    from ..engine.runtime.engine import StreamingEngine
+
+    return StreamingEngine

@@ -23,7 +23,6 @@ import rclpy
 from rclpy.exceptions import InvalidParameterValueException
 from rclpy.parameter import Parameter
 
-from ..engine.runtime.shared_model import SharedModel
 from ..settings import BY_NAME, MODEL_PARAMETERS
 from .lifecycle import NODE_NAME, InfMLLMNode
 
@@ -63,7 +62,6 @@ def memory_nodes(**node_options) -> list[InfMLLMNode]:
         reader.destroy_node()
     shared = {p: v.value for p, v in given.items() if p in BY_NAME or p in NODE_OWN}
     shared["streams"] = [""]
-    options = {"engine_factory": SharedModel().engine, **node_options}
     plans = {stream: {**shared, **own_parameters(stream, given)} for stream in names}
     files: dict[str, str] = {}
     for stream, values in plans.items():
@@ -72,6 +70,9 @@ def memory_nodes(**node_options) -> list[InfMLLMNode]:
             raise InvalidParameterValueException(
                 f"{stream}.memory_file", path, f"the memory file of {files[path]!r} too: give each memory its own")
         files[path] = stream
+    from ..engine.runtime.shared_model import SharedModel  # with several memories only, once they are checked: torch
+
+    options = {"engine_factory": SharedModel().engine, **node_options}
     nodes: list[InfMLLMNode] = []
     try:
         for stream, values in plans.items():
