@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache
 
+from ..ops.few_rows import weights_left
 from .decode_step import SYNC_EVERY, StorageLayer
 
 if TYPE_CHECKING:
@@ -160,7 +161,8 @@ class BatchedDecoder:
         embeds = adapter.model.get_input_embeddings()(token)[:, None]
         position_ids = adapter.text_position_ids(position).unsqueeze(-1)  # [members, 1] (M-RoPE: [3, members, 1])
         mask = (slot_index[None, :] <= slot[:, None])[:, None, None, :]
-        logits = adapter.forward_batch(embeds, position_ids, writer, mask)
+        with weights_left():  # a few rows through the wide projections: engine/ops/few_rows.py
+            logits = adapter.forward_batch(embeds, position_ids, writer, mask)
         token.copy_(logits.argmax(-1))
         slot.add_(1)
         position.add_(1)
