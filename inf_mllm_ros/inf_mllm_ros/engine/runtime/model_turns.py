@@ -22,7 +22,6 @@ class ModelTurns:
         self._lock = threading.Condition()
         self._tickets = itertools.count()
         self._serving = 0  # the ticket whose turn it is
-        self.turns_taken = 0
 
     @contextmanager
     def turn(self):
@@ -35,7 +34,6 @@ class ModelTurns:
         finally:
             with self._lock:
                 self._serving += 1
-                self.turns_taken += 1
                 self._lock.notify_all()
 
 

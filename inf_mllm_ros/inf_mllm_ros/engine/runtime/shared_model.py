@@ -23,11 +23,10 @@ class SharedModel:
 
     def __init__(self) -> None:
         self.turns = ModelTurns()
-        self._lock = threading.Lock()  # the engines' count and the model they ask for
+        self._lock = threading.Lock()  # the model the first engine asked for
         self._load_lock = threading.Lock()  # held while the model loads
         self._adapter: ModelAdapter | None = None
         self._source: tuple | None = None  # (model, device, dtype, trust_remote_code) of the first engine
-        self.engines = 0  # built so far
         self.loads = 0  # times the model was loaded (1 once loaded, whatever the number of engines)
 
     def engine(self, model=None, config=None, *, device: str = "auto", dtype: str = "auto",
@@ -39,7 +38,6 @@ class SharedModel:
             elif source != self._source:
                 raise ValueError(f"a shared model is loaded once: this memory asks for {source}, the first asked "
                                  f"for {self._source}")
-            self.engines += 1
         return StreamingEngine(model, config, load=lambda: self._load(model, device, dtype, trust_remote_code),
                                turns=self.turns, **options)
 
