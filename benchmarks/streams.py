@@ -10,6 +10,11 @@ and a question at the end of each round, each with `--answer-tokens` as its max_
 - one after the other: each of the same streams alone in a process of its own (a pool of one: the same code path,
   the batch of one), the processes run in turn; the figures of the first n of them add up to n streams' baseline.
 
+- engines (`--engines`): the streams as the node holds several robots' memories (`streams`), a `StreamingEngine` each
+  on one `SharedModel`, fed from one thread, every stream's question asked right after another's: their answers
+  decode together on the bench (engine/runtime/answer_bench.py) where they wait at once; latency is each question's
+  own.
+
 Throughput all streams together: input tokens a second (the time spent taking texts and frames in), answer tokens a
 second (the whole answer: question in, retrieval, decoding) and decoded tokens a second (the batched decoding alone);
 question latency (median, 95th percentile; pooled: the batch's call, which every question of the round waits for);
@@ -43,8 +48,8 @@ PLACES = ["dock 3", "aisle 7", "the charging bay", "the north door", "shelf B2",
           "the cold store"]
 THINGS = ["a red pallet", "a blue crate", "a forklift", "a spill of oil", "a stack of boxes", "a broken cone",
           "a trolley", "a yellow barrel"]
-SMOKE = ["--model", "smolvlm-smollm2", "--streams", "2", "--rounds", "1", "--texts", "2", "--answer-tokens", "4",
-         "--cache", "256", "--label", "smoke"]
+SMOKE = ["--model", "smolvlm-smollm2", "--engines", "--streams", "2", "--rounds", "1", "--texts", "2",
+         "--answer-tokens", "4", "--cache", "256", "--label", "smoke"]
 
 
 def texts(stream: int, round_: int, n: int) -> list[str]:
@@ -156,8 +161,69 @@ def run_streams(args, ids: list[int]) -> dict:
     }
 
 
-def child(args, ids: list[int]) -> dict:
-    cmd = [sys.executable, str(Path(__file__)), "--child", *map(str, ids), "--model", args.model, "--cache",
+def run_engines(args, ids: list[int]) -> dict:
+    """The streams `ids` as the node holds several robots' memories: a `StreamingEngine` each on one `SharedModel`,
+    fed from this thread, each round's questions asked one right after another (their answers decode together on
+    the bench: engine/runtime/answer_bench.py); its figures. Latency: each question's own, from its submission."""
+    from inf_mllm_ros.engine.runtime.shared_model import SharedModel
+    from inf_mllm_ros.engine.stream_config import StreamConfig
+
+    load_before = os.getloadavg()[0]
+    shared = SharedModel()
+    start = time.monotonic()
+    engines = {i: shared.engine(args.model, StreamConfig(capacity=args.cache), device="cpu", dtype="float32",
+                                torch_threads=args.threads, max_pending_texts=1000) for i in ids}
+    for engine in engines.values():  # loaded once; each worker prepares its first answer while loading
+        engine.wait_ready(1800)
+    load_s = time.monotonic() - start
+    supports_frames = next(iter(engines.values())).adapter.supports_frames
+    ingest, answers, latencies, answer_tokens = [], [], [], 0
+    try:
+        for r in range(args.rounds):
+            start = time.monotonic()
+            pending = []
+            for i, engine in engines.items():
+                pending += [engine.submit_text(t, 60.0 * r + k) for k, t in enumerate(texts(i, r, args.texts))]
+                if supports_frames:
+                    pending.append(engine.submit_frame(frame(i, r), 60.0 * r + args.texts))
+            tokens = sum(f.result(timeout=3600) for f in pending)
+            ingest.append((tokens, time.monotonic() - start))
+            batches = shared.bench.batches
+            start = time.monotonic()
+            done: dict[int, float] = {}
+            futures = {}
+            for i, engine in engines.items():
+                futures[i] = engine.submit_ask(question(i, r), max_new_tokens=args.answer_tokens)
+                futures[i].add_done_callback(lambda _f, i=i: done.setdefault(i, time.monotonic()))
+            out = {i: f.result(timeout=3600) for i, f in futures.items()}
+            seconds = time.monotonic() - start
+            n = sum(a.tokens_generated for a in out.values())
+            answer_tokens += n
+            answers.append((n, seconds))
+            latencies += [done[i] - start for i in ids]
+            print(f"[streams] engines {len(ids)}: round {r}: {tokens} tokens in {ingest[-1][1]:.1f} s, {n} answer "
+                  f"tokens in {seconds:.1f} s ({shared.bench.batches - batches} batch(es))", file=sys.stderr,
+                  flush=True)
+        stats = [engine.stats() for engine in engines.values()]
+    finally:
+        for engine in engines.values():
+            engine.close(timeout=60)
+    gc.collect()
+    return {
+        "streams": len(ids), "ids": ids, "load_s": round(load_s, 1), "loads": shared.loads,
+        "input_tokens": sum(a for a, _ in ingest), "answer_tokens": answer_tokens,
+        "ingest": rate(ingest), "answers": rate(answers), "batches": shared.bench.batches,
+        "latency_s": {"median": round(statistics.median(latencies), 2), "p95": round(percentile(latencies, 0.95), 2)},
+        "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1), "rss_end_mb": round(rss_bytes() / 2**20, 1),
+        "evictions": sum(s.evictions for s in stats),
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "rounds": {"ingest": ingest, "answers": answers}, "latencies": latencies,
+    }
+
+
+def child(args, ids: list[int], through: str = "pool") -> dict:
+    cmd = [sys.executable, str(Path(__file__)), "--child", *map(str, ids), "--through", through, "--model", args.model,
+           "--cache",
            str(args.cache), "--rounds", str(args.rounds), "--texts", str(args.texts), "--answer-tokens",
            str(args.answer_tokens), "--threads", str(args.threads)]
     printed = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
@@ -210,10 +276,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--label", default="")
     p.add_argument("--out", default=OUT)
     p.add_argument("--child", type=int, nargs="+", help=argparse.SUPPRESS)
+    p.add_argument("--through", choices=["pool", "engines"], default="pool", help=argparse.SUPPRESS)
+    p.add_argument("--engines", action="store_true",
+                   help="also the streams as the node's memories: an engine each on one shared model")
     p.add_argument("--linear-only", action="store_true", help="only the linear's time by rows, added to --out")
     args = p.parse_args(argv)
     if args.child:
-        result = run_streams(args, args.child)
+        result = (run_engines if args.through == "engines" else run_streams)(args, args.child)
         print(json.dumps(result))
         return
     settings = {"model": args.model, "cache": args.cache, "rounds": args.rounds, "texts": args.texts,
@@ -239,6 +308,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[streams] {n}: pooled {pooled['answers']['per_s']} answer tok/s, "
               f"{pooled['decoding']['per_s']} decoded tok/s, {pooled['ingest']['per_s']} input tok/s, "
               f"{pooled['peak_rss_mb']} MB", flush=True)
+    for n in args.streams if args.engines else []:
+        engines = child(args, list(range(n)), "engines")
+        engines.pop("rounds"), engines.pop("latencies")
+        records.append({**settings, "mode": "engines", **engines})
+        write_records(args.out, records)
+        print(f"[streams] {n}: engines {engines['answers']['per_s']} answer tok/s, {engines['batches']} batches, "
+              f"{engines['ingest']['per_s']} input tok/s, {engines['peak_rss_mb']} MB", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import pytest
 import torch
@@ -286,3 +287,48 @@ def test_questions_that_wait_at_once_are_answered_in_one_batch(adapters):
         engine.close(timeout=60)
     assert engine.rounds == 1
     assert pool.decoder.steps == max(a.tokens_generated for a in answers.values()) - 1
+
+
+@pytest.mark.parametrize("family, seed", [("llama", 0), ("qwen2_vl", 1), ("llava_onevision", 2)])
+def test_questions_of_memories_on_a_shared_model_that_wait_at_once_decode_in_one_batch(adapters, family, seed):
+    """Three engines through one SharedModel (the node's `streams`), each told its own texts (and frames). Their
+    questions come while the model is held, so all wait at once: the answers decode as one batch on the bench, one a
+    kept answer, and each is the answer its memory gives alone, each memory then what it would be alone. A question
+    that waits alone afterwards is answered on its stream's own step."""
+    adapter = adapters[family]
+    shared = SharedModel()
+    engines = {name: shared.engine(adapter.folder, cfg, device="cpu", dtype="float32")
+               for name, cfg in configs().items()}
+    alone = {name: KVStream(adapter, cfg) for name, cfg in configs().items()}
+    kept = {"r1": False, "r2": True, "r3": False}
+    try:
+        assert all(engine.wait_ready(120) for engine in engines.values())
+        for name, engine in engines.items():
+            for items in script(name, seed, adapter.supports_frames, rounds=2):
+                for item in items:
+                    if item[0] == "text":
+                        engine.push_text(item[1], item[2], pin=item[3], timeout=60)
+                        alone[name].push_text(item[1], stamp=item[2], pin=item[3])
+                    else:
+                        engine.push_frame(frame(item[1]), item[2], timeout=60)
+                        alone[name].push_frame(frame(item[1]), item[2])
+        with shared.turns.turn():  # the model held: every question waits before any is taken
+            futures = {name: engine.submit_ask(QUESTIONS[i], max_new_tokens=8, keep_in_memory=kept[name])
+                       for i, (name, engine) in enumerate(engines.items())}
+            deadline = time.monotonic() + 30
+            while shared.turns.asked < 1 + len(engines) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        answers = {name: f.result(timeout=120) for name, f in futures.items()}
+        assert shared.bench.batches == 1
+        later = engines["r1"].ask(QUESTIONS[3], max_new_tokens=6, timeout=60)
+        assert shared.bench.batches == 1
+        for i, name in enumerate(engines):
+            want = alone[name].ask(QUESTIONS[i], max_new_tokens=8, keep_in_memory=kept[name])
+            assert answers[name].text == want.text and answers[name].tokens_generated == want.tokens_generated
+            assert [e.first_seq for e in answers[name].evidence] == [e.first_seq for e in want.evidence]
+        assert later.text == alone["r1"].ask(QUESTIONS[3], max_new_tokens=6).text
+        for name, engine in engines.items():
+            assert_same_state(cache_state(alone[name]), cache_state(engine.worker.stream))
+    finally:
+        for engine in engines.values():
+            engine.close(timeout=60)

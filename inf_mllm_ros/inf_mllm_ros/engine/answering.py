@@ -69,6 +69,22 @@ TokenCallback = Callable[[str, int], None]
 
 
 @dataclass
+class Question:
+    """A question with `KVStream.ask`'s options, for answers decoded apart from their stream's own worker (several
+    memories' answers in one batch: runtime/pool.py, runtime/answer_bench.py)."""
+
+    text: str
+    max_new_tokens: int | None = None
+    keep_in_memory: bool = False
+    on_token: TokenCallback | None = None
+    cancel: threading.Event | None = None
+
+    def options(self) -> dict:
+        return dict(max_new_tokens=self.max_new_tokens, keep_in_memory=self.keep_in_memory, on_token=self.on_token,
+                    cancel=self.cancel)
+
+
+@dataclass
 class AnswerTurn:
     """One answer's own state: whom to tell the answer so far (`on_token`), the caller's `cancel`, and whether the
     stream was asked to stop (`stopped`, read at each token)."""

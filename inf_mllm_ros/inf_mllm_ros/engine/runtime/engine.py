@@ -37,11 +37,12 @@ from ..models.loading import DEFAULT_MODEL, load_model
 from ..persistence.memory_file import MemoryFileInfo
 from ..poses import Pose
 from .live_settings import LiveSettings
-from ..answering import Answer
+from ..answering import Answer, Question
 from ..stream_config import StreamConfig
 from .stream import StreamStats
 from ..text_rules import TextRefused, checked_text
 from .checkpoints import Checkpointer
+from .answer_bench import AnswerBench
 from .model_turns import ModelTurns
 from .work_queue import Job
 from .worker import EngineCounters, EngineWorker, WorkBoard
@@ -54,7 +55,8 @@ class StreamingEngine:
         "smolvlm-smollm2": real text answers, untrained vision; "smollm2" or "qwen2.5-0.5b": text only; see
         loading.py); or pass `adapter` already loaded, or `load`, which gives it (called on the worker). Engines
         over one adapter (a memory each, the weights loaded once: shared_model.py) share its `turns`
-        (model_turns.py), a job in the model at a time, in the order asked for.
+        (model_turns.py), a job in the model at a time, in the order asked for, or its `bench` (answer_bench.py:
+        those turns, and their questions' answers decoded together).
     The model loads on the worker; `ready` is set when it is usable, `load_error` says why not.
     """
 
@@ -77,6 +79,7 @@ class StreamingEngine:
         checkpoint_period: float = 0.0,
         torch_threads: int = 0,
         turns: ModelTurns | None = None,
+        bench: AnswerBench | None = None,
     ):
         self.config = config or StreamConfig()
         self.max_pending_texts = max_pending_texts
@@ -96,7 +99,7 @@ class StreamingEngine:
 
         self.worker = EngineWorker(self._board, loader, self.config, self.checkpoints, on_ingested=on_ingested,
                                    on_load_failed=lambda: self.close(timeout=0), torch_threads=torch_threads,
-                                   turns=turns)
+                                   turns=turns, bench=bench)
         self.worker.start()
 
     # --- what callers read ----------------------------------------------------------------------------
@@ -176,9 +179,9 @@ class StreamingEngine:
             with self._board.lock:
                 self.counters.queries_failed += 1
             return _failed(exc)
-        return self._submit_query(lambda s: s.ask(question, max_new_tokens=max_new_tokens,
-                                                  keep_in_memory=keep_in_memory,
-                                                  on_token=on_token, cancel=cancel))
+        asked = Question(question, max_new_tokens, keep_in_memory, on_token, cancel)
+        # The question rides on the job as well: on a shared model it may be decoded beside others' (answer_bench.py).
+        return self._submit_query(lambda s: s.ask(asked.text, **asked.options()), question=asked)
 
     def submit_describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None) -> Future:
         return self._submit_query(lambda s: s.describe(prompt, max_new_tokens=max_new_tokens))
@@ -210,7 +213,7 @@ class StreamingEngine:
             period = self._board.settings.checkpoint_period
             return self._enqueue(Job("control", run=lambda s: self.checkpoints.save(s, period)))
 
-    def _submit_query(self, fn) -> Future:
+    def _submit_query(self, fn, question: Question | None = None) -> Future:
         with self._board.lock:
             if not self.ready.is_set():
                 self.counters.queries_failed += 1
@@ -221,7 +224,7 @@ class StreamingEngine:
                 self.counters.queries_failed += 1
                 return _failed(EngineBusyError(
                     f"query queue full ({self.max_pending_queries} waiting); try again later"))
-            future = self._enqueue(Job("query", run=fn))
+            future = self._enqueue(Job("query", run=fn, question=question))
         # A caller that gives up (cancels) frees its place at once, so dead questions never fill the queue.
         future.add_done_callback(self._withdraw_if_cancelled)
         return future

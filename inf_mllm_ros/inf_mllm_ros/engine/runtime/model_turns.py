@@ -22,11 +22,19 @@ class ModelTurns:
         self._lock = threading.Condition()
         self._tickets = itertools.count()
         self._serving = 0  # the ticket whose turn it is
+        self._issued = 0  # tickets given
+
+    @property
+    def asked(self) -> int:
+        """Turns asked for and not yet ended, the one in progress among them."""
+        with self._lock:
+            return self._issued - self._serving
 
     @contextmanager
     def turn(self):
         with self._lock:
             ticket = next(self._tickets)
+            self._issued += 1
             while ticket != self._serving:
                 self._lock.wait()
         try:

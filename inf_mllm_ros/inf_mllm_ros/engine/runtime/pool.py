@@ -11,26 +11,13 @@ those it would have alone (tests: test_streams.py).
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from ..answering import Answer, TokenCallback
-from ..memory.batched_step import BatchedDecoder, DecodeMember
-from ..memory.decode_step import SYNC_EVERY
+from ..answering import Answer, Question
 from ..models.adapters import ModelAdapter
 from ..stream_config import StreamConfig
+from .answer_bench import batch_decoder, decode_together
 from .stream import KVStream, OpenAnswer
-
-
-@dataclass
-class Question:
-    """A question to one stream of the pool, with `ask`'s options."""
-
-    text: str
-    max_new_tokens: int | None = None
-    keep_in_memory: bool = False
-    on_token: TokenCallback | None = None
-    cancel: threading.Event | None = None
 
 
 class StreamPool:
@@ -48,8 +35,7 @@ class StreamPool:
         shapes = {name: (s.cache.slots, s.cache.capacity) for name, s in self.streams.items()}
         if len(set(shapes.values())) > 1:
             raise ValueError(f"a pool's caches must be of one shape (capacity, headroom), got {shapes}")
-        # On a CPU a read of the tokens costs nothing, and a member read late keeps the whole batch stepping for it.
-        self.decoder = BatchedDecoder(adapter, sync_every=1 if adapter.device.type == "cpu" else SYNC_EVERY)
+        self.decoder = batch_decoder(next(iter(self.streams.values())))
 
     def __getitem__(self, name: str) -> KVStream:
         return self.streams[name]
@@ -61,20 +47,18 @@ class StreamPool:
         return len(self.streams)
 
     def ask_together(self, questions: dict[str, Question | str]) -> dict[str, Answer | BaseException]:
-        """Each stream's question answered, the answers decoded as one batch. Returns, by stream, its `Answer`, or
-        the exception that ended it (a bad question, a cancel, a stop): one stream's failure ends no other's. An
-        answer kept in memory that does not fit in its headroom is answered alone, first."""
+        """Each stream's question answered, the answers decoded as one batch (answer_bench.py). Returns, by stream,
+        its `Answer`, or the exception that ended it (a bad question, a cancel, a stop): one stream's failure ends no
+        other's. An answer kept in memory that does not fit in its headroom is answered alone, first."""
         results: dict[str, Answer | BaseException] = {}
         opened: dict[str, OpenAnswer] = {}
         for name, question in questions.items():
             stream = self.streams[name]
             q = Question(question) if isinstance(question, str) else question
-            options = dict(max_new_tokens=q.max_new_tokens, keep_in_memory=q.keep_in_memory, on_token=q.on_token,
-                           cancel=q.cancel)
             try:
-                answer = stream.open_answer(q.text, **options)
+                answer = stream.open_answer(q.text, **q.options())
                 if answer is None:
-                    results[name] = stream.ask(q.text, **options)
+                    results[name] = stream.ask(q.text, **q.options())
                     continue
             except Exception as exc:
                 results[name] = exc
@@ -86,25 +70,9 @@ class StreamPool:
                 results[name] = exc
                 continue
             opened[name] = answer
-        members = {name: DecodeMember(self.streams[name].cache, answer.logits, answer.max_new,
-                                      self.adapter.stop_token_ids, self.streams[name].progress(answer.turn))
-                   for name, answer in opened.items()}
-        try:
-            self.decoder.generate(list(members.values()))
-        except BaseException:
-            for name, answer in opened.items():
-                self.streams[name].abandon_answer(answer)
-            raise
-        for name, answer in opened.items():
-            member, stream = members[name], self.streams[name]
-            if member.error is not None:
-                stream.abandon_answer(answer)
-                results[name] = member.error
-            else:
-                try:
-                    results[name] = stream.close_answer(answer, member.tokens)
-                except Exception as exc:
-                    results[name] = exc
+        if opened:
+            outcomes = decode_together(self.decoder, [(self.streams[name], answer) for name, answer in opened.items()])
+            results.update(zip(opened, outcomes))
         return {name: results[name] for name in questions}
 
 

@@ -3,7 +3,8 @@
 A process that serves several robots (or cameras), a memory each, builds each memory's `StreamingEngine` through one
 `SharedModel`: the first engine's worker loads the model, the others wait for that load and use the same adapter;
 every engine takes its jobs in the model's turns (model_turns.py), in the order asked for, so that one memory's flood
-of input never holds the model for more than a job while another's question waits. Each engine keeps its own cache,
+of input never holds the model for more than a job while another's question waits; questions of several memories that
+wait at once have their answers decoded as one batch (answer_bench.py). Each engine keeps its own cache,
 archive, clock, queues, live settings and memory file.
 """
 
@@ -14,6 +15,7 @@ import threading
 from ..models.adapters import ModelAdapter
 from ..models.loading import load_model
 from .engine import StreamingEngine
+from .answer_bench import AnswerBench
 from .model_turns import ModelTurns
 
 
@@ -23,6 +25,7 @@ class SharedModel:
 
     def __init__(self) -> None:
         self.turns = ModelTurns()
+        self.bench = AnswerBench(self.turns)  # the engines' answers decoded together where they ask at once
         self._lock = threading.Lock()  # the model the first engine asked for
         self._load_lock = threading.Lock()  # held while the model loads
         self._adapter: ModelAdapter | None = None
@@ -31,6 +34,8 @@ class SharedModel:
 
     def engine(self, model=None, config=None, *, device: str = "auto", dtype: str = "auto",
                trust_remote_code: bool = False, **options) -> StreamingEngine:
+        if "adapter" in options or "load" in options:
+            raise TypeError("a shared model loads its adapter itself: give the model, not an adapter or a loader")
         source = (str(model), device, dtype, trust_remote_code)
         with self._lock:
             if self._source is None:
@@ -39,7 +44,7 @@ class SharedModel:
                 raise ValueError(f"a shared model is loaded once: this memory asks for {source}, the first asked "
                                  f"for {self._source}")
         return StreamingEngine(model, config, load=lambda: self._load(model, device, dtype, trust_remote_code),
-                               turns=self.turns, **options)
+                               bench=self.bench, **options)
 
     def _load(self, model, device: str, dtype: str, trust_remote_code: bool) -> ModelAdapter:
         # The lock is held while the first engine loads: the others wait here for its adapter, on their workers.

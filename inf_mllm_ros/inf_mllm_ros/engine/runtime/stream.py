@@ -545,6 +545,11 @@ class KVStream:
             self._keep_exchange(answer.ids, tokens)
         return self._answer(tokens, answer.retrieval, answer.asked, answer.keep, answer.started)
 
+    def decode_answer(self, answer: OpenAnswer) -> list[int]:
+        """An opened answer's tokens decoded on this stream's own step, as `ask` decodes them (for an answer that has
+        no other to be batched with); `close_answer` or `abandon_answer` after it."""
+        return self._generate(answer.logits, answer.max_new, answer.turn, keep=False)
+
     def abandon_answer(self, answer: OpenAnswer) -> None:
         """End an opened answer without tokens (cancelled, stopped, failed): the cache back to where it was."""
         self._restore(answer.snapshot)

@@ -56,7 +56,9 @@ class Job:
     kind: str  # "text", "query", "frame" or "control" (a reset, a save)
     run: Callable[[KVStream], object] | None = None
     text: tuple | None = None
-    question: object | None = None  # a question of a pool's stream, answered in a batch (pool_engine.py)
+    # A question with its options, where its answer may be decoded in a batch: a pool's (pool_engine.py) or a shared
+    # model's (answer_bench.py).
+    question: object | None = None
     future: Future = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
 

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Callable
 
 from ..answering import StreamStoppedError
 from ..models.loading import use_torch_threads
+from .answer_bench import AnswerBench, answer_alone
 from .model_turns import ModelTurns
-from .stream import KVStream, StreamStats
+from .stream import KVStream, OpenAnswer, StreamStats
 from ..stream_config import StreamConfig
 from .work_queue import WorkQueue
 
@@ -83,14 +84,21 @@ class EngineWorker:
     stream's settings as made (the live ones come from the board). checkpoints: the memory file. on_ingested: told
     "text" or "frame" after an input went in. on_load_failed: called once if the model cannot be loaded (the engine
     closes). torch_threads: torch's threads on this thread (0: torch's default). turns: the model's, where other
-    engines share it (model_turns.py): each job runs in a turn of its own.
+    engines share it (model_turns.py): each job runs in a turn of its own. bench: where other engines share the
+    model, the place their answers decode together (answer_bench.py; its turns are the model's).
     """
 
     def __init__(self, board: WorkBoard, loader: Callable, config: StreamConfig, checkpoints: Checkpointer, *,
                  on_ingested: Callable[[str], None] | None = None, on_load_failed: Callable[[], None],
-                 torch_threads: int = 0, turns: ModelTurns | None = None):
+                 torch_threads: int = 0, turns: ModelTurns | None = None, bench: AnswerBench | None = None):
         self.board, self.config, self.checkpoints = board, config, checkpoints
+        if bench is not None:
+            turns = bench.turns
         self.turns = turns if turns is not None else ModelTurns()  # shared with the other engines on the model
+        self.bench = bench
+        # Whether a question of this engine waits: read by the other engines' workers, without the board's lock (a
+        # hint for batching, never a decision about this engine's work).
+        self.seat = None if bench is None else bench.seat(lambda: board.work.queries > 0)
         self.on_ingested, self.on_load_failed, self.torch_threads = on_ingested, on_load_failed, torch_threads
         self.stream: KVStream | None = None
         self.stats: StreamStats | None = None  # the stream's figures after the last finished job (under the lock)
@@ -143,6 +151,7 @@ class EngineWorker:
                 if board.closed:
                     break
             # The jobs are taken once the model is this worker's: what came while another stream had it is in them.
+            opened = None
             with self.turns.turn():
                 with board.lock:
                     if board.closed:
@@ -151,13 +160,16 @@ class EngineWorker:
                     jobs = (board.work.next_jobs(self.config.capacity, self.config.chunk_size, settings.frame_period,
                                                  settings.max_text_delay) if board.work else [])
                 try:
-                    self._take(jobs, settings)
+                    opened = self._take(jobs, settings)
                 except Exception as exc:  # the worker's own bookkeeping, not a job, failed: it must not end it
-                    log.exception("the engine's worker recovered from an error between jobs")
-                    for job in jobs:  # every caller still waiting hears why
-                        future = job.future
-                        if not future.done() and (future.running() or future.set_running_or_notify_cancel()):
-                            future.set_exception(exc)
+                    self._recovered(jobs, exc)
+            if opened is not None:  # decoded beside other engines' answers, in a turn of the bench's
+                try:
+                    self._answer_on_bench(*opened)
+                except Exception as exc:
+                    self._recovered([opened[0]], exc)
+        if self.bench is not None:
+            self.bench.leave(self.seat)
         if self.checkpoints.memory_file is not None:
             with self.turns.turn():
                 self.checkpoint(wait=True)  # the last save, after the job that close() stopped or let finish
@@ -180,20 +192,68 @@ class EngineWorker:
         log.info("prepared before the first answer: " + ", ".join(f"{name} {seconds:.2f} s"
                                                                    for name, seconds in self.preparation.items()))
 
-    def _take(self, jobs: list[Job], settings: LiveSettings) -> None:
-        """Apply new live settings, then run the jobs taken (or a due checkpoint, when none)."""
+    @staticmethod
+    def _recovered(jobs: list[Job], exc: Exception) -> None:
+        log.exception("the engine's worker recovered from an error between jobs")
+        for job in jobs:  # every caller still waiting hears why
+            future = job.future
+            if not future.done() and (future.running() or future.set_running_or_notify_cancel()):
+                future.set_exception(exc)
+
+    def _take(self, jobs: list[Job], settings: LiveSettings) -> tuple[Job, OpenAnswer] | None:
+        """Apply new live settings, then run the jobs taken (or a due checkpoint, when none). Returns a question's
+        job and its opened answer where it is to be decoded on the bench, after this turn."""
         if settings is not self._applied:
             self._apply(settings)
         if not jobs:  # a checkpoint is due and nothing waits
             self.checkpoint()
-            return
+            return None
         kind = jobs[0].kind
+        if jobs[0].question is not None and self.bench is not None and self.bench.shared:
+            return self._open_for_bench(jobs[0])
         ok = self._run_texts(jobs) if kind == "text" else self._run_job(jobs[0])
         # Only an input that went in changed the memory (a description of an unchanged one is skipped).
         if ok and self.on_ingested is not None and kind in ("text", "frame"):
             self.on_ingested(kind)
         if self.checkpoints.due:
             self.checkpoint()
+        return None
+
+    def _open_for_bench(self, job: Job) -> tuple[Job, OpenAnswer] | None:
+        """A question opened in its turn (`KVStream.open_answer`). Returned to be decoded on the bench where another
+        answer would decode beside it; else answered here, as `ask` would (so too where it cannot be decoded apart, a
+        kept answer too long for the headroom, or fails to open)."""
+        if not job.future.set_running_or_notify_cancel():
+            return None
+        question, stream = job.question, self.stream
+        try:
+            answer = stream.open_answer(question.text, **question.options())
+            if answer is None:
+                answer = stream.ask(question.text, **question.options())
+        except Exception as exc:
+            self._finish(job, exc, False)
+            return None
+        if isinstance(answer, OpenAnswer):
+            if self.bench.worth_waiting(self.seat):
+                return job, answer
+            answer = answer_alone(stream, answer)
+        ok = not isinstance(answer, BaseException)
+        self._finish(job, answer, ok)
+        return None
+
+    def _answer_on_bench(self, job: Job, answer: OpenAnswer) -> None:
+        try:
+            outcome, ok = self.bench.answer(self.stream, answer), True
+        except Exception as exc:
+            outcome, ok = exc, False
+        self._finish(job, outcome, ok)
+
+    def _finish(self, job: Job, outcome, ok: bool) -> None:
+        """A job's outcome to its caller, the stream's figures taken first and a query counted."""
+        self._snapshot_stats()
+        if job.kind == "query":
+            self.board.count_query(job.future, ok)
+        (job.future.set_result if ok else job.future.set_exception)(outcome)
 
     def checkpoint(self, *, wait: bool = False) -> None:
         """Save the memory if it changed: copied on this thread, between jobs, and written on the writer's (here
@@ -220,10 +280,7 @@ class EngineWorker:
         except Exception as exc:  # the caller gets the reason (a prompt that failed part-way in, out of memory
             # say, leaves the blocks that went in: a message cut short)
             outcome, ok = exc, False
-        self._snapshot_stats()
-        if job.kind == "query":
-            self.board.count_query(job.future, ok)
-        (job.future.set_result if ok else job.future.set_exception)(outcome)
+        self._finish(job, outcome, ok)
         return ok
 
     def _run_texts(self, batch: list[Job]) -> bool:
