@@ -100,6 +100,18 @@ def rss_bytes() -> int:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
 
 
+def trimmed_rss_bytes() -> int | None:
+    """Resident memory once the C heap has handed its free pages back (glibc's malloc_trim): what the process holds,
+    apart from memory freed (a batch's copies, say) but kept by the allocator. None where there is no glibc."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return None
+    return rss_bytes()
+
+
 def run_streams(args, ids: list[int]) -> dict:
     """The streams `ids` in one pool in this process, round by round; its figures."""
     import torch
@@ -127,7 +139,7 @@ def run_streams(args, ids: list[int]) -> dict:
             if adapter.supports_frames:
                 tokens += stream.push_frame(frame(i, r), stamp=60.0 * r + args.texts)
         ingest.append((tokens, time.monotonic() - start))
-        decode_s, steps = pool.decoder.seconds, pool.decoder.steps
+        decode_s, steps = pool.decode_seconds, pool.decoder.steps
         start = time.monotonic()
         out = pool.ask_together({str(i): Question(question(i, r), max_new_tokens=args.answer_tokens) for i in ids})
         seconds = time.monotonic() - start
@@ -137,13 +149,14 @@ def run_streams(args, ids: list[int]) -> dict:
         n = sum(a.tokens_generated for a in out.values())
         answer_tokens += n
         answers.append((n, seconds))
-        decoded.append((n, pool.decoder.seconds - decode_s))
+        decoded.append((n, pool.decode_seconds - decode_s))
         latencies += [seconds] * len(ids)
         print(f"[streams] {len(ids)} stream(s) {ids[0]}..: round {r}: {tokens} tokens in {ingest[-1][1]:.1f} s, "
               f"{n} answer tokens in {seconds:.1f} s ({pool.decoder.steps - steps} steps)", file=sys.stderr, flush=True)
     stats = [pool[str(i)].stats() for i in ids]
     gc.collect()
     rss_end = rss_bytes()  # the model and every stream's memory, after the last round
+    rss_trimmed = trimmed_rss_bytes()
     return {
         "streams": len(ids), "ids": ids, "load_s": round(load_s, 1),
         "input_tokens": sum(a for a, _ in ingest), "answer_tokens": answer_tokens,
@@ -151,6 +164,7 @@ def run_streams(args, ids: list[int]) -> dict:
         "latency_s": {"median": round(statistics.median(latencies), 2), "p95": round(percentile(latencies, 0.95), 2)},
         "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1), "rss_after_model_mb": round(rss_model / 2**20, 1),
         "rss_end_mb": round(rss_end / 2**20, 1),
+        "rss_trimmed_mb": None if rss_trimmed is None else round(rss_trimmed / 2**20, 1),
         "memory_per_stream_mb": round(statistics.mean((s.cache_bytes + s.archive_bytes) for s in stats) / 2**20, 2),
         # What each stream holds now: its cache, and of its archive (allocated, touched as it fills) the tokens held.
         "held_per_stream_mb": round(statistics.mean(

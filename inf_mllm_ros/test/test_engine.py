@@ -466,6 +466,28 @@ def test_while_a_camera_is_live_a_text_call_ends_before_the_next_frame_is_due():
         assert blocks(1.5 * period) == 1  # the next frame is due: one block, the least a call takes
 
 
+def test_another_memorys_waiting_question_bounds_a_text_call_as_an_own_question_would():
+    """On a shared model (engine/runtime/answer_bench.py) a flooded memory's text call is bounded by `max_text_delay`
+    of the model's measured time while another memory's question waits, as while one of its own waits; with no
+    question anywhere it takes up to a cache's worth; with no delay bound the other's question does not bound it."""
+    block = 16
+    for seed in range(4):
+        rng = random.Random(seed)
+        work = WorkQueue()
+        seconds_per_block = rng.uniform(0.05, 0.2)
+        work.took_texts(224, 64, 4 * seconds_per_block, block)
+        per_block = work.block_chars(block)
+        max_delay = rng.uniform(0.3, 1.0)
+        bounded = max(int(max_delay / work.seconds_per_block), 1) * per_block
+        assert work.text_call_chars(1024, block, 0.0, max_delay, asked_elsewhere=True) == bounded
+        assert work.text_call_chars(1024, block, 0.0, max_delay) == 4 * 1024
+        assert work.text_call_chars(1024, block, 0.0, 0.0, asked_elsewhere=True) == 4 * 1024
+        for _ in range(200):
+            work.add(Job("text", text=("Conveyor 3 moved crate 12 past the scanner.", None, False, None)))
+        taken = work.next_jobs(1024, block, 0.0, max_delay, asked_elsewhere=True)
+        assert 1 <= sum(len(job.text[0]) for job in taken) <= bounded
+
+
 @pytest.mark.serial
 def test_under_a_flood_of_texts_a_frame_goes_in_every_frame_period(smollm2):
     import time

@@ -114,9 +114,9 @@ class AnswerBench:
         with self._lock:
             return len(self._asking) > 1
 
-    def worth_waiting(self, seat: int) -> bool:
-        """Whether an answer of `seat`, opened in its turn, would have another to decode beside: an answer on the
-        bench, or another engine's question waiting."""
+    def others_waiting(self, seat: int) -> bool:
+        """Whether another engine than `seat`'s has a question waiting, or an opened answer waits on the bench: an
+        answer of `seat` opened now would have another to decode beside, and a text call of `seat` delays them."""
         with self._lock:
             if self._waiting:
                 return True

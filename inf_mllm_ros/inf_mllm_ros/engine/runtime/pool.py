@@ -11,6 +11,7 @@ those it would have alone (tests: test_streams.py).
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from ..answering import Answer, Question
@@ -36,6 +37,7 @@ class StreamPool:
         if len(set(shapes.values())) > 1:
             raise ValueError(f"a pool's caches must be of one shape (capacity, headroom), got {shapes}")
         self.decoder = batch_decoder(next(iter(self.streams.values())))
+        self.decode_seconds = 0.0  # time spent decoding answers (a batch, or one alone on its stream's step)
 
     def __getitem__(self, name: str) -> KVStream:
         return self.streams[name]
@@ -71,7 +73,12 @@ class StreamPool:
                 continue
             opened[name] = answer
         if opened:
-            outcomes = decode_together(self.decoder, [(self.streams[name], answer) for name, answer in opened.items()])
+            start = time.monotonic()
+            try:
+                outcomes = decode_together(self.decoder, [(self.streams[name], answer)
+                                                          for name, answer in opened.items()])
+            finally:
+                self.decode_seconds += time.monotonic() - start
             results.update(zip(opened, outcomes))
         return {name: results[name] for name in questions}
 

@@ -13,7 +13,8 @@ Each time the worker is free it takes, in this order:
    live); else up to about a cache's worth of
    characters. A call is one block until the pace is measured (bounded in tokens from the first call), and never
    less than one block's worth of tokens (a call has a cost of its own beside its length: fewer would only slow
-   the model down);
+   the model down). On a model shared by several memories a question of another memory waiting bounds the call as
+   one of this memory's own would (`asked_elsewhere`: engine/runtime/answer_bench.py);
 4. otherwise the frame.
 
 Which frames come is decided once, before the queue (the node's `frame_rate` gate); here a waiting frame waits for
@@ -135,17 +136,21 @@ class WorkQueue:
         """Characters of text in one block of tokens, as measured: no call is made shorter."""
         return max(int(block * (self.chars_per_token or ASSUMED_CHARS_PER_TOKEN)), 1)
 
-    def text_call_chars(self, capacity: int, block: int, frame_period: float, max_delay: float = 0.0) -> float:
-        """The most characters of text one model call takes (see the module docstring, 3)."""
+    def text_call_chars(self, capacity: int, block: int, frame_period: float, max_delay: float = 0.0,
+                        asked_elsewhere: bool = False) -> float:
+        """The most characters of text one model call takes (see the module docstring, 3). `asked_elsewhere`: a
+        question of another memory on the model waits (engine/runtime/answer_bench.py), which this call delays as
+        it would delay one of this memory's own."""
         per_block = self.block_chars(min(block, capacity))
         if self.queries and max_delay <= 0:
             return float("inf")
+        asking = bool(self.queries) or (asked_elsewhere and max_delay > 0)
         now = time.monotonic()
         live = [offered for offered in self.frame_offered.values() if now - offered <= 2 * frame_period]
         camera_live = frame_period > 0 and bool(live)
         if self.seconds_per_block is None:  # the pace not measured yet: bounded in tokens from the first call
-            return per_block if self.queries or camera_live else max(4 * capacity, per_block)
-        if self.queries:
+            return per_block if asking or camera_live else max(4 * capacity, per_block)
+        if asking:
             return max(int(max_delay / self.seconds_per_block), 1) * per_block
         limit = 4 * capacity
         if camera_live:
@@ -159,8 +164,10 @@ class WorkQueue:
         """Why one more text cannot wait now (`max_texts` wait already), or None."""
         return f"{max_texts} waiting" if self.texts >= max_texts else None
 
-    def next_jobs(self, capacity: int, block: int, frame_period: float = 0.0, max_delay: float = 0.0) -> list[Job]:
-        """The next job, or the batch of texts that go in together (see the module docstring)."""
+    def next_jobs(self, capacity: int, block: int, frame_period: float = 0.0, max_delay: float = 0.0,
+                  asked_elsewhere: bool = False) -> list[Job]:
+        """The next job, or the batch of texts that go in together (see the module docstring; `asked_elsewhere`: as
+        for `text_call_chars`)."""
         if self.control:
             return [self.control.popleft()]
         # A waiting question goes before the frame, and the texts ahead of it go in as one batch first.
@@ -173,7 +180,7 @@ class WorkQueue:
             self.last_kind = "query"
             return [self.messages.popleft()]
         batch, chars = [], 0
-        limit = self.text_call_chars(capacity, block, frame_period, max_delay)
+        limit = self.text_call_chars(capacity, block, frame_period, max_delay, asked_elsewhere)
         # Texts up to the limit, not past it: a call one text over its blocks is measured as one block more, which
         # makes the pace look faster and the next call longer.
         while self.messages and self.messages[0].kind == "text" and (

@@ -157,8 +157,10 @@ class EngineWorker:
                     if board.closed:
                         break
                     settings = board.settings
+                    # Another memory's question waiting bounds a text call as this memory's own would.
+                    elsewhere = self.bench is not None and self.bench.others_waiting(self.seat)
                     jobs = (board.work.next_jobs(self.config.capacity, self.config.chunk_size, settings.frame_period,
-                                                 settings.max_text_delay) if board.work else [])
+                                                 settings.max_text_delay, elsewhere) if board.work else [])
                 try:
                     opened = self._take(jobs, settings)
                 except Exception as exc:  # the worker's own bookkeeping, not a job, failed: it must not end it
@@ -234,7 +236,7 @@ class EngineWorker:
             self._finish(job, exc, False)
             return None
         if isinstance(answer, OpenAnswer):
-            if self.bench.worth_waiting(self.seat):
+            if self.bench.others_waiting(self.seat):
                 return job, answer
             answer = answer_alone(stream, answer)
         ok = not isinstance(answer, BaseException)
