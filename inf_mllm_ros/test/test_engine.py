@@ -466,10 +466,11 @@ def test_while_a_camera_is_live_a_text_call_ends_before_the_next_frame_is_due():
         assert blocks(1.5 * period) == 1  # the next frame is due: one block, the least a call takes
 
 
-def test_another_memorys_waiting_question_bounds_a_text_call_as_an_own_question_would():
-    """On a shared model (engine/runtime/answer_bench.py) a flooded memory's text call is bounded by `max_text_delay`
-    of the model's measured time while another memory's question waits, as while one of its own waits; with no
-    question anywhere it takes up to a cache's worth; with no delay bound the other's question does not bound it."""
+def test_on_a_shared_model_a_text_call_is_bounded_as_while_a_question_waits():
+    """On a model shared with other memories (engine/runtime/answer_bench.py) a flooded memory's text call is bounded
+    by `max_text_delay` of the model's measured time, as while one of its own questions waits: another memory's
+    question may come during the call and waits for it. Alone it takes up to a cache's worth; with no delay bound the
+    shared model does not bound it."""
     block = 16
     for seed in range(4):
         rng = random.Random(seed)
@@ -479,12 +480,12 @@ def test_another_memorys_waiting_question_bounds_a_text_call_as_an_own_question_
         per_block = work.block_chars(block)
         max_delay = rng.uniform(0.3, 1.0)
         bounded = max(int(max_delay / work.seconds_per_block), 1) * per_block
-        assert work.text_call_chars(1024, block, 0.0, max_delay, asked_elsewhere=True) == bounded
+        assert work.text_call_chars(1024, block, 0.0, max_delay, shared_model=True) == bounded
         assert work.text_call_chars(1024, block, 0.0, max_delay) == 4 * 1024
-        assert work.text_call_chars(1024, block, 0.0, 0.0, asked_elsewhere=True) == 4 * 1024
+        assert work.text_call_chars(1024, block, 0.0, 0.0, shared_model=True) == 4 * 1024
         for _ in range(200):
             work.add(Job("text", text=("Conveyor 3 moved crate 12 past the scanner.", None, False, None)))
-        taken = work.next_jobs(1024, block, 0.0, max_delay, asked_elsewhere=True)
+        taken = work.next_jobs(1024, block, 0.0, max_delay, shared_model=True)
         assert 1 <= sum(len(job.text[0]) for job in taken) <= bounded
 
 

@@ -116,7 +116,7 @@ class AnswerBench:
 
     def others_waiting(self, seat: int) -> bool:
         """Whether another engine than `seat`'s has a question waiting, or an opened answer waits on the bench: an
-        answer of `seat` opened now would have another to decode beside, and a text call of `seat` delays them."""
+        answer of `seat` opened now would have another to decode beside."""
         with self._lock:
             if self._waiting:
                 return True

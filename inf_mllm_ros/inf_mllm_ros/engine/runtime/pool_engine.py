@@ -89,10 +89,9 @@ class PoolEngine:
                     self.lock.wait()
                 if self.closed:
                     return
-                asking = {name for name, queue in self.queues.items() if queue.queries}
-                # Another stream's question waiting bounds a text call as the stream's own would.
+                # Another stream's question may come during a text call and wait for it: calls bounded as for one.
                 taken = {name: queue.next_jobs(self.pool[name].config.capacity, self.pool[name].config.chunk_size,
-                                               self.frame_period, self.max_text_delay, bool(asking - {name}))
+                                               self.frame_period, self.max_text_delay, len(self.pool) > 1)
                          for name, queue in self.queues.items() if queue}
             questions = {name: jobs[0] for name, jobs in taken.items() if jobs[0].kind == "query"}
             self._answer(questions)

@@ -13,8 +13,9 @@ Each time the worker is free it takes, in this order:
    live); else up to about a cache's worth of
    characters. A call is one block until the pace is measured (bounded in tokens from the first call), and never
    less than one block's worth of tokens (a call has a cost of its own beside its length: fewer would only slow
-   the model down). On a model shared by several memories a question of another memory waiting bounds the call as
-   one of this memory's own would (`asked_elsewhere`: engine/runtime/answer_bench.py);
+   the model down). On a model shared by several memories every call is bounded as while a question waits: another
+   memory's question, which may come at any moment, waits for the call in progress (`shared_model`:
+   engine/runtime/answer_bench.py);
 4. otherwise the frame.
 
 Which frames come is decided once, before the queue (the node's `frame_rate` gate); here a waiting frame waits for
@@ -137,14 +138,14 @@ class WorkQueue:
         return max(int(block * (self.chars_per_token or ASSUMED_CHARS_PER_TOKEN)), 1)
 
     def text_call_chars(self, capacity: int, block: int, frame_period: float, max_delay: float = 0.0,
-                        asked_elsewhere: bool = False) -> float:
-        """The most characters of text one model call takes (see the module docstring, 3). `asked_elsewhere`: a
-        question of another memory on the model waits (engine/runtime/answer_bench.py), which this call delays as
-        it would delay one of this memory's own."""
+                        shared_model: bool = False) -> float:
+        """The most characters of text one model call takes (see the module docstring, 3). `shared_model`: other
+        memories use the model (engine/runtime/answer_bench.py); a question of theirs, which may come at any moment,
+        waits for this call as one of this memory's own would."""
         per_block = self.block_chars(min(block, capacity))
         if self.queries and max_delay <= 0:
             return float("inf")
-        asking = bool(self.queries) or (asked_elsewhere and max_delay > 0)
+        asking = bool(self.queries) or (shared_model and max_delay > 0)
         now = time.monotonic()
         live = [offered for offered in self.frame_offered.values() if now - offered <= 2 * frame_period]
         camera_live = frame_period > 0 and bool(live)
@@ -165,8 +166,8 @@ class WorkQueue:
         return f"{max_texts} waiting" if self.texts >= max_texts else None
 
     def next_jobs(self, capacity: int, block: int, frame_period: float = 0.0, max_delay: float = 0.0,
-                  asked_elsewhere: bool = False) -> list[Job]:
-        """The next job, or the batch of texts that go in together (see the module docstring; `asked_elsewhere`: as
+                  shared_model: bool = False) -> list[Job]:
+        """The next job, or the batch of texts that go in together (see the module docstring; `shared_model`: as
         for `text_call_chars`)."""
         if self.control:
             return [self.control.popleft()]
@@ -180,7 +181,7 @@ class WorkQueue:
             self.last_kind = "query"
             return [self.messages.popleft()]
         batch, chars = [], 0
-        limit = self.text_call_chars(capacity, block, frame_period, max_delay, asked_elsewhere)
+        limit = self.text_call_chars(capacity, block, frame_period, max_delay, shared_model)
         # Texts up to the limit, not past it: a call one text over its blocks is measured as one block more, which
         # makes the pace look faster and the next call longer.
         while self.messages and self.messages[0].kind == "text" and (

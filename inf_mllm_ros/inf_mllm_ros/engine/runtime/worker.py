@@ -157,10 +157,10 @@ class EngineWorker:
                     if board.closed:
                         break
                     settings = board.settings
-                    # Another memory's question waiting bounds a text call as this memory's own would.
-                    elsewhere = self.bench is not None and self.bench.others_waiting(self.seat)
+                    # On a shared model another memory's question may come during a text call and wait for it.
+                    shared = self.bench is not None and self.bench.shared
                     jobs = (board.work.next_jobs(self.config.capacity, self.config.chunk_size, settings.frame_period,
-                                                 settings.max_text_delay, elsewhere) if board.work else [])
+                                                 settings.max_text_delay, shared) if board.work else [])
                 try:
                     opened = self._take(jobs, settings)
                 except Exception as exc:  # the worker's own bookkeeping, not a job, failed: it must not end it
