@@ -5,6 +5,7 @@ for slot, and gives the answers it would give alone; the batch's logits are each
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -289,17 +290,21 @@ def test_questions_that_wait_at_once_are_answered_in_one_batch(adapters):
     assert pool.decoder.steps == max(a.tokens_generated for a in answers.values()) - 1
 
 
-@pytest.mark.parametrize("family, seed", [("llama", 0), ("qwen2_vl", 1), ("llava_onevision", 2)])
-def test_questions_of_memories_on_a_shared_model_that_wait_at_once_decode_in_one_batch(adapters, family, seed):
+@pytest.mark.parametrize("family, seed, sizes", [("llama", 0, "one"), ("qwen2_vl", 1, "one"),
+                                                 ("llava_onevision", 2, "one"), ("llama", 3, "two")])
+def test_questions_of_memories_on_a_shared_model_that_wait_at_once_decode_in_one_batch(adapters, family, seed, sizes):
     """Three engines through one SharedModel (the node's `streams`), each told its own texts (and frames). Their
-    questions come while the model is held, so all wait at once: the answers decode as one batch on the bench, one a
-    kept answer, and each is the answer its memory gives alone, each memory then what it would be alone. A question
-    that waits alone afterwards is answered on its stream's own step."""
+    questions come while the model is held, so all wait at once: the answers are taken off the bench together, one a
+    kept answer, and each is the answer its memory gives alone, each memory then what it would be alone. Where one
+    memory's cache is of another size (the node's `<name>.cache_size`), the answers of each size decode as a batch of
+    their own. A question that waits alone afterwards is answered on its stream's own step."""
     adapter = adapters[family]
     shared = SharedModel()
-    engines = {name: shared.engine(adapter.folder, cfg, device="cpu", dtype="float32")
-               for name, cfg in configs().items()}
-    alone = {name: KVStream(adapter, cfg) for name, cfg in configs().items()}
+    made = configs()
+    if sizes == "two":
+        made["r3"] = dataclasses.replace(made["r3"], capacity=64)
+    engines = {name: shared.engine(adapter.folder, cfg, device="cpu", dtype="float32") for name, cfg in made.items()}
+    alone = {name: KVStream(adapter, cfg) for name, cfg in made.items()}
     kept = {"r1": False, "r2": True, "r3": False}
     try:
         assert all(engine.wait_ready(120) for engine in engines.values())
@@ -318,10 +323,11 @@ def test_questions_of_memories_on_a_shared_model_that_wait_at_once_decode_in_one
             deadline = time.monotonic() + 30
             while shared.turns.asked < 1 + len(engines) and time.monotonic() < deadline:
                 time.sleep(0.01)
+            assert shared.turns.asked == 1 + len(engines)  # every worker waits for the model with its question
         answers = {name: f.result(timeout=120) for name, f in futures.items()}
-        assert shared.bench.batches == 1
+        assert shared.bench.batch_sizes == {3: 1}
         later = engines["r1"].ask(QUESTIONS[3], max_new_tokens=6, timeout=60)
-        assert shared.bench.batches == 1
+        assert shared.bench.batch_sizes == {3: 1}
         for i, name in enumerate(engines):
             want = alone[name].ask(QUESTIONS[i], max_new_tokens=8, keep_in_memory=kept[name])
             assert answers[name].text == want.text and answers[name].tokens_generated == want.tokens_generated

@@ -17,6 +17,7 @@ on the bench, so its stream is touched by one thread at a time.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -33,26 +34,45 @@ def batch_decoder(stream: KVStream) -> BatchedDecoder:
 
 
 def decode_together(decoder: BatchedDecoder, opened: list[tuple[KVStream, OpenAnswer]]) -> list[Answer | BaseException]:
-    """Each opened answer decoded (several: one batch; one alone: on its stream's own step) and closed. Returns, in
-    order, its `Answer` or the exception that ended it (a cancel, a stop): one answer's end ends no other. Where the
-    batch itself fails every answer is abandoned (its cache as it was) and the exception raised."""
-    if len(opened) == 1:
-        return [answer_alone(*opened[0])]
-    members = [DecodeMember(stream.cache, answer.logits, answer.max_new, stream.adapter.stop_token_ids,
-                            stream.progress(answer.turn)) for stream, answer in opened]
+    """Each opened answer decoded and closed: those over caches of one shape as one batch (memories of different cache
+    sizes on one model decode in a batch a size), one alone on its stream's own step. Returns, in order, its `Answer` or
+    the exception that ended it (a cancel, a stop, its batch's failure, its cache then as it was): one answer's end
+    ends no other. Only an interrupt (a BaseException that is no Exception) is raised, every answer not closed by then
+    abandoned."""
+    outcomes: list[Answer | BaseException | None] = [None] * len(opened)
+    settled = [False] * len(opened)  # closed or abandoned: its stream's cache its own again
+    by_shape: dict[int, list[int]] = {}
+    for index, (stream, _) in enumerate(opened):
+        by_shape.setdefault(stream.cache.slots, []).append(index)
     try:
-        decoder.generate(members)
+        for indices in by_shape.values():
+            if len(indices) == 1:
+                settled[indices[0]] = True  # answer_alone abandons it itself on an interrupt
+                outcomes[indices[0]] = answer_alone(*opened[indices[0]])
+                continue
+            members = [DecodeMember(stream.cache, answer.logits, answer.max_new, stream.adapter.stop_token_ids,
+                                    stream.progress(answer.turn)) for stream, answer in (opened[i] for i in indices)]
+            try:
+                decoder.generate(members)
+            except Exception as exc:  # each of the batch's answers hears why
+                for index in indices:
+                    settled[index] = True
+                    opened[index][0].abandon_answer(opened[index][1])
+                    outcomes[index] = exc
+                continue
+            for index, member in zip(indices, members):
+                stream, answer = opened[index]
+                settled[index] = True
+                if member.error is not None:
+                    stream.abandon_answer(answer)
+                    outcomes[index] = member.error
+                else:
+                    outcomes[index] = _closed(stream, answer, member.tokens)
     except BaseException:
-        for stream, answer in opened:
-            stream.abandon_answer(answer)
+        for (stream, answer), done in zip(opened, settled):
+            if not done:
+                stream.abandon_answer(answer)
         raise
-    outcomes: list[Answer | BaseException] = []
-    for (stream, answer), member in zip(opened, members):
-        if member.error is not None:
-            stream.abandon_answer(answer)
-            outcomes.append(member.error)
-        else:
-            outcomes.append(_closed(stream, answer, member.tokens))
     return outcomes
 
 
@@ -78,7 +98,9 @@ def _closed(stream: KVStream, answer: OpenAnswer, tokens: list[int]) -> Answer |
 
 
 @dataclass
-class _Waiting:
+class LeftAnswer:
+    """An answer opened in `stream` and left on the bench; `outcome` once decoded and closed (or ended)."""
+
     stream: KVStream
     answer: OpenAnswer
     outcome: Answer | BaseException | None = None
@@ -90,11 +112,11 @@ class AnswerBench:
     def __init__(self, turns: ModelTurns):
         self.turns = turns
         self._lock = threading.Lock()
-        self._waiting: list[_Waiting] = []
+        self._waiting: list[LeftAnswer] = []
         self._asking: dict[int, Callable[[], bool]] = {}  # each seat's: whether its engine has a question waiting
         self._seats = 0
         self._decoder: BatchedDecoder | None = None
-        self.batches = 0  # batches of two answers or more decoded
+        self.batch_sizes: Counter[int] = Counter()  # how many times answers were taken off the bench, by how many
 
     def seat(self, has_question: Callable[[], bool]) -> int:
         """An engine's place at the bench; `has_question` tells (from any thread, without waiting) whether a question
@@ -123,12 +145,17 @@ class AnswerBench:
             others = [asks for other, asks in self._asking.items() if other != seat]
         return any(asks() for asks in others)
 
-    def answer(self, stream: KVStream, answer: OpenAnswer) -> Answer:
-        """Decode an answer opened in `stream` beside the others on the bench, and close it. Called by the stream's
-        worker outside any turn; it blocks until the answer is done. Raises what ended the answer."""
-        waiting = _Waiting(stream, answer)
+    def leave_answer(self, stream: KVStream, answer: OpenAnswer) -> LeftAnswer:
+        """Leave an answer opened in `stream` on the bench; in the turn that opened it, so that a question opened in any
+        later turn finds it waiting. `collect` it after that turn."""
+        waiting = LeftAnswer(stream, answer)
         with self._lock:
             self._waiting.append(waiting)
+        return waiting
+
+    def collect(self, waiting: LeftAnswer) -> Answer:
+        """An answer left on the bench, decoded beside the others there and closed. Called by its stream's worker
+        outside any turn; it blocks until the answer is done. Raises what ended the answer."""
         with self.turns.turn():
             with self._lock:
                 batch, self._waiting = self._waiting, []
@@ -140,16 +167,21 @@ class AnswerBench:
             raise outcome
         return outcome
 
-    def _decode(self, batch: list[_Waiting]) -> None:
+    @property
+    def batches(self) -> int:
+        """Batches of two answers or more decoded."""
+        return sum(count for size, count in self.batch_sizes.items() if size > 1)
+
+    def _decode(self, batch: list[LeftAnswer]) -> None:
         if self._decoder is None:
             self._decoder = batch_decoder(batch[0].stream)
+        self.batch_sizes[len(batch)] += 1
         try:
             outcomes = decode_together(self._decoder, [(w.stream, w.answer) for w in batch])
-        except BaseException as exc:  # the batch failed: each of its callers hears why
+        except BaseException as exc:  # an interrupt: each of the batch's callers hears of it
             outcomes = [exc] * len(batch)
-        self.batches += len(batch) > 1
         for waiting, outcome in zip(batch, outcomes):
             waiting.outcome = outcome
 
 
-__all__ = ["AnswerBench", "answer_alone", "batch_decoder", "decode_together"]
+__all__ = ["AnswerBench", "LeftAnswer", "answer_alone", "batch_decoder", "decode_together"]

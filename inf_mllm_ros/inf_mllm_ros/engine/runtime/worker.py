@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..answering import StreamStoppedError
 from ..models.loading import use_torch_threads
-from .answer_bench import AnswerBench, answer_alone
+from .answer_bench import AnswerBench, LeftAnswer, answer_alone
 from .model_turns import ModelTurns
 from .stream import KVStream, OpenAnswer, StreamStats
 from ..stream_config import StreamConfig
@@ -116,6 +116,13 @@ class EngineWorker:
             self.stream.request_stop()
 
     def _run(self, loader) -> None:
+        try:
+            self._serve(loader)
+        finally:  # the other engines' answers no longer wait for this one's questions, whatever ended it
+            if self.bench is not None:
+                self.bench.leave(self.seat)
+
+    def _serve(self, loader) -> None:
         board = self.board
         use_torch_threads(self.torch_threads)
         try:
@@ -151,7 +158,7 @@ class EngineWorker:
                 if board.closed:
                     break
             # The jobs are taken once the model is this worker's: what came while another stream had it is in them.
-            opened = None
+            left = None
             with self.turns.turn():
                 with board.lock:
                     if board.closed:
@@ -162,16 +169,14 @@ class EngineWorker:
                     jobs = (board.work.next_jobs(self.config.capacity, self.config.chunk_size, settings.frame_period,
                                                  settings.max_text_delay, shared) if board.work else [])
                 try:
-                    opened = self._take(jobs, settings)
+                    left = self._take(jobs, settings)
                 except Exception as exc:  # the worker's own bookkeeping, not a job, failed: it must not end it
                     self._recovered(jobs, exc)
-            if opened is not None:  # decoded beside other engines' answers, in a turn of the bench's
+            if left is not None:  # decoded beside other engines' answers, in a turn of the bench's
                 try:
-                    self._answer_on_bench(*opened)
+                    self._answer_on_bench(*left)
                 except Exception as exc:
-                    self._recovered([opened[0]], exc)
-        if self.bench is not None:
-            self.bench.leave(self.seat)
+                    self._recovered([left[0]], exc)
         if self.checkpoints.memory_file is not None:
             with self.turns.turn():
                 self.checkpoint(wait=True)  # the last save, after the job that close() stopped or let finish
@@ -202,9 +207,9 @@ class EngineWorker:
             if not future.done() and (future.running() or future.set_running_or_notify_cancel()):
                 future.set_exception(exc)
 
-    def _take(self, jobs: list[Job], settings: LiveSettings) -> tuple[Job, OpenAnswer] | None:
+    def _take(self, jobs: list[Job], settings: LiveSettings) -> tuple[Job, LeftAnswer] | None:
         """Apply new live settings, then run the jobs taken (or a due checkpoint, when none). Returns a question's
-        job and its opened answer where it is to be decoded on the bench, after this turn."""
+        job and its answer where that was left on the bench, to be collected after this turn."""
         if settings is not self._applied:
             self._apply(settings)
         if not jobs:  # a checkpoint is due and nothing waits
@@ -212,7 +217,10 @@ class EngineWorker:
             return None
         kind = jobs[0].kind
         if jobs[0].question is not None and self.bench is not None and self.bench.shared:
-            return self._open_for_bench(jobs[0])
+            left = self._open_for_bench(jobs[0])
+            if left is None and self.checkpoints.due:  # answered here; one left open is saved after it is closed
+                self.checkpoint()
+            return left
         ok = self._run_texts(jobs) if kind == "text" else self._run_job(jobs[0])
         # Only an input that went in changed the memory (a description of an unchanged one is skipped).
         if ok and self.on_ingested is not None and kind in ("text", "frame"):
@@ -221,10 +229,10 @@ class EngineWorker:
             self.checkpoint()
         return None
 
-    def _open_for_bench(self, job: Job) -> tuple[Job, OpenAnswer] | None:
-        """A question opened in its turn (`KVStream.open_answer`). Returned to be decoded on the bench where another
-        answer would decode beside it; else answered here, as `ask` would (so too where it cannot be decoded apart, a
-        kept answer too long for the headroom, or fails to open)."""
+    def _open_for_bench(self, job: Job) -> tuple[Job, LeftAnswer] | None:
+        """A question opened in its turn (`KVStream.open_answer`). Left on the bench (and returned with its job) where
+        another answer would decode beside it; else answered here, as `ask` would (so too where it cannot be decoded
+        apart, a kept answer too long for the headroom, or fails to open)."""
         if not job.future.set_running_or_notify_cancel():
             return None
         question, stream = job.question, self.stream
@@ -237,18 +245,21 @@ class EngineWorker:
             return None
         if isinstance(answer, OpenAnswer):
             if self.bench.others_waiting(self.seat):
-                return job, answer
+                return job, self.bench.leave_answer(stream, answer)
             answer = answer_alone(stream, answer)
         ok = not isinstance(answer, BaseException)
         self._finish(job, answer, ok)
         return None
 
-    def _answer_on_bench(self, job: Job, answer: OpenAnswer) -> None:
+    def _answer_on_bench(self, job: Job, left: LeftAnswer) -> None:
         try:
-            outcome, ok = self.bench.answer(self.stream, answer), True
-        except Exception as exc:
+            outcome, ok = self.bench.collect(left), True
+        except BaseException as exc:  # whatever ended the answer is its caller's, not the end of this worker
             outcome, ok = exc, False
         self._finish(job, outcome, ok)
+        if self.checkpoints.due:  # the memory as the closed answer left it
+            with self.turns.turn():
+                self.checkpoint()
 
     def _finish(self, job: Job, outcome, ok: bool) -> None:
         """A job's outcome to its caller, the stream's figures taken first and a query counted."""
