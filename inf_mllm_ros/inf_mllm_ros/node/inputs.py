@@ -34,10 +34,11 @@ from .health import InputsHealth, NodeCounters
 from .poses import PoseInput
 from .state import NodeState, ParameterReader
 
-# Camera: newest frame only. Text: reliable, never dropped by the middleware.
+# Camera: newest frame only. Text: reliable, and deep enough (20 s of a 50 Hz topic) that a reader whose executor
+# lags on a busy CPU loses none; the engine's own queue (max_pending_texts) bounds what waits for the model.
 IMAGE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.BEST_EFFORT,
                        durability=DurabilityPolicy.VOLATILE)
-TEXT_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=50, reliability=ReliabilityPolicy.RELIABLE)
+TEXT_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000, reliability=ReliabilityPolicy.RELIABLE)
 # Descriptions: the latest one, for a subscriber that comes late too.
 LATCHED_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.RELIABLE,
                          durability=DurabilityPolicy.TRANSIENT_LOCAL)

@@ -12,9 +12,11 @@ flood (`reference_flood`): what one process with that share of the CPU takes.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Callable
 
 from ..engine.runtime.engine import EngineBusyError, StreamingEngine
 from ..engine.stream_config import StreamConfig
@@ -86,10 +88,12 @@ def reference_pace(model: str, stamped: bool = True) -> dict:
         torch.set_num_threads(threads)
 
 
-def reference_flood(model: str, busy: int = 0, question_tokens: int = SHARED_QUESTION_TOKENS) -> dict:
+def reference_flood(model: str, busy: int = 0, question_tokens: int = SHARED_QUESTION_TOKENS,
+                    questions_at: tuple[float, ...] = (QUESTION_AT,)) -> dict:
     """The engine in this process, one torch thread, under the flood's traffic for the whole flood (FLOOD_S) through
-    the node's frame gate, its inputs stamped as the node stamps them, with the question at QUESTION_AT, beside
-    `busy` CPU-bound processes: frames and texts taken, and the question's time from asked to answered."""
+    the node's frame gate, its inputs stamped as the node stamps them, with the question at each of `questions_at`,
+    beside `busy` CPU-bound processes: frames and texts taken, and each question's time from asked to answered (the
+    first's as `answer_s`, all in `answers_s`)."""
     import torch
 
     threads = torch.get_num_threads()
@@ -102,7 +106,7 @@ def reference_flood(model: str, busy: int = 0, question_tokens: int = SHARED_QUE
             start = time.monotonic()
             next_text = next_frame = 0.0
             sent = frames = 0
-            question = asked = answered = None
+            questions = Questions(questions_at, lambda: engine.submit_ask(QUESTION, max_new_tokens=question_tokens))
             while (elapsed := time.monotonic() - start) < FLOOD_S:
                 if elapsed >= next_frame:
                     if gate.admit(elapsed):
@@ -111,23 +115,51 @@ def reference_flood(model: str, busy: int = 0, question_tokens: int = SHARED_QUE
                 while elapsed >= next_text:
                     engine.submit_text(text(sent), elapsed)
                     sent, next_text = sent + 1, next_text + TEXT_EVERY
-                if question is None and elapsed >= QUESTION_AT:
-                    question = engine.submit_ask(QUESTION, max_new_tokens=question_tokens)
-                    asked = time.monotonic()
-                if question is not None and answered is None and question.done():
-                    answered = time.monotonic() - asked
+                questions.poll(elapsed)
                 time.sleep(0.004)
             stats = engine.stats()
-            answer = question.result(timeout=120)
-            if answered is None:
-                answered = time.monotonic() - asked
+            questions.finish(120)
+            answers = [future.result(timeout=120) for future in questions.futures]
             cores = load.cores_taken() if load is not None else 0.0
         return {"frames": stats.frames_ingested, "texts": stats.texts_ingested, "texts_sent": sent,
-                "answer_s": answered, "answer_tokens": answer.tokens_generated, "answer": answer.text,
-                "busy_cores": cores}
+                "answer_s": questions.answered[0], "answers_s": questions.answered,
+                "answer_tokens": answers[0].tokens_generated, "answer": answers[0].text, "busy_cores": cores}
     finally:
         engine.close()
         torch.set_num_threads(threads)
+
+
+class Questions:
+    """The flood's questions: each asked (`ask()`, which gives a future) once the flood reaches its time, and its time
+    from asked to answered."""
+
+    def __init__(self, at: tuple[float, ...], ask: Callable[[], object]):
+        self.at, self.ask = sorted(at), ask
+        self.futures: list = []  # each with done() and result(): an engine's Future, an rclpy one
+        self.asked: list[float] = []
+        self.answered: list[float | None] = []
+
+    def poll(self, elapsed: float) -> None:
+        """Ask the next question where its time has come; note the answers that came."""
+        if len(self.futures) < len(self.at) and elapsed >= self.at[len(self.futures)]:
+            self.futures.append(self.ask())
+            self.asked.append(time.monotonic())
+            self.answered.append(None)
+        for i, future in enumerate(self.futures):
+            if self.answered[i] is None and future.done():
+                self.answered[i] = time.monotonic() - self.asked[i]
+
+    def finish(self, timeout: float) -> None:
+        """Wait (up to `timeout` seconds from the last question asked) for the answers still out."""
+        while None in self.answered and time.monotonic() - self.asked[-1] < timeout:
+            self.poll(float("-inf"))
+            time.sleep(0.02)
+
+
+
+def median_s(times: list[float | None]) -> float | None:
+    """The median of the questions' times, or None where one was not answered."""
+    return statistics.median(times) if times and None not in times else None
 
 
 def shared_cpu_figures(reference: dict, flood: dict) -> dict:
@@ -138,6 +170,9 @@ def shared_cpu_figures(reference: dict, flood: dict) -> dict:
             "frame_share": round(frames / max(reference["frames"], 1), 3),
             "frames_per_window": [n for _, n in frames_per_window(flood["series"])],
             "question_answered_s": flood["answered_s"], "reference_answer_s": reference["answer_s"],
+            "questions_answered_s": flood["answered_all_s"], "reference_answers_s": reference["answers_s"],
+            "question_answered_median_s": median_s(flood["answered_all_s"]),
+            "reference_answer_median_s": median_s(reference["answers_s"]),
             "answer": flood["answer"].answer if flood["answer"] is not None else None,
             "node_answer_latency_s": flood["answer"].latency if flood["answer"] is not None else None,
             "reference_answer": reference["answer"], "reference_answer_tokens": reference["answer_tokens"],
@@ -185,12 +220,14 @@ class _TimerPublisher:
 
 
 def node_under_flood(model: str, tmp_path: Path, domain_id: int | None = None, *, publisher: str = "loop",
-                     busy: int = 0, question_tokens: int = 0) -> dict:
+                     busy: int = 0, question_tokens: int = 0, questions_at: tuple[float, ...] = (QUESTION_AT,)) -> dict:
     """The flood into a fresh node from this process; the node's figures every half second from the first message.
 
     publisher "loop": published from this thread, the driver spinning the node's executor; "timers": published from
     timers, the driver spinning rclpy's MultiThreadedExecutor. busy: CPU-bound processes beside, from the first
-    message to the end of the flood. question_tokens: the question's max_new_tokens (0: the node's)."""
+    message to the end of the flood. question_tokens: the question's max_new_tokens (0: the node's). questions_at:
+    when the question is asked (the first's time `answered_s` and answer `answer`; all in `answered_all_s`,
+    `answers`)."""
     domain_id = int(os.environ["ROS_DOMAIN_ID"]) if domain_id is None else domain_id
     node = NodeProcess(domain_id, dict(NODE_PARAMS, model=model), tmp_path)
     driver = Driver(domain_id, name="flood_driver", executor="rclpy" if publisher == "timers" else "once_queued")
@@ -209,7 +246,8 @@ def node_under_flood(model: str, tmp_path: Path, domain_id: int | None = None, *
             time.sleep(0.05)
         time.sleep(0.5)
         scene = Scene(240, 320)
-        series, question, asked, answered = [], None, None, None
+        series = []
+        questions = Questions(questions_at, lambda: driver.ask(QUESTION, question_tokens))
         with busy_cores(busy, seconds=FLOOD_S + 180) if busy else nullcontext() as load:
             start = time.monotonic()
             cpu_at_start = (proc_cpu_seconds(node.pid), proc_cpu_seconds(os.getpid()))
@@ -224,10 +262,7 @@ def node_under_flood(model: str, tmp_path: Path, domain_id: int | None = None, *
                 while timers is None and elapsed >= next_text:
                     driver.publish_text(text(sent))
                     sent, next_text = sent + 1, next_text + TEXT_EVERY
-                if question is None and elapsed >= QUESTION_AT:
-                    question, asked = driver.ask(QUESTION, question_tokens), time.monotonic()
-                if question is not None and answered is None and question.done():
-                    answered = time.monotonic() - asked
+                questions.poll(elapsed)
                 if elapsed >= next_sample:
                     stats = driver.latest_stats()[0]
                     series.append((elapsed, stats.frames_ingested, stats.texts_ingested))
@@ -240,10 +275,7 @@ def node_under_flood(model: str, tmp_path: Path, domain_id: int | None = None, *
             # Cores the node and this process (the publisher) took during the flood.
             node_cores, publisher_cores = ((proc_cpu_seconds(pid) - at_start) / FLOOD_S
                                            for pid, at_start in zip((node.pid, os.getpid()), cpu_at_start))
-        while answered is None and time.monotonic() - asked < 120:
-            if question.done():
-                answered = time.monotonic() - asked
-            time.sleep(0.02)
+        questions.finish(120)
         if not node.alive:
             raise RuntimeError(f"the node ended under the flood: {node.log()[-3000:]}")
         # The texts the node took: in the model, refused with a count (a full queue), or still waiting; the figures
@@ -260,8 +292,10 @@ def node_under_flood(model: str, tmp_path: Path, domain_id: int | None = None, *
                 break
             time.sleep(0.1)
         # Frames the node held back (frame_rate) or replaced: about four of five if every frame reached it.
-        return {"series": series, "texts_sent": sent, "answered_s": answered, "frames_dropped": last.frames_dropped,
-                "answer": question.result() if question.done() else None, "busy_cores": cores,
+        answers = [future.result() if future.done() else None for future in questions.futures]
+        return {"series": series, "texts_sent": sent, "answered_s": questions.answered[0],
+                "answered_all_s": questions.answered, "frames_dropped": last.frames_dropped,
+                "answer": answers[0], "answers": answers, "busy_cores": cores,
                 "node_cores": node_cores, "publisher_cores": publisher_cores,
                 "texts_taken": last.texts_ingested + last.texts_waiting, "texts_refused": last.inputs_rejected}
     finally:

@@ -155,6 +155,7 @@ class Driver:
         from inf_mllm_interfaces.srv import Query
 
         from ..node.executor import OnceQueuedExecutor
+        from ..node.inputs import TEXT_QOS
 
         self._rclpy, self._Image, self._String, self._Query = rclpy, Image, String, Query
         self.context = rclpy.Context()
@@ -163,8 +164,12 @@ class Driver:
         camera_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.BEST_EFFORT,
                                 durability=DurabilityPolicy.VOLATILE)
         reliable = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE)
+        # Texts as deep as the node takes them: a reliable writer of depth 10 drops what its reader has not yet
+        # acknowledged after ten more, so that a flood would count the publisher's losses as the node's.
+        texts = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=TEXT_QOS.depth,
+                           reliability=ReliabilityPolicy.RELIABLE)
         self.camera = self.node.create_publisher(Image, f"{namespace}/image", camera_qos)
-        self.text = self.node.create_publisher(String, f"{namespace}/text", reliable)
+        self.text = self.node.create_publisher(String, f"{namespace}/text", texts)
         self.query = self.node.create_client(Query, f"{namespace}/{NODE_NAME}/query")
         self.stats = None
         self.stats_at = None
