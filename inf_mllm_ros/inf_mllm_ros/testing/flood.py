@@ -156,7 +156,6 @@ class Questions:
             time.sleep(0.02)
 
 
-
 def median_s(times: list[float | None]) -> float | None:
     """The median of the questions' times, or None where one was not answered."""
     return statistics.median(times) if times and None not in times else None
