@@ -133,13 +133,16 @@ def load_conversation(data: Path, name: str, sessions: int | None = None) -> tup
     return turns, questions, origin
 
 
-def chosen_questions(questions: list[Question], per_category: int | None, seed: int) -> list[Question]:
-    """All questions, or `per_category` of each category drawn with `seed`, in the conversation's order."""
+def chosen_questions(questions: list[Question], per_category: int | None, seed: int,
+                     categories: tuple[int, ...] = tuple(CATEGORIES)) -> list[Question]:
+    """The questions of `categories`: all, or `per_category` of each drawn with `seed`, in the conversation's
+    order."""
+    questions = [q for q in questions if q.category in categories]
     if per_category is None:
         return questions
     rng = random.Random(seed)
     out = []
-    for category in CATEGORIES:
+    for category in categories:
         those = [q for q in questions if q.category == category]
         out += rng.sample(those, min(per_category, len(those)))
     return sorted(out, key=lambda q: q.index)
@@ -516,6 +519,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=4, help="turns pushed in one call")
     p.add_argument("--per-category", type=int, default=None, help="questions drawn of each category (default all)")
     p.add_argument("--seed", type=int, default=0, help="the draw of --per-category")
+    p.add_argument("--categories", default=",".join(map(str, CATEGORIES)),
+                   help="the categories asked, separated by commas (default all that are scored)")
     p.add_argument("--sessions", type=int, default=None, help="only the first sessions (a smoke run)")
     p.add_argument("--max-new-tokens", type=int, default=0, help="0: the shipped setting")
     p.add_argument("--answer-prompt", default=None, help="said after each question (default: the shipped one)")
@@ -540,6 +545,9 @@ def main(argv: list[str] | None = None) -> None:
     declared = saved.get("declared")
     convs = [c for c in args.conversations.split(",") if c] or SETS[args.set]
     settings = [s for s in args.settings.split(",") if s]
+    categories = tuple(int(c) for c in args.categories.split(",") if c)
+    if set(categories) - set(CATEGORIES):
+        p.error(f"--categories: only {sorted(CATEGORIES)} are scored")
     if declared is None:
         declared = {"set": args.set, "conversations": convs, "settings": settings, "caches": args.caches,
                     "model": args.model, "dtype": args.dtype, "per_category": args.per_category, "commit": commit(),
@@ -560,7 +568,7 @@ def main(argv: list[str] | None = None) -> None:
         adapter = None
         for conv in convs:
             turns, questions, origin = load_conversation(args.data, conv, args.sessions)
-            questions = chosen_questions(questions, args.per_category, args.seed)
+            questions = chosen_questions(questions, args.per_category, args.seed, categories)
             for setting in settings:
                 if setting == "no_archive" and "archive" in settings:
                     continue  # asked of the archive's stream
