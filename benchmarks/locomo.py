@@ -45,7 +45,7 @@ import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
 from common import RESULTS, ROOT, machine
@@ -208,10 +208,26 @@ def dates_in(text: str) -> set[tuple]:
     return out
 
 
+_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+
+
+def gold_dates(gold: str) -> set[tuple]:
+    """The dates a gold answer names, and the day that "the Friday before 15 July 2023" (or "the day before ...")
+    means: an answer that says that day, 14 July, names the gold's date as well as one that says the 15th."""
+    out = dates_in(gold)
+    m = re.search(rf"\bthe (day|{'|'.join(_WEEKDAYS)}) before {_DAY}\s+{_MONTH},?\s+(\d{{4}})\b", str(gold).lower())
+    if m:
+        anchor = date(int(m.group(4)), MONTHS[m.group(3)], int(m.group(2)))
+        back = 1 if m.group(1) == "day" else (anchor.weekday() - _WEEKDAYS.index(m.group(1))) % 7 or 7
+        meant = anchor - timedelta(days=back)
+        out.add(("dm", meant.day, meant.month))
+    return out
+
+
 def names_gold_date(answer: str, gold: str) -> bool | None:
     """Whether the answer names the gold's date: its day and month where the gold has them, else its month and
     year, else its year; None where the gold names no date ("last week")."""
-    wanted, said = dates_in(gold), dates_in(answer)
+    wanted, said = gold_dates(gold), dates_in(answer)
     for kind in ("dm", "my", "y"):
         of_kind = {d for d in wanted if d[0] == kind}
         if of_kind:

@@ -136,6 +136,10 @@ PARAMETERS = (
           "so that a question asked in wall-clock time is answered in it.", choices=CLOCKS, engine_field="clock"),
     Param("time_zone", StreamConfig.time_zone, "The IANA time zone of the wall clock ('UTC', 'Europe/Berlin'...).",
           engine_field="time_zone"),
+    Param("resolve_dates", StreamConfig.resolve_dates, "On the wall clock, a text's relative dates ('yesterday', "
+          "'last Friday', 'two weeks ago', 'last month') are followed by the date they mean on the day the text was "
+          "stamped ('yesterday (7 May 2023)'), so that the memory can answer 'when' with a date weeks later.",
+          engine_field="resolve_dates"),
     Param("evidence", StreamConfig.evidence, "The most inputs an answer names as its evidence (stamp, kind, cache or "
           "archive, pose, text, weight), heaviest first; 0: none.", low=0, high=64, engine_field="evidence"),
     Param("image_topics", [DEFAULT_IMAGE_TOPIC], "The cameras' image topics (sensor_msgs/Image; each also as "

@@ -55,6 +55,12 @@ def test_an_adversarial_answer_is_right_where_it_says_it_was_not_said(answer, ri
     ("In June 2022", "June 2023", False),
     ("2022", "2022", True),
     ("Last year", "2022", False),
+    ("On 14 July 2023", "The Friday before 15 July 2023", True),  # the day the gold means
+    ("On 15 July 2023", "The Friday before 15 July 2023", True),  # the day the gold names
+    ("On 13 July 2023", "The Friday before 15 July 2023", False),
+    ("21 May 2023", "The sunday before 25 May 2023", True),
+    ("20 May 2023", "The sunday before 25 May 2023", False),
+    ("6 March", "The day before 7 March 2023", True),
 ])
 def test_an_answer_names_the_gold_date_by_day_and_month_or_month_and_year_or_year(answer, gold, named):
     assert locomo.names_gold_date(answer, gold) is named

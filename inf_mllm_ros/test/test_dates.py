@@ -5,11 +5,13 @@ while a memory of one day reads as it always did."""
 from __future__ import annotations
 
 import random
-from datetime import datetime, timezone
+import re
+from datetime import date, datetime, timedelta, timezone
 
 import pytest
 import torch
 
+from inf_mllm_ros.engine.date_words import said_day, with_dates
 from inf_mllm_ros.engine.models.chat import MarkerClock, stamped
 from inf_mllm_ros.engine.models.loading import load_model
 from inf_mllm_ros.engine.archive.naming import TIME_MARKER, said_words
@@ -156,3 +158,66 @@ def test_a_days_turn_placed_again_has_the_first_layers_keys_a_forward_gives_ther
     stream.cache.truncate(fill, frontiers)
     assert torch.equal(start, start_again)
     torch.testing.assert_close(spliced[0], forwarded[0], atol=1e-4, rtol=1e-4)
+
+
+# --- relative dates (engine/date_words.py) ------------------------------------------------------------------------
+def _some_days(seed: int, n: int = 12) -> list[date]:
+    """Days of several years, month ends and a year's turn among them."""
+    rng = random.Random(seed)
+    return [date(2023, 1, 1), date(2024, 3, 1), date(2024, 12, 31)] + [
+        date(2021, 1, 1) + timedelta(days=rng.randrange(6 * 365)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_day_said_relative_to_the_text_is_followed_by_its_date(seed):
+    for day in _some_days(seed):
+        assert with_dates("I went there yesterday.", day) == f"I went there yesterday ({said_day(day - timedelta(1))})."
+        assert with_dates("Last night was loud", day) == f"Last night ({said_day(day - timedelta(1))}) was loud"
+        assert with_dates("see you tomorrow", day) == f"see you tomorrow ({said_day(day + timedelta(1))})"
+        assert with_dates("three days ago", day) == f"three days ago ({said_day(day - timedelta(3))})"
+        for index, name in enumerate(["Monday", "Tues", "wed", "Thursday", "Fri", "Saturday", "sun"]):
+            past = re.fullmatch(r"last \w+ \((.+)\)", with_dates(f"last {name}", day))[1]
+            ahead = re.fullmatch(r"next \w+ \((.+)\)", with_dates(f"next {name}", day))[1]
+            past, ahead = (datetime.strptime(d, "%d %B %Y").date() for d in (past, ahead))
+            assert past.weekday() == index == ahead.weekday()
+            assert 1 <= (day - past).days <= 7 and 1 <= (ahead - day).days <= 7
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_span_a_month_or_a_year_is_said_against_the_texts_day(seed):
+    for day in _some_days(seed):
+        month_before = (day.replace(day=1) - timedelta(1)).strftime("%B %Y")
+        month_after = (day.replace(day=28) + timedelta(5)).strftime("%B %Y")
+        assert with_dates("last week", day) == f"last week (the week before {said_day(day)})"
+        assert with_dates("this past weekend", day) == f"this past weekend (the weekend before {said_day(day)})"
+        assert with_dates("two weeks ago", day) == f"two weeks ago (two weeks before {said_day(day)})"
+        assert with_dates("Last month", day) == f"Last month ({month_before})"
+        assert with_dates("next month", day) == f"next month ({month_after})"
+        assert with_dates("ten years ago", day) == f"ten years ago ({day.year - 10})"
+        assert with_dates("last year", day) == f"last year ({day.year - 1})"
+
+
+@pytest.mark.parametrize("text", ["I go twice a week and once a month.", "Since we last spoke, a lot happened.",
+                                  "I have known them for 4 years.", "The last sunset was red.", "Monday is busy."])
+def test_words_that_are_no_date_are_left_as_they_are(text):
+    assert with_dates(text, date(2023, 7, 15)) == text
+
+
+def test_a_text_resolved_before_reads_the_same():
+    once = with_dates("Yesterday and last Friday, and last month too.", date(2023, 7, 15))
+    assert once == "Yesterday (14 July 2023) and last Friday (14 July 2023), and last month (June 2023) too."
+    assert with_dates(once, date(2023, 7, 15)) == once
+
+
+@pytest.mark.parametrize("offset_days", [0, 5, 40])
+def test_the_memory_holds_the_date_a_texts_yesterday_means_on_the_wall_clock_only(adapter, offset_days):
+    """What the model read: the evidence of a recall quotes the text as it went in."""
+    stamp = offset_days * DAY + 3600.0
+    said = datetime.fromtimestamp(MAY_8 + stamp, timezone.utc).date()
+    for clock, resolve, dated in (("wall", True, True), ("wall", False, False), ("stream", True, False)):
+        stream = KVStream(adapter, StreamConfig(capacity=64, chunk_size=16, clock=clock, resolve_dates=resolve))
+        stream.time_origin = MAY_8
+        stream.push_text("The pallet jack broke yesterday.", stamp=stamp)
+        quoted = stream.recall("pallet jack", limit=1)[0].text
+        expected = f"yesterday ({said_day(said - timedelta(1))})" if dated else "yesterday."
+        assert expected in quoted, (clock, resolve, quoted)

@@ -62,6 +62,9 @@ class StreamConfig:
     # memory's first input) or "wall" (the time of day of its stamp in `time_zone`, as hh:mm:ss).
     clock: str = "stream"
     time_zone: str = "UTC"
+    # On the wall clock, a text's relative dates ("yesterday", "last Friday", "last month") are followed by the date
+    # they mean on the text's day (engine/date_words.py), so that the memory can say it weeks later.
+    resolve_dates: bool = True
     # The most inputs an answer names as its evidence (engine/archive/evidence.py; 0: none). Scored with the archive's
     # retrieval: an answer with retrieval on pays nothing more for it.
     evidence: int = 5

@@ -14,8 +14,10 @@ import functools
 import math
 import numbers
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import date, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from ..date_words import said_day
 
 _MARK = "\u2063MARK\u2063"
 
@@ -136,9 +138,13 @@ class MarkerClock:
         """The day of a stamp as a marker says it: "8 May 2023" (wall), "day 2" (stream: days since its start; the
         first, day 0, goes unsaid until another day has been)."""
         if self._wall:
-            moment = self._moment(stamp)
-            return f"{moment.day} {moment:%B %Y}"
+            return said_day(self._moment(stamp).date())
         return f"day {int(max(stamp, 0.0) // 86400)}"
+
+    def date_of(self, stamp: float) -> date | None:
+        """The calendar day of a stamp in the time zone, on the wall clock; None on the stream clock, which has
+        none."""
+        return self._moment(stamp).date() if self._wall else None
 
     def time_of_day(self, stamp: float) -> str:
         if self._wall:

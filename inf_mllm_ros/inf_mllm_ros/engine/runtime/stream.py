@@ -37,6 +37,7 @@ from ..ops.attention import CACHE_ARGUMENT
 from ..memory.cache import BoundedKVCache
 from ..memory.forward_plan import ForwardPlan, PromptPositions
 from ..models.chat import MarkerClock, check_stamp, stamped
+from ..date_words import with_dates
 from ..memory.decode_step import StaticDecoder, resolve_decode_step
 from ..memory.ingest_step import StaticIngester
 from ..memory.policies import make_policy
@@ -334,7 +335,9 @@ class KVStream:
         self._ensure_started()
         clock, turns = self.marker_clock, []
         for text, stamp, _, _ in items:
-            turns.append(self.adapter.tokenize_turn(self.adapter.chat.user_parts(stamped(text, stamp, clock))))
+            day = clock.date_of(stamp) if stamp is not None and self.config.resolve_dates else None
+            said = with_dates(text, day) if day is not None else text
+            turns.append(self.adapter.tokenize_turn(self.adapter.chat.user_parts(stamped(said, stamp, clock))))
             clock = clock.after(stamp)
         pinned = torch.cat([torch.full((len(t),), pin) for t, (_, _, pin, _) in zip(turns, items)])
         self._push(self.adapter.text_prompt(torch.cat(turns)), pinned=pinned if bool(pinned.any()) else False,
