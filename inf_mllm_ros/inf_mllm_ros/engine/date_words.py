@@ -29,8 +29,7 @@ _NUMBER = r"(\d{1,2}|" + "|".join(_NUMBERS) + r")"
 _WEEKDAYS = ("mon(?:day)?", "tue(?:s(?:day)?)?", "wed(?:nesday)?", "thu(?:r(?:s(?:day)?)?)?", "fri(?:day)?",
              "sat(?:urday)?", "sun(?:day)?")
 _WEEKDAY = "(" + "|".join(_WEEKDAYS) + r")\.?"
-_WEEKDAY_NAMES = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
-_SEASONS = {"spring": (3, 5), "summer": (6, 8), "fall": (9, 11), "autumn": (9, 11)}
+_SEASON_ENDS = {"spring": 5, "summer": 8, "fall": 11, "autumn": 11}  # each season's last month
 _PAST = r"(?:last|this past|the past)"
 
 
@@ -54,8 +53,9 @@ def _month(day: date, months: int) -> str:
 
 
 def _last_season(day: date, season: str) -> str:
-    """The season before the one `day` is in, or the one it is in: "summer 2022" in August 2023 or in March 2023."""
-    year = day.year if day.month > _SEASONS[season][1] else day.year - 1
+    """The newest `season` over before `day`'s: "summer 2022" in August 2023 or in March 2023, "summer 2023" in
+    October 2023."""
+    year = day.year if day.month > _SEASON_ENDS[season] else day.year - 1
     return f"{season} {year}"
 
 
