@@ -140,6 +140,10 @@ PARAMETERS = (
           "'last Friday', 'two weeks ago', 'last month') are followed by the date they mean on the day the text was "
           "stamped ('yesterday (7 May 2023)'), so that the memory can answer 'when' with a date weeks later.",
           engine_field="resolve_dates"),
+    Param("check_speaker", StreamConfig.check_speaker, "A question that names one of the memory's speakers (texts "
+          "'Name: words') whose two heaviest evidence entries that speaker never said is answered 'Not mentioned: "
+          "nothing in memory says that of <name>.' (the memory holds it of someone else) instead of the model's "
+          "answer, which would give the other's words as theirs. Needs evidence > 0.", engine_field="check_speaker"),
     Param("evidence", StreamConfig.evidence, "The most inputs an answer names as its evidence (stamp, kind, cache or "
           "archive, pose, text, weight), heaviest first; 0: none.", low=0, high=64, engine_field="evidence"),
     Param("image_topics", [DEFAULT_IMAGE_TOPIC], "The cameras' image topics (sensor_msgs/Image; each also as "

@@ -65,6 +65,9 @@ class StreamConfig:
     # On the wall clock, a text's relative dates ("yesterday", "last Friday", "last month") are followed by the date
     # they mean on the text's day (engine/date_words.py), so that the memory can say it weeks later.
     resolve_dates: bool = True
+    # A question that names one of the memory's speakers ("Nate: ...") whose heaviest evidence that speaker never said
+    # is answered as not mentioned (engine/archive/attribution.py): the memory holds it of someone else.
+    check_speaker: bool = True
     # The most inputs an answer names as its evidence (engine/archive/evidence.py; 0: none). Scored with the archive's
     # retrieval: an answer with retrieval on pays nothing more for it.
     evidence: int = 5

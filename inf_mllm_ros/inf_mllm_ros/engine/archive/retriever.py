@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
 import torch
 from torch import Tensor
 
+from .attribution import speaker, unattributed
 from .evidence import ORDER_AMONG, Evidence, asked_order, in_asked_order, ranked
 from .lexical import asks, bm25, terms
 from .naming import naming_shares, restated, said_words, text_words
@@ -81,6 +82,11 @@ DAY_TURNS_KEPT = 64
 ROLE_LINE = re.compile(r"\n(?:user|assistant|system)\n")
 
 
+def as_read(decoded: str) -> str:
+    """A message's decoded tokens as its words: the chat template's role names taken out, spaces made single."""
+    return " ".join(ROLE_LINE.sub("\n", "\n" + decoded).split())
+
+
 class QueryProbe(Protocol):
     """What the retriever asks of the memory it serves (`KVStream`)."""
 
@@ -103,20 +109,24 @@ class QueryProbe(Protocol):
 
 class MessageText(NamedTuple):
     """What the retriever reads of an archived message, once: its words (engine/archive/naming.py), what it says (its
-    words, time markers aside), its search terms with their counts (engine/archive/lexical.py), and whether it asks."""
+    words, time markers aside), its search terms with their counts (engine/archive/lexical.py), whether it asks, and
+    the speaker it names before its words (engine/archive/attribution.py)."""
 
     words: frozenset[str]
     said: frozenset[str]
     terms: Counter
     asks: bool
+    speaker: str | None
 
 
 @dataclass
 class Retrieval:
-    """What one question got from the archive: the blocks placed before it (in placing order) and its evidence."""
+    """What one question got from the archive: the blocks placed before it (in placing order), its evidence, and the
+    speaker it asks of where none of its heaviest evidence is theirs (engine/archive/attribution.py; "" otherwise)."""
 
     placed: list = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)
+    unattributed: str = ""
 
 
 def best_last(chosen: list) -> list:
@@ -175,6 +185,7 @@ class Retriever:
             best = ranked([scored[i] for i in inputs], scores[inputs], [held_now[i] for i in inputs], self.quote,
                           max(evidence, ORDER_AMONG))
             out.evidence = in_asked_order(best, asked_order(text), evidence)
+            out.unattributed = unattributed(text, best, {t.speaker for t in texts.values() if t.speaker})
         if candidates and budget > 0:
             best = [candidates[i] for i in torch.argsort(scores[: len(candidates)], descending=True)[:NAMING_BEST]]
             names = self.naming(words, texts, best)
@@ -267,7 +278,8 @@ class Retriever:
                 ids = [t for b in sorted(parts, key=lambda b: b.first_seq) for t in self.archive.block_token_ids(b)
                        if t >= 0]
                 text = self.adapter.decode(ids) if ids else ""
-                self._texts[key] = MessageText(text_words(text), said_words(text), terms(text), asks(text))
+                self._texts[key] = MessageText(text_words(text), said_words(text), terms(text), asks(text),
+                                               speaker(as_read(text)))
             texts[message] = self._texts[key]
         self._texts = {key: t for key, t in self._texts.items() if key[0] in pieces}
         return texts
@@ -386,7 +398,7 @@ class Retriever:
         its time marker kept and the chat template's role names taken out."""
         pieces = sorted((b for b in self.archive.blocks if b.message == block.message), key=lambda b: b.first_seq)
         ids = [t for piece in pieces or [block] for t in self.archive.block_token_ids(piece) if t >= 0]
-        return " ".join(ROLE_LINE.sub("\n", "\n" + self.adapter.decode(ids)).split())
+        return as_read(self.adapter.decode(ids))
 
     def index(self, queries: Tensor) -> RetrievalIndex:
         """The archive's index, made at the memory's first retrieval: on the model's retrieval heads (every head of

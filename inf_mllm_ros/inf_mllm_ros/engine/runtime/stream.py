@@ -42,6 +42,7 @@ from ..memory.decode_step import StaticDecoder, resolve_decode_step
 from ..memory.ingest_step import StaticIngester
 from ..memory.policies import make_policy
 from ..stream_config import RECONFIGURABLE, StreamConfig
+from ..archive.attribution import not_mentioned
 from ..archive.evidence import Evidence
 from ..poses import Pose
 from ..archive.retrieval_heads import retrieval_heads
@@ -670,8 +671,9 @@ class KVStream:
     def _answer(self, tokens: list[int], retrieval: Retrieval, max_new: int, keep: bool, start: float) -> Answer:
         # Only the headroom ends an answer before max_new without its stop token (a cancel or stop raises).
         cut = not keep and len(tokens) < max_new and bool(tokens) and tokens[-1] not in self._stop_ids
+        said_by_another = self.config.check_speaker and retrieval.unattributed
         return Answer(
-            text=self._answer_text(tokens),
+            text=not_mentioned(retrieval.unattributed) if said_by_another else self._answer_text(tokens),
             tokens_generated=len(tokens),
             latency=time.monotonic() - start,
             tokens_seen=self.tokens_seen,
@@ -739,6 +741,8 @@ class KVStream:
                 budget = min(self.config.retrieve_tokens, room - max_new)
                 retrieval = self.retriever.retrieve(ids, retrieve, budget, self.config.evidence,
                                                     spare=room - max_new - budget, inputs_from=self.inputs_from)
+                if self.config.check_speaker and retrieval.unattributed:
+                    max_new = 0  # answered as not mentioned (`_answer`): nothing to decode
             logits = self.place_unkept(self.adapter.text_prompt(ids))
         except BaseException:
             self._restore(snapshot)
@@ -760,6 +764,8 @@ class KVStream:
     def _generate(self, logits: Tensor, max_new: int, turn: AnswerTurn, *, keep: bool) -> list[int]:
         """Greedy decoding; the last token is returned but not pushed. An answer not kept in memory takes the
         stream's static step where it has one (engine/memory/decode_step.py): the same tokens, read back in groups."""
+        if max_new < 1:
+            return []
         if not keep and self.static_decoder is not None:
             turn.check()
             return self.static_decoder.generate(logits, max_new, self._stop_ids, self.progress(turn))
