@@ -356,6 +356,7 @@ def answer_all(stream, conv: str, setting: str, cache: int, questions: list[Ques
             "hit5": bool(set(ids) & set(q.evidence)) if answer.evidence else None, "evidence_ids": entries,
             "names_date": names_gold_date(answer.text, q.gold) if q.category == 2 else None,
             "ask_s": round(answer.latency, 3), "retrieved_tokens": answer.retrieved_tokens,
+            "not_decoded": answer.tokens_generated == 0,  # answered as not mentioned by the speaker check
             "answer_prompt": stream.config.answer_prompt,
             "tokens_seen": stream.tokens_seen, "model": args.model,
             "machine": machine()}

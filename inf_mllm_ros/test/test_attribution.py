@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from inf_mllm_ros.engine.answering import Evidence
+from inf_mllm_ros.engine.answering import Evidence, Question
 from inf_mllm_ros.engine.archive.attribution import (
     ATTRIBUTION_DEPTH,
     asked_speaker,
@@ -20,6 +20,7 @@ from inf_mllm_ros.engine.archive.attribution import (
 )
 from inf_mllm_ros.engine.archive.retrieval_index import RetrievalIndex
 from inf_mllm_ros.engine.models.loading import load_model
+from inf_mllm_ros.engine.runtime.pool import StreamPool
 from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.testing.random_models import build_model_folder
@@ -100,9 +101,14 @@ def adapter(tmp_path_factory):
                       dtype="float32")
 
 
-def dialogue(adapter, seed: int, check_speaker: bool = True) -> tuple[KVStream, str, str, str]:
+CONFIG = dict(capacity=48, chunk_size=16, archive_size=4096, retrieve_tokens=96, archive_block=16)
+
+
+def dialogue(adapter, seed: int, check_speaker: bool = True, stream: KVStream | None = None
+             ) -> tuple[KVStream, str, str, str]:
     """Two speakers' turns, one telling and the other asking, with the thing the teller told among them at a seeded
-    place, in a cache too small to hold them: the stream, the teller, the other and the thing."""
+    place, into `stream` (default: a new one with a cache too small to hold them): the stream, the teller, the other
+    and the thing."""
     rng = random.Random(seed)
     teller, other = rng.sample(NAMES, 2)
     thing = rng.choice(THINGS)
@@ -110,17 +116,22 @@ def dialogue(adapter, seed: int, check_speaker: bool = True) -> tuple[KVStream, 
     turns = [f"{other}: how was the {w}?" if i % 2 else f"{teller}: nothing new about the {w} today."
              for i, w in enumerate(subjects)]
     turns.insert(rng.randint(0, len(turns)), f"{teller}: I bought {thing} at the market.")
-    stream = KVStream(adapter, StreamConfig(capacity=48, chunk_size=16, archive_size=4096, retrieve_tokens=96,
-                                            archive_block=16, check_speaker=check_speaker))
+    stream = stream or KVStream(adapter, StreamConfig(**CONFIG, check_speaker=check_speaker))
     for i, text in enumerate(turns):
         stream.push_text(text, stamp=float(10 * i))
     return stream, teller, other, thing
 
 
-def told_first(stream: KVStream, thing: str):
+def index_stream(stream: KVStream | StreamPool, index: RetrievalIndex) -> KVStream:
+    """The stream (of a pool, the one) whose archive's index is `index`."""
+    streams = stream.streams.values() if isinstance(stream, StreamPool) else [stream]
+    return next(s for s in streams if s.archive.index is index)
+
+
+def told_first(stream: KVStream | StreamPool, thing: str):
     """Scores that put the thing's message first (a tiny model's scores mean nothing)."""
     def scores(index, question, scored):
-        told = torch.tensor([thing in stream.retriever.quote(b) for b in scored])
+        told = torch.tensor([thing in index_stream(stream, index).retriever.quote(b) for b in scored])
         return torch.where(told, 50.0, 0.0) + torch.rand(len(scored))
     return scores
 
@@ -151,3 +162,19 @@ def test_with_check_speaker_off_the_model_answers_as_before(adapter, monkeypatch
     monkeypatch.setattr(RetrievalIndex, "scores", told_first(stream, thing))
     answer = stream.ask(f"Where did {other} buy {thing}?", max_new_tokens=6)
     assert answer.tokens_generated > 0 and answer.text != not_mentioned(other)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_in_a_batch_of_several_memories_the_not_mentioned_answer_leaves_the_others_as_they_would_be_alone(
+        adapter, monkeypatch, seed):
+    torch.manual_seed(seed)
+    pool = StreamPool(adapter, {name: StreamConfig(**CONFIG) for name in ("a", "b", "c")})
+    for name in pool:
+        _stream, teller, other, thing = dialogue(adapter, seed, stream=pool[name])
+    monkeypatch.setattr(RetrievalIndex, "scores", told_first(pool, thing))
+    right = f"Where did {teller} buy {thing}?"
+    alone = pool["c"].ask(right, max_new_tokens=6)
+    answers = pool.ask_together({"a": Question(f"Where did {other} buy {thing}?", max_new_tokens=6),
+                                 "b": Question(right, max_new_tokens=6)})
+    assert answers["a"].text == not_mentioned(other) and answers["a"].tokens_generated == 0
+    assert answers["b"].text == alone.text and answers["b"].tokens_generated == alone.tokens_generated > 0
