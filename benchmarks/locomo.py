@@ -335,6 +335,10 @@ def stream_records(adapter, conv: str, setting: str, names: list[str], cache: in
     if args.latency:
         write(latency(stream, conv, values["cache_size"], questions))
         return
+    if args.speaker_check:
+        for record in speaker_check(stream, conv, values["cache_size"], questions):
+            write(record)
+        return
     for name in names:  # the setting's own, then no_archive where the archive's stream serves it too
         if name == "no_archive":
             stream.reconfigure(retrieve_tokens=0, evidence=0)
@@ -428,6 +432,23 @@ def ablation(stream, conv: str, cache: int, questions: list[Question], held_turn
     return records
 
 
+def speaker_check(stream, conv: str, cache: int, questions: list[Question], depths: tuple[int, ...] = (1, 2, 3)
+                  ) -> list[dict]:
+    """For choosing the speaker check's depth without answers (`--speaker-check`): each question's heaviest evidence
+    (`recall`, ranked as an answer's evidence is), and whether the check answers it as not mentioned at each depth."""
+    from inf_mllm_ros.engine.archive.attribution import speaker, unattributed
+
+    speakers = {t.speaker for t in stream.retriever.message_texts(list(stream.archive.blocks)).values() if t.speaker}
+    records = []
+    for q in questions:
+        moments = stream.recall(q.question, limit=max(depths))
+        records.append(base_record(conv, "speaker_check", cache, q)
+                       | {"speakers": [speaker(m.text) for m in moments],
+                          "not_mentioned": {str(d): bool(unattributed(q.question, moments, speakers, d))
+                                            for d in depths}})
+    return records
+
+
 def latency(stream, conv: str, cache: int, questions: list[Question], new_tokens: int = 16) -> dict:
     """Answer time with the archive as shipped, with no day placed after retrieved blocks, and without retrieval,
     the same questions in turn on the same memory: seconds per answer (median), and the day turns computed."""
@@ -477,6 +498,9 @@ def cell(records: list[dict]) -> dict:
             figures["hit5"] = _mean(hits)
         if category == 2 and "names_date" in rows[0]:
             figures["names_date"] = _mean([float(r["names_date"]) for r in rows if r["names_date"] is not None])
+        if "not_mentioned" in rows[0]:  # --speaker-check: the share it answers as not mentioned, at each depth
+            figures["check_not_mentioned"] = {d: _mean([float(r["not_mentioned"][d]) for r in rows])
+                                              for d in rows[0]["not_mentioned"]}
         if category == 5 and "answer" in rows[0]:
             figures["said_not_mentioned"] = _mean([float(said_not_mentioned(r["answer"])) for r in rows])
         out[name] = figures
@@ -548,6 +572,8 @@ def main(argv: list[str] | None = None) -> None:
                    "from here when it is there (for tuning the answers; remove it when what goes in changes)")
     p.add_argument("--latency", action="store_true", help="only answer times: as shipped, with no day placed, "
                    "without retrieval (the same questions, the same memory)")
+    p.add_argument("--speaker-check", action="store_true", help="only whether the speaker check answers each "
+                   "question as not mentioned, at depths 1 to 3, from its evidence (no answers)")
     p.add_argument("--ablation", action="store_true", help="only evidence hit@5 for each part of retrieval's "
                    "ranking (ABLATION), no answers")
     p.add_argument("--scores", default="", help="only dump each question's attention scores to this folder")

@@ -100,3 +100,15 @@ def test_every_setting_names_node_parameters():
 
     for name, values in locomo.SETTINGS.items():
         assert values is None or set(values) <= set(DEFAULTS), name
+
+
+def test_the_speaker_checks_answer_counts_as_said_not_mentioned_and_its_counts_are_summed_per_depth():
+    from inf_mllm_ros.engine.archive.attribution import not_mentioned
+
+    assert locomo.score(5, not_mentioned("Joanna"), "Not mentioned in the conversation") == 1.0
+    rows = [{"category": c, "not_mentioned": {"1": c == 5 or i % 2 == 0, "2": c == 5 and i % 3 == 0}}
+            for i, c in enumerate([1, 2, 4, 5, 5, 5])]
+    cell = locomo.cell(rows)
+    assert cell["adversarial"]["check_not_mentioned"]["1"]["mean"] == 1.0
+    assert cell["adversarial"]["check_not_mentioned"]["2"]["mean"] == pytest.approx(1 / 3, abs=1e-3)
+    assert cell["all"]["check_not_mentioned"]["1"]["mean"] == pytest.approx(5 / 6, abs=1e-3)
