@@ -65,6 +65,12 @@ class RobotPoses:
         self.tree.clear()
         self.history.clear()
 
+    def behind(self, stamp: float) -> bool:
+        """Whether the frames tree is asked and its transforms for `stamp` have not all come in yet (a burst of /tf
+        still on its way): a lookup at the stamp may succeed once they have."""
+        target = self.frame_id or self.map_frame
+        return bool(target and self.base_frame) and self.tree.behind(target, self.base_frame, stamp)
+
     def at(self, stamp: float | None) -> Pose | None:
         """The robot's pose at `stamp` in the memory's frame, where one is known."""
         if stamp is None:

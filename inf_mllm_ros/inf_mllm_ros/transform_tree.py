@@ -138,6 +138,18 @@ class TransformTree:
             return None
         return compose(inverse(target_in_common), source_in_common)
 
+    def behind(self, target: str, source: str, stamp: float) -> bool:
+        """Whether a moving edge between frames `target` and `source` has no transform yet as new as `stamp` (its
+        newest sample more than the tolerance before it): its transforms for the stamp have not come in yet. False
+        where the tree does not join them."""
+        up_source, up_target = self._ancestors(source), self._ancestors(target)
+        common = next((frame for frame in up_source if frame in set(up_target)), None)
+        if common is None:
+            return False
+        path = up_source[: up_source.index(common)] + up_target[: up_target.index(common)]
+        return any(not edge.static and edge.stamps[-1] < stamp - self.tolerance
+                   for edge in (self._edges[frame] for frame in path))
+
     def _ancestors(self, frame: str) -> list[str]:
         """The frame, its parent, its parent's parent... up to its root (a loop ends it)."""
         chain = [frame]

@@ -56,6 +56,7 @@ class Robot:
         self.tf = probe.node.create_publisher(TFMessage, "/tf", QoSProfile(depth=100))
         self.start = time.monotonic()
         self.back = 0.0
+        self._held: list | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -76,8 +77,21 @@ class Robot:
             transforms = [transform("odom", "base_link", stamp, odometry)]
             if tick % 7 == 0:  # map -> odom: what makes odometry's pose the true one
                 transforms.append(transform("map", "odom", stamp, x - odometry))
-            self.tf.publish(TFMessage(transforms=transforms))
+            held = self._held
+            if held is not None:
+                held.append(TFMessage(transforms=transforms))
+            else:
+                self.tf.publish(TFMessage(transforms=transforms))
             tick += 1
+
+    def hold(self) -> None:
+        """Keep the transforms back (a link that stalls, a bag replayed in lockstep); `release` sends them at once."""
+        self._held = []
+
+    def release(self) -> None:
+        held, self._held = self._held or [], None
+        for msg in held:
+            self.tf.publish(msg)
 
     def jump(self, seconds: float) -> None:
         self.back = seconds
@@ -153,6 +167,27 @@ def test_inputs_are_kept_where_the_corrected_robot_was_and_the_markers_reach_a_l
         assert "orange cart" in [m for m in recalled.markers if m.type == Marker.TEXT_VIEW_FACING][0].text
     finally:
         late.close()
+    node.check_alive()
+
+
+@pytest.mark.parametrize("held_s", [2.0, 4.5])
+def test_an_input_that_comes_right_after_a_burst_of_transforms_waits_for_them_and_has_its_pose(robot, held_s):
+    """A burst of /tf (held back, then sent at once) is taken one message a turn, while the text sent right after it
+    is taken at once: it waits for the transforms of its stamp and is kept where the robot was, not without a pose."""
+    probe, driver, node = robot
+    thing = f"a {random.Random(held_s).choice(['blue', 'green', 'white'])} ladder {int(held_s * 10)}"
+    before = probe.stats.last.texts_ingested
+    driver.hold()
+    time.sleep(held_s)
+    x = driver.true_x()
+    driver.release()
+    probe.text.publish(String(data=f"I see {thing} by the dock door."))
+    probe.stats.wait(lambda m: m.texts_ingested > before, timeout=120, what="the text taken")
+    found = probe.call(probe.recall, Recall.Request(text=thing, max_results=3), timeout=120)
+    assert found.success and thing in found.moments[0].text, found
+    top = found.moments[0]
+    assert top.has_pose and top.frame_id == "map", top
+    assert abs(top.pose.position.x - x) < 0.5, (top.pose.position.x, x)
     node.check_alive()
 
 

@@ -133,3 +133,31 @@ def test_a_jump_back_in_either_source_clears_both(source):
               else poses.add_pose(10.0, Pose(-1.0, 0.0, 0.0), "map"))
     assert jumped == pytest.approx(90.2)
     assert poses.at(100.1) is None and poses.at(10.0) == Pose(-1.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_tree_is_behind_a_stamp_its_transforms_have_not_reached_on_the_asked_path_only(seed):
+    rng = random.Random(seed)
+    poses = RobotPoses(tolerance=0.5)
+    start = rng.uniform(0, 1000)
+    assert not poses.behind(start)  # nothing joins map and base_link: no lookup to wait for
+    poses.add_transform("base_link", "camera_link", start, yaw_pose(0.3, 0, 0), static=True)
+    odom_until = start + rng.uniform(5, 20)
+    t = start
+    while t <= odom_until:
+        poses.add_transform("odom", "base_link", t, yaw_pose(t - start, 0, 0))
+        if round((t - start) * 20) % 7 == 0:
+            poses.add_transform("map", "odom", t, yaw_pose(1.0, 0, 0))
+            last_map = t
+        t += 0.05
+    poses.add_transform("odom", "gripper", start, yaw_pose(0, 0, 0))  # a frame off the path, long stale
+    inside = rng.uniform(start + 1, odom_until - 1)
+    assert poses.at(inside) is not None and not poses.behind(inside)
+    later = odom_until + rng.uniform(0.6, 30)  # an input after transforms still on their way
+    assert poses.at(later) is None and poses.behind(later)
+    assert not poses.behind(last_map + 0.45)  # within the tolerance of each edge's newest: held
+    assert poses.behind(last_map + 0.55)  # the localiser's newest too old: its next is on its way
+    # Once the transforms of its stamp are in, the same input has its pose.
+    poses.add_transform("odom", "base_link", later, yaw_pose(later - start, 0, 0))
+    poses.add_transform("map", "odom", later, yaw_pose(1.0, 0, 0))
+    assert not poses.behind(later) and close(poses.at(later), yaw_pose(later - start + 1.0, 0, 0), 1e-6)

@@ -12,6 +12,7 @@ clears the poses and is reported (`on_jump`); nothing else is lost.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable
 
 from geometry_msgs.msg import Point, PoseStamped, PoseWithCovarianceStamped, Quaternion
@@ -41,6 +42,13 @@ TF_STATIC_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100, reliabili
                            durability=DurabilityPolicy.TRANSIENT_LOCAL)
 # Seconds between looks at the graph for the pose topic's type while it is not published yet.
 DISCOVERY_PERIOD = 1.0
+# The longest an input waits for the transforms of its stamp where they have not come in yet, as tf2's message
+# filter holds a message until its transform is there: /tf comes in bursts (a bag replayed in lockstep, a link that
+# caught up), and the executor takes one message of a subscription per turn, so an input that came after a burst
+# was looked up before the burst was in (the route bags through the node: 12 of the 65 narration texts among the
+# answers' evidence had a pose; a route bag read in its order gives each of its 53 one). A wait that ends without
+# them is not made again until a lookup through tf2 succeeds (a stopped localiser would hold up every input).
+TRANSFORM_WAIT_S = 1.0
 
 
 class PoseInput:
@@ -59,6 +67,8 @@ class PoseInput:
         self.poses = RobotPoses(frame_id, tolerance, map_frame, base_frame)
         self._on_refused, self._on_jump = on_refused, on_jump
         self._lock = threading.Lock()  # poses come in on executor threads, inputs look them up on others
+        self._transforms_in = threading.Condition(self._lock)  # notified with each /tf message kept
+        self._wait_for_transforms = True  # false after a wait that ended without them, until a lookup succeeds
         self._subscription = None
         self._tf_subscriptions: list = []
         self._timer = None
@@ -158,11 +168,26 @@ class PoseInput:
                 continue
             if jumped:
                 self._on_jump(jumped)
+        with self._lock:
+            self._transforms_in.notify_all()
 
     def at(self, seconds: float) -> Pose | None:
-        """The robot's pose at a time (seconds on the node's clock), where one is known."""
+        """The robot's pose at a time (seconds on the node's clock), where one is known; where tf2's transforms for
+        it have not come in yet, after waiting for them up to TRANSFORM_WAIT_S."""
+        deadline = time.monotonic() + TRANSFORM_WAIT_S
         with self._lock:
-            return self.poses.at(seconds)
+            while True:
+                pose = self.poses.at(seconds)
+                if pose is not None:
+                    self._wait_for_transforms = True
+                    return pose
+                if not (self._wait_for_transforms and self.poses.behind(seconds)):
+                    return None
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._wait_for_transforms = False
+                    return None
+                self._transforms_in.wait(left)
 
 
 def pose_msg(pose: Pose) -> PoseMsg:
