@@ -128,8 +128,7 @@ class TransformTree:
         """Where frame `source` was in frame `target` at `stamp` (its origin and orientation), or None where the
         tree does not join them or an edge between them has no transform within the tolerance of the stamp (the
         edges above the frame they meet at are not asked)."""
-        up_source, up_target = self._ancestors(source), self._ancestors(target)
-        common = next((frame for frame in up_source if frame in set(up_target)), None)
+        common = self._common(target, source)
         if common is None:
             return None
         source_in_common = self._pose_in(source, common, stamp)
@@ -142,13 +141,20 @@ class TransformTree:
         """Whether a moving edge between frames `target` and `source` has no transform yet as new as `stamp` (its
         newest sample more than the tolerance before it): its transforms for the stamp have not come in yet. False
         where the tree does not join them."""
-        up_source, up_target = self._ancestors(source), self._ancestors(target)
-        common = next((frame for frame in up_source if frame in set(up_target)), None)
+        common = self._common(target, source)
         if common is None:
             return False
-        path = up_source[: up_source.index(common)] + up_target[: up_target.index(common)]
-        return any(not edge.static and edge.stamps[-1] < stamp - self.tolerance
-                   for edge in (self._edges[frame] for frame in path))
+        for chain in (self._ancestors(source), self._ancestors(target)):
+            for frame in chain[: chain.index(common)]:  # each edge on the way up to the common frame
+                edge = self._edges[frame]
+                if not edge.static and edge.stamps[-1] < stamp - self.tolerance:
+                    return True
+        return False
+
+    def _common(self, target: str, source: str) -> str | None:
+        """The nearest frame both are under (themselves included), or None where the tree does not join them."""
+        up_target = set(self._ancestors(target))
+        return next((frame for frame in self._ancestors(source) if frame in up_target), None)
 
     def _ancestors(self, frame: str) -> list[str]:
         """The frame, its parent, its parent's parent... up to its root (a loop ends it)."""
