@@ -10,7 +10,7 @@
 - **frames** (the embedded default `onevision-qwen2.5-0.5b`, cache 512): four codes, each in its own message, then
   320x240 frames of noise (about 80 tokens each, well past the cache), with a subject named again in every fourth
   step ("Someone walked past the red locker."); every code asked after 16 frames and after 40 (an answer not kept
-  leaves the memory as it was, so one stream serves both counts), by Inf-MLLM on three seeds and by StreamingLLM on
+  leaves the memory as it was, so one stream serves both counts), by Inf-MLLM on eight seeds and by StreamingLLM on
   the first (which keeps only the sinks and the newest frames). benchmarks/camera_flood.py is the wider matrix
   (policies, caches, the archive on and off).
 
@@ -19,7 +19,7 @@ and seeds each part checks what the suite held it to (slow tests of `test_recall
 time; the suite runs this benchmark's smoke run): pinned values held in every layer-head and at least 6 of 8
 recalled, unpinned ones mostly evicted (held in under 0.8 layer-heads' worth in all) and at most 1 of 4 recalled,
 the first pinned seed recalling more than the unpinned; StreamingLLM recalls no code after the frames, Inf-MLLM at
-least 6 of 12 after 16 frames and at least 4 of 12 after 40 (the mentions, text too and newer than the facts, then
+least 16 of 32 after 16 frames and at least 11 of 32 after 40 (the mentions, text too and newer than the facts, then
 outgrow the text's share: ranked by the attention drawn, age aside, a fact keeps its place among the mentions of
 its subject). Results: benchmarks/results/cache_alone.json, a record per fact, part, policy, seed and frame count.
 """
@@ -38,7 +38,7 @@ CAPACITY = 512
 COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple"]
 # Per part: the model and seeds whose runs are checked.
 PINNED_MODEL, PINNED_SEEDS, PINNED_AFTER = "qwen2.5-0.5b", (0, 1), 1500
-FRAMES_MODEL, FRAMES_SEEDS, ASK_AFTER = "onevision-qwen2.5-0.5b", (0, 1, 2), (16, 40)
+FRAMES_MODEL, FRAMES_SEEDS, ASK_AFTER = "onevision-qwen2.5-0.5b", tuple(range(8)), (16, 40)
 SMOKE = ["--pinned-model", "smollm2", "--frames-model", "smolvlm-smollm2", "--seeds", "0", "--capacity", "128",
          "--pinned-after", "300", "--ask-after", "4"]
 
@@ -107,7 +107,8 @@ def check_pinned(pinned: list[tuple], unpinned: list[tuple]) -> None:
     assert sum(ok for ok, _, _ in pinned[:4]) > sum(ok for ok, _, _ in unpinned), (pinned, unpinned)
 
 
-def camera_flood(adapter, policy: str, seed: int, ask_after: tuple[int, ...], capacity: int) -> dict[int, list]:
+def camera_flood(adapter, policy: str, seed: int, ask_after: tuple[int, ...], capacity: int,
+                 answer_prompt: str = "") -> dict[int, list]:
     """One stream of the frames part (the module's docstring): {frames seen: [(recalled, answer) per fact]}."""
     import numpy as np
 
@@ -117,7 +118,8 @@ def camera_flood(adapter, policy: str, seed: int, ask_after: tuple[int, ...], ca
     rng = random.Random(seed)
     subjects = rng.sample([f"the {c} {o}" for c in COLOURS for o in ("locker", "cabinet")], 4)
     values = [str(rng.randint(1000, 9999)) for _ in subjects]
-    stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=policy, chunk_size=128, archive_size=0))
+    stream = KVStream(adapter, StreamConfig(capacity=capacity, policy=policy, chunk_size=128, archive_size=0,
+                                            answer_prompt=answer_prompt))
     for i, (subject, value) in enumerate(zip(subjects, values)):
         stream.push_text(rng.choice(["", "Note: ", "Update from the shift lead. "]) + f"The code of {subject} is {value}.",
                          stamp=float(i))
@@ -137,15 +139,18 @@ def camera_flood(adapter, policy: str, seed: int, ask_after: tuple[int, ...], ca
 
 
 def check_frames(inf: list[dict[int, list]], streaming: dict[int, list]) -> None:
-    """What the suite held the default model to (measured there once: 9 of 12 after 16 frames, 3, 2 and 4 by seed; 7
-    of 12 after 40, 3, 2 and 2; this benchmark's first run: 6 of 12 after 16, 3, 1 and 2; 6 of 12 after 40, 2 each).
+    """What the suite held the default model to, on seeds 0-2 (measured there once: 9 of 12 after 16 frames, 3, 2 and
+    4 by seed; 7 of 12 after 40, 3, 2 and 2; this benchmark's first run: 6 of 12 after 16, 3, 1 and 2; 6 of 12 after
+    40, 2 each), over eight seeds: the same shares of 32 (measured with the answer prompt, results/
+    cache_alone_answer_prompt.json: 19 of 32 after 16 frames, 17 after 40; without it 20 and 17).
     Without text_share the frames push the facts out, and with the age term in the text's ranking none is recalled
     after 40."""
     assert not any(ok for ok, _ in streaming[16]), f"streaming_llm keeps only the newest frames: {streaming}"
     after_16 = sum(ok for run in inf for ok, _ in run[16])
-    assert after_16 >= 6, f"inf_mllm recalls after the flood: {after_16} of 12"
+    facts = 4 * len(inf)
+    assert after_16 >= facts // 2, f"inf_mllm recalls after the flood: {after_16} of {facts}"
     after_40 = sum(ok for run in inf for ok, _ in run[40])
-    assert after_40 >= 4, f"inf_mllm recalls 40 frames after the facts: {after_40} of 12"
+    assert after_40 >= facts // 3, f"inf_mllm recalls 40 frames after the facts: {after_40} of {facts}"
 
 
 def pinned_part(args, records: list):
@@ -167,22 +172,24 @@ def pinned_part(args, records: list):
 
 def frames_part(args, records: list):
     """Runs the frames part into `records`; returns its check where the run is the shipped one, else None."""
+    from inf_mllm_ros.engine.stream_config import StreamConfig
+
     adapter = load(args.frames_model)
     ask_after = tuple(sorted(args.ask_after))
     inf, streaming = [], {}
     for policy, seed in [("inf_mllm", seed) for seed in args.frame_seeds] + [("streaming_llm", args.frame_seeds[0])]:
-        answers = camera_flood(adapter, policy, seed, ask_after, args.capacity)
+        answers = camera_flood(adapter, policy, seed, ask_after, args.capacity, args.answer_prompt)
         if policy == "inf_mllm":
             inf.append(answers)
         else:
             streaming = answers
         records += [{"part": "frames", "policy": policy, "seed": seed, "frames": n, "fact": k, "recalled": ok,
-                     "answer": text} for n, per_fact in answers.items() for k, (ok, text) in enumerate(per_fact)]
+                     "answer": text, "answer_prompt": args.answer_prompt} for n, per_fact in answers.items() for k, (ok, text) in enumerate(per_fact)]
         print(f"{policy} seed {seed}: " + ", ".join(f"{sum(ok for ok, _ in a)}/{len(a)} after {n} frames"
                                                      for n, a in answers.items()), flush=True)
     print(json.dumps({n: sum(ok for run in inf for ok, _ in run[n]) for n in ask_after}), file=sys.stderr)
-    shipped = (args.frames_model, tuple(args.frame_seeds), ask_after, args.capacity) == (
-        FRAMES_MODEL, FRAMES_SEEDS, ASK_AFTER, CAPACITY)
+    shipped = (args.frames_model, tuple(args.frame_seeds), ask_after, args.capacity, args.answer_prompt) == (
+        FRAMES_MODEL, FRAMES_SEEDS, ASK_AFTER, CAPACITY, StreamConfig.answer_prompt)
     return (lambda: check_frames(inf, streaming)) if shipped else None
 
 
@@ -198,15 +205,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pinned-model", default=PINNED_MODEL)
     p.add_argument("--frames-model", default=FRAMES_MODEL)
     p.add_argument("--seeds", type=int, nargs="+", default=None,
-                   help="stream seeds of both parts (default: pinned 0 1, frames 0 1 2)")
+                   help="stream seeds of both parts (default: pinned 0 1, frames 0 to 7)")
     p.add_argument("--capacity", type=int, default=CAPACITY)
     p.add_argument("--pinned-after", type=int, default=PINNED_AFTER, help="tokens of paragraphs after the facts")
     p.add_argument("--ask-after", type=int, nargs="+", default=list(ASK_AFTER), help="frame counts to ask after")
+    p.add_argument("--answer-prompt", default=None,
+                   help="said after each question of the frames part (default: the shipped `answer_prompt`)")
     p.add_argument("--text", default=None, help="the novel (default: the shared one beside the checkout)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--out", default="cache_alone.json")
     args = p.parse_args(argv)
     args.frame_seeds = args.seeds or list(FRAMES_SEEDS)
+    if args.answer_prompt is None:
+        from inf_mllm_ros.engine.stream_config import StreamConfig
+
+        args.answer_prompt = StreamConfig.answer_prompt
     args.seeds = args.seeds or list(PINNED_SEEDS)
     import torch
 

@@ -36,11 +36,11 @@ class StreamConfig:
     position_mode: str = "cache"  # "cache": positions re-packed inside the cache; "original"
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     max_new_tokens: int = 64
-    # Said after each question's own words, in its turn (not in its words that retrieval reads): how to answer
-    # ("Answer in a few words." for a planner that wants a few words). Off by default: on LoCoMo's tuning
-    # conversation 26 that prompt halved the answers' length and doubled their F1 on single-hop questions, but the
-    # facts recalled from the cache after a camera flood fell from 9 to 5 of 12 (test_recall.py; docs/benchmarks.md).
-    answer_prompt: str = ""
+    # Said after each question's own words, in its turn (not in its words that retrieval reads): how to answer. A
+    # planner wants a few words: on LoCoMo's tuning conversation 26 this prompt halved the answers' length and
+    # doubled their F1 on single-hop questions, and the codes recalled from the cache after a camera flood were 19
+    # and 17 of 32 with it against 20 and 17 without (benchmarks/cache_alone.py, docs/benchmarks.md). "" says nothing.
+    answer_prompt: str = "Answer in a few words."
     max_frame_pixels: int | None = None  # bound on a frame's resolution before the vision tower
     max_text_chars: int | None = None  # longest text, question or recall text taken, in characters (None: any)
     scoring_backend: str = "auto"
