@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -199,21 +200,28 @@ class _TimerPublisher:
     def __init__(self, driver: Driver):
         self.driver, self.scene, self.texts, self.frames = driver, Scene(240, 320), 0, 0
         self.on = False
+        # A callback runs on an executor thread while `stop` runs on the caller's: a text published as the flood
+        # stops must be counted before `texts` is read, or the node is found to have taken one text more than sent.
+        self._lock = threading.Lock()
         self._timers = [driver.node.create_timer(TEXT_EVERY, self._text), driver.node.create_timer(FRAME_EVERY,
                                                                                                     self._frame)]
 
     def _text(self) -> None:
-        if self.on:
-            self.driver.publish_text(text(self.texts))
-            self.texts += 1
+        with self._lock:
+            if self.on:
+                self.driver.publish_text(text(self.texts))
+                self.texts += 1
 
     def _frame(self) -> None:
-        if self.on:
-            self.driver.publish_frame(self.scene.frame(self.frames), time.time_ns())
-            self.frames += 1
+        with self._lock:
+            if self.on:
+                self.driver.publish_frame(self.scene.frame(self.frames), time.time_ns())
+                self.frames += 1
 
     def stop(self) -> None:
-        self.on = False
+        """No timer publishes after this returns, and every text published is in `texts`."""
+        with self._lock:
+            self.on = False
         for t in self._timers:
             self.driver.node.destroy_timer(t)
 
