@@ -108,7 +108,7 @@ def check_pinned(pinned: list[tuple], unpinned: list[tuple]) -> None:
 
 
 def camera_flood(adapter, policy: str, seed: int, ask_after: tuple[int, ...], capacity: int,
-                 answer_prompt: str = "") -> dict[int, list]:
+                 answer_prompt: str) -> dict[int, list]:
     """One stream of the frames part (the module's docstring): {frames seen: [(recalled, answer) per fact]}."""
     import numpy as np
 
@@ -184,7 +184,8 @@ def frames_part(args, records: list):
         else:
             streaming = answers
         records += [{"part": "frames", "policy": policy, "seed": seed, "frames": n, "fact": k, "recalled": ok,
-                     "answer": text, "answer_prompt": args.answer_prompt} for n, per_fact in answers.items() for k, (ok, text) in enumerate(per_fact)]
+                     "answer": text, "answer_prompt": args.answer_prompt}
+                    for n, per_fact in answers.items() for k, (ok, text) in enumerate(per_fact)]
         print(f"{policy} seed {seed}: " + ", ".join(f"{sum(ok for ok, _ in a)}/{len(a)} after {n} frames"
                                                      for n, a in answers.items()), flush=True)
     print(json.dumps({n: sum(ok for run in inf for ok, _ in run[n]) for n in ask_after}), file=sys.stderr)
