@@ -134,9 +134,14 @@ def load_conversation(data: Path, name: str, sessions: int | None = None) -> tup
 
 
 def chosen_questions(questions: list[Question], per_category: int | None, seed: int,
-                     categories: tuple[int, ...] = tuple(CATEGORIES)) -> list[Question]:
+                     categories: tuple[int, ...] = tuple(CATEGORIES),
+                     not_drawn_by: tuple[int, int] | None = None) -> list[Question]:
     """The questions of `categories`: all, or `per_category` of each drawn with `seed`, in the conversation's
-    order."""
+    order; with `not_drawn_by` (per_category, seed), only among those that a draw of every scored category did not
+    take (the questions an earlier run never asked)."""
+    if not_drawn_by is not None:
+        taken = {q.index for q in chosen_questions(questions, *not_drawn_by)}
+        questions = [q for q in questions if q.index not in taken]
     questions = [q for q in questions if q.category in categories]
     if per_category is None:
         return questions
@@ -298,6 +303,8 @@ def stream_records(adapter, conv: str, setting: str, names: list[str], cache: in
     stream = KVStream(adapter, stream_config(values))
     if args.answer_prompt is not None:
         stream.reconfigure(answer_prompt=args.answer_prompt)
+    if args.when_prompt is not None:
+        stream.reconfigure(when_prompt=args.when_prompt)
     stream.time_origin = origin
     started = time.monotonic()
     memory = Path(args.memories) / f"{conv}_{setting}_{values['cache_size']}.mem" if args.memories else None
@@ -361,7 +368,7 @@ def answer_all(stream, conv: str, setting: str, cache: int, questions: list[Ques
             "names_date": names_gold_date(answer.text, q.gold) if q.category == 2 else None,
             "ask_s": round(answer.latency, 3), "retrieved_tokens": answer.retrieved_tokens,
             "not_decoded": answer.tokens_generated == 0,  # answered as not mentioned by the speaker check
-            "answer_prompt": stream.config.answer_prompt,
+            "answer_prompt": stream.config.answer_prompt, "when_prompt": stream.config.when_prompt,
             "tokens_seen": stream.tokens_seen, "model": args.model,
             "machine": machine()}
         write(record)
@@ -562,9 +569,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="the draw of --per-category")
     p.add_argument("--categories", default=",".join(map(str, CATEGORIES)),
                    help="the categories asked, separated by commas (default all that are scored)")
+    p.add_argument("--not-drawn-by", default="", metavar="PER_CATEGORY,SEED",
+                   help="draw only among the questions that draw did not take (those an earlier run never asked)")
     p.add_argument("--sessions", type=int, default=None, help="only the first sessions (a smoke run)")
     p.add_argument("--max-new-tokens", type=int, default=0, help="0: the shipped setting")
     p.add_argument("--answer-prompt", default=None, help="said after each question (default: the shipped one)")
+    p.add_argument("--when-prompt", default=None, help="said after each question that asks when (default: the "
+                   "shipped one)")
     p.add_argument("--resume", action="store_true", help="keep the recorded answers, run the rest")
     p.add_argument("--summary", action="store_true", help="only print the summary of the recorded runs")
     p.add_argument("--out", default="", help="the results file (with --summary: several, separated by commas)")
@@ -591,9 +602,14 @@ def main(argv: list[str] | None = None) -> None:
     categories = tuple(int(c) for c in args.categories.split(",") if c)
     if set(categories) - set(CATEGORIES):
         p.error(f"--categories: only {sorted(CATEGORIES)} are scored")
+    not_drawn_by = tuple(int(n) for n in args.not_drawn_by.split(",")) if args.not_drawn_by else None
+    if not_drawn_by is not None and len(not_drawn_by) != 2:
+        p.error("--not-drawn-by: PER_CATEGORY,SEED")
     if declared is None:
         declared = {"set": args.set, "conversations": convs, "settings": settings, "caches": args.caches,
-                    "model": args.model, "dtype": args.dtype, "per_category": args.per_category, "commit": commit(),
+                    "model": args.model, "dtype": args.dtype, "per_category": args.per_category, "seed": args.seed,
+                    "categories": list(categories), "not_drawn_by": list(not_drawn_by or ()) or None,
+                    "commit": commit(),
                     "declared_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
     def save() -> None:
@@ -611,7 +627,7 @@ def main(argv: list[str] | None = None) -> None:
         adapter = None
         for conv in convs:
             turns, questions, origin = load_conversation(args.data, conv, args.sessions)
-            questions = chosen_questions(questions, args.per_category, args.seed, categories)
+            questions = chosen_questions(questions, args.per_category, args.seed, categories, not_drawn_by)
             for setting in settings:
                 if setting == "no_archive" and "archive" in settings:
                     continue  # asked of the archive's stream

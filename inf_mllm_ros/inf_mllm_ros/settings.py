@@ -189,6 +189,8 @@ PARAMETERS = (
           read_only=False, engine_field="system_prompt"),
     Param("answer_prompt", StreamConfig.answer_prompt, "Said after each question, in its turn: how to answer "
           "(empty: nothing).", read_only=False, engine_field="answer_prompt"),
+    Param("when_prompt", StreamConfig.when_prompt, "Said in place of answer_prompt after a question that asks when "
+          "(\"When ...\", \"At what time ...\"; empty: answer_prompt).", read_only=False, engine_field="when_prompt"),
     Param("max_new_tokens", StreamConfig.max_new_tokens,
           "Longest answer or description, in tokens (a query may ask for its own).",
           read_only=False, low=1, high=MAX_NEW_TOKENS_LIMIT, engine_field="max_new_tokens"),

@@ -13,7 +13,7 @@ import torch
 
 from inf_mllm_ros.engine.runtime.engine import EngineBusyError, EngineNotReadyError, StreamingEngine
 from inf_mllm_ros.engine.models.loading import ModelLoadError, load_model
-from inf_mllm_ros.engine.answering import AnswerCancelledError, StreamStoppedError
+from inf_mllm_ros.engine.answering import AnswerCancelledError, StreamStoppedError, asks_when
 from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.settings import BY_NAME
 from inf_mllm_ros.engine.stream_config import StreamConfig
@@ -64,6 +64,30 @@ def test_greedy_answer_matches_the_full_model(smollm2, reference, policy):
     expected = smollm2.decode([t for t in out.tolist() if t not in smollm2.stop_token_ids]).strip()
     assert answer.text == expected
     assert "dock 3" in answer.text.lower()
+
+
+@pytest.mark.parametrize("question, when", [
+    ("When did forklift F2 park?", True),
+    ("when was the door of dock 3 opened", True),
+    ("At what time did the light of door D1 turn red?", True),
+    ("What time is the delivery due?", True),
+    ("On which day did Gina open her store?", True),
+    ("  In what year did Nate get his turtles?", True),
+    ("Where did forklift F2 park?", False),
+    ("What did Maria say about the time she went hiking?", False),
+    ("How long ago did you see the ladder?", False),
+    ("Whenever the door opens, who comes in?", False),
+    ("Who parked when the alarm rang?", False),
+])
+def test_a_question_that_asks_when_is_told_the_when_prompt_and_only_then(smollm2, question, when):
+    stream = KVStream(smollm2, StreamConfig(capacity=256))
+    config = stream.config
+    head, words, rest = stream.question_parts(question)
+    assert words.strip() == question.strip()  # retrieval reads the question alone either way
+    assert (config.when_prompt in rest, config.answer_prompt in rest) == (when, not when)
+    stream.reconfigure(when_prompt="")  # none: the answer prompt after every question
+    assert config.answer_prompt in stream.question_parts(question)[2]
+    assert asks_when(question) == when
 
 
 def test_a_system_turn_that_fails_leaves_nothing_and_is_pushed_again(smollm2, monkeypatch):

@@ -8,6 +8,7 @@ answer alone: whom to tell the answer so far, and the caller's cancel.
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -16,6 +17,16 @@ from .poses import Pose
 
 # The most characters of a text quoted in an evidence entry.
 QUOTE_CHARS = 200
+
+# A question that asks when (English): "When did you see the cart?", "At what time did D1 turn red?", "On which day
+# ...?". Its answer is a moment, said as the memory says it (StreamConfig.when_prompt).
+ASKS_WHEN = re.compile(r"^\W*(?:when\b|(?:(?:at|on|in|by|from|since|until)\s+)?(?:what|which)\s+"
+                       r"(?:time|date|day|week|month|year|hour)\b)", re.IGNORECASE)
+
+
+def asks_when(question: str) -> bool:
+    """Whether a question asks when something happened or will."""
+    return ASKS_WHEN.match(question) is not None
 
 
 @dataclass

@@ -16,8 +16,8 @@ STEP_MODES = ("auto", "eager", "static", "compiled")
 
 # The settings a stream takes while it runs (`KVStream.reconfigure`), from its next input or question: how it answers,
 # what it takes in and what an answer retrieves. The others shape its cache and archive when it is made.
-RECONFIGURABLE = frozenset({"system_prompt", "max_new_tokens", "answer_prompt", "max_frame_pixels", "max_text_chars",
-                            "retrieve_tokens", "evidence"})
+RECONFIGURABLE = frozenset({"system_prompt", "max_new_tokens", "answer_prompt", "when_prompt", "max_frame_pixels",
+                            "max_text_chars", "retrieve_tokens", "evidence"})
 
 # The smallest memory that still holds the sinks, a recent window and a few candidates.
 MIN_CAPACITY = 8
@@ -41,6 +41,12 @@ class StreamConfig:
     # doubled their F1 on single-hop questions, and the codes recalled from the cache after a camera flood were 19
     # and 17 of 32 with it against 20 and 17 without (benchmarks/cache_alone.py, docs/benchmarks.md). "" says nothing.
     answer_prompt: str = "Answer in a few words."
+    # Said in its place after a question that asks when (engine/answering.py `asks_when`): a planner asking when
+    # wants the moment, not the question's words said back. On LoCoMo's tuning conversations 26 and 41 (their 64
+    # temporal questions, every one asked with each prompt) it took F1 from 0.31 to 0.51 with the answers naming the
+    # gold date level (0.58, 0.56); "Answer with the date only." gave 0.48 but 0.49 (a date made up for "last week"),
+    # "Answer with a short phrase, not a whole sentence." 0.38 and 0.54 (docs/benchmarks.md). "": answer_prompt.
+    when_prompt: str = "Answer with when only, as the memory says it."
     max_frame_pixels: int | None = None  # bound on a frame's resolution before the vision tower
     max_text_chars: int | None = None  # longest text, question or recall text taken, in characters (None: any)
     scoring_backend: str = "auto"

@@ -19,7 +19,7 @@ from ..stream_config import StreamConfig
 
 @dataclass(frozen=True)
 class LiveSettings:
-    """What may change at run time: the stream's system prompt, answer prompt, answer length and longest text, the
+    """What may change at run time: the stream's system prompt, answer prompts, answer length and longest text, the
     policy's live knobs, the frame period (what a text call may take while a camera is live), the time bound on
     waiting texts and the checkpoint period."""
 
@@ -30,6 +30,7 @@ class LiveSettings:
     max_text_delay: float = 0.0  # the model's seconds of texts a question waits for (WorkQueue.next_jobs); 0: all
     checkpoint_period: float = 0.0  # seconds between saves of a changed memory; 0: on request and at close
     answer_prompt: str = StreamConfig.answer_prompt
+    when_prompt: str = StreamConfig.when_prompt
     max_text_chars: int | None = StreamConfig.max_text_chars  # the one text rule's bound (engine/text_rules.py)
 
     @classmethod
@@ -37,7 +38,8 @@ class LiveSettings:
            checkpoint_period: float = 0.0) -> LiveSettings:
         """The live part of a stream configuration, with the engine's own settings."""
         return cls(config.system_prompt, config.max_new_tokens, MappingProxyType(dict(config.policy_settings)),
-                   frame_period, max_text_delay, checkpoint_period, config.answer_prompt, config.max_text_chars)
+                   frame_period, max_text_delay, checkpoint_period, config.answer_prompt, config.when_prompt,
+                   config.max_text_chars)
 
     def changed(self, config: StreamConfig, **changes) -> LiveSettings:
         """A new snapshot with `changes` (`policy_settings`: the knobs that change, others kept), checked as the
@@ -67,7 +69,7 @@ class LiveSettings:
     def stream_part(self) -> dict:
         """These settings' part that a stream takes as it runs (`KVStream.reconfigure`), the policy's knobs aside."""
         return dict(system_prompt=self.system_prompt, max_new_tokens=self.max_new_tokens,
-                    answer_prompt=self.answer_prompt, max_text_chars=self.max_text_chars)
+                    answer_prompt=self.answer_prompt, when_prompt=self.when_prompt, max_text_chars=self.max_text_chars)
 
     def stream_config(self, config: StreamConfig) -> StreamConfig:
         """`config` (a new object) with these settings' stream part."""

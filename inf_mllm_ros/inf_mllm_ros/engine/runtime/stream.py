@@ -31,6 +31,7 @@ from ..answering import (
     AnswerTurn,
     StreamStoppedError,
     TokenCallback,
+    asks_when,
 )
 from ..archive.archive import KVArchive, Turn
 from ..ops.attention import CACHE_ARGUMENT
@@ -577,10 +578,11 @@ class KVStream:
         return checked_text(text, what, self.config.max_text_chars)
 
     def question_parts(self, question: str) -> tuple[str, str, str]:
-        """A question's turn as (template before, its words, the rest): the answer prompt follows its words, outside
-        them, so that retrieval reads the question alone."""
+        """A question's turn as (template before, its words, the rest): the answer prompt (the when prompt after a
+        question that asks when) follows its words, outside them, so that retrieval reads the question alone."""
         head, words, tail = self.adapter.chat.question_parts(question)
-        prompt = self.config.answer_prompt
+        config = self.config
+        prompt = config.when_prompt if config.when_prompt and asks_when(question) else config.answer_prompt
         return (head, words, f" {prompt}{tail}") if prompt else (head, words, tail)
 
     def describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None) -> Answer:
