@@ -576,6 +576,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--answer-prompt", default=None, help="said after each question (default: the shipped one)")
     p.add_argument("--when-prompt", default=None, help="said after each question that asks when (default: the "
                    "shipped one)")
+    p.add_argument("--note", default="", help="what the results file's declaration should say of this run")
     p.add_argument("--resume", action="store_true", help="keep the recorded answers, run the rest")
     p.add_argument("--summary", action="store_true", help="only print the summary of the recorded runs")
     p.add_argument("--out", default="", help="the results file (with --summary: several, separated by commas)")
@@ -609,7 +610,7 @@ def main(argv: list[str] | None = None) -> None:
         declared = {"set": args.set, "conversations": convs, "settings": settings, "caches": args.caches,
                     "model": args.model, "dtype": args.dtype, "per_category": args.per_category, "seed": args.seed,
                     "categories": list(categories), "not_drawn_by": list(not_drawn_by or ()) or None,
-                    "commit": commit(),
+                    "commit": commit(), **({"note": args.note} if args.note else {}),
                     "declared_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
     def save() -> None:
