@@ -158,3 +158,23 @@ def test_the_three_robots_file_gives_each_robot_valid_values_of_its_own_and_the_
         assert not any(problems.values()), (robot, problems)
         configs.append(node_stream_config(dict(DEFAULTS, **values)))
     assert len({c.capacity for c in configs}) > 1  # a robot's own value is its own
+
+
+def test_every_live_stream_setting_changed_reaches_the_stream():
+    """A node parameter changed while the node runs goes through one snapshot (`LiveSettings.changed`) to the stream
+    (`stream_config`): each live setting that shapes the stream must arrive with its new value, the others kept."""
+    import dataclasses
+
+    from inf_mllm_ros.engine.runtime.live_settings import LiveSettings
+    from inf_mllm_ros.engine.stream_config import RECONFIGURABLE, StreamConfig
+
+    config = StreamConfig()
+    live = LiveSettings.of(config)
+    shared = {f.name for f in dataclasses.fields(LiveSettings)} & {f.name for f in dataclasses.fields(StreamConfig)}
+    shared -= {"policy_settings"}  # the knobs: merged, not replaced (test_engine.py)
+    assert {"answer_prompt", "when_prompt", "system_prompt", "max_new_tokens", "max_text_chars"} <= shared <= RECONFIGURABLE
+    for name in sorted(shared):
+        new = "a new prompt" if isinstance(getattr(config, name), str) else 7
+        reached = live.changed(config, **{name: new}).stream_config(config)
+        assert getattr(reached, name) == new, name
+        assert {n: getattr(reached, n) for n in shared - {name}} == {n: getattr(config, n) for n in shared - {name}}
