@@ -113,3 +113,36 @@ def test_of_the_messages_that_name_a_question_those_that_only_name_its_subject_a
                     assert not silent, case
                 elif mentions > NEWS_MESSAGES:
                     assert asked.mentions[style] in silent, case
+
+
+# A state told, then changed: (the message before, the message of the change, a question that asks when it changed).
+CHANGES = [
+    ("Shift started. Forklift F2 is at the charging station. Door D1 light is green.", "Door D1 light turned red.",
+     "At what time did the light of door D1 turn red?"),
+    ("Gate 4 is closed for the night.", "Gate 4 is open for the morning trucks.", "When was gate 4 open?"),
+    ("Pallet 93 is on shelf B2.", "Pallet 93 was moved to the loading dock.", "When was pallet 93 moved to the dock?"),
+    ("The spill in aisle 7 is reported.", "The spill in aisle 7 was cleaned up.", "When was the spill in aisle 7 cleaned?"),
+]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_asked_when_a_message_that_names_only_part_of_what_another_names_of_it_is_not_placed(seed):
+    """Asked when a state changed, the message of the state before names the subject only, the change's message
+    names the subject and the change (in the question's words: "opened" is not "open"): the one before is left out,
+    wherever the two stand among other messages;
+    sightings of one thing that name the question alike are all kept, and so is a lone message."""
+    import random
+
+    rng = random.Random(seed)
+    for before, change, question in CHANGES:
+        texts = filler("operations", seed)[:30] + [before, change]
+        rng.shuffle(texts)
+        said = {i: said_words(t) for i, t in enumerate(texts)}
+        blocks = [SimpleNamespace(message=texts.index(t)) for t in (before, change)]
+        left_out = {texts[m] for m in Retriever.naming_less(blocks, said, words(question))}
+        assert left_out == {before}, (question, left_out)
+        assert not Retriever.naming_less(blocks[1:], said, words(question))
+    sightings = [f"I see the orange cart next to a stack of tyres. [08:0{i}:1{i}]" for i in range(3)]
+    said = {i: said_words(t) for i, t in enumerate(sightings)}
+    assert not Retriever.naming_less([SimpleNamespace(message=i) for i in said], said,
+                                     words("When did you last see the orange cart?"))

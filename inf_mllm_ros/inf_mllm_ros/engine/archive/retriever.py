@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from .attribution import speaker, unattributed
+from ..answering import asks_when
 from .evidence import ORDER_AMONG, Evidence, asked_order, in_asked_order, ranked
 from .lexical import asks, bm25, terms
 from .naming import naming_shares, restated, said_words, text_words
@@ -190,17 +191,19 @@ class Retriever:
             best = [candidates[i] for i in torch.argsort(scores[: len(candidates)], descending=True)[:NAMING_BEST]]
             names = self.naming(words, texts, best)
             said = {m: t.said for m, t in texts.items()}
-            out.placed = self._arrange(candidates, in_cache, scores, names, said, words, budget)
+            out.placed = self._arrange(candidates, in_cache, scores, names, said, words, budget, asks_when(text))
             if out.placed:
                 self._place(out.placed, spare)
         return out
 
     def _arrange(self, candidates: list, in_cache: list, scores: Tensor, names: dict[int, float],
-                 said: dict[int, frozenset], words: frozenset[str], budget: int) -> list:
+                 said: dict[int, frozenset], words: frozenset[str], budget: int, when: bool = False) -> list:
         """The blocks to place, in placing order, up to `budget` tokens (`scores`: every block's, candidates first,
         then `in_cache`'s; `names`: each message's share of what the question names; `said`: what each says;
-        `words`: the question's). A message told again since with what the question asks changed is left out, and
-        one that only names the subject again where another holds news (`telling_nothing`). The candidates are
+        `words`: the question's; `when`: whether it asks when). A message told again since with what the question
+        asks changed is left out, and one that only names the subject again where another holds news
+        (`telling_nothing`), and for a question that asks when, one that names only part of what another names of
+        it (`naming_less`). The candidates are
         chosen on their scores, one of each thing said again, and placed best nearest the question; nearer still
         the chosen messages that name what the question names most, and copies of the blocks the cache holds that
         name it as much and are newer, or that score about as well as the best candidate (a value told again since,
@@ -231,6 +234,8 @@ class Retriever:
         outdated = self.restated_since([b for b in chosen + in_cache if names_most(b) and b.message not in silent],
                                        names, said, words)
         left_out = outdated | silent
+        if when:
+            left_out |= self.naming_less([b for b in chosen + copies if names_most(b)], said, words)
         chosen = [b for b in chosen if b.message not in left_out]
         copies = [b for b in copies if b.message not in left_out]
         return (best_last([b for b in chosen if not names_most(b)])
@@ -247,6 +252,15 @@ class Retriever:
         held = Counter(w for words in messages.values() for w in words)
         telling = {m for m, words in messages.items() if any(held[w] <= NEWS_MESSAGES for w in words)}
         return set(messages) - telling if telling else set()
+
+    @staticmethod
+    def naming_less(blocks: list, said: dict[int, frozenset], question: frozenset[str]) -> set[int]:
+        """The messages of `blocks` whose words of the question (`question`; `said`: what each says) are fewer than,
+        and all among, another's: "Door D1 light is green" beside "Door D1 light turned red" for "At what time did
+        the light of door D1 turn red?". Asked when, the small model copies the time beside the first message that
+        names the subject, not the one that names the moment asked (docs/archive.md)."""
+        named = {b.message: said.get(b.message, frozenset()) & question for b in blocks}
+        return {m for m, words in named.items() if any(words < other for other in named.values())}
 
     @staticmethod
     def restated_since(blocks: list, names: dict[int, float], said: dict[int, frozenset],
