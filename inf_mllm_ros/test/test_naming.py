@@ -6,6 +6,8 @@ named again is left out where its fact holds news, never a fact or a value."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from types import SimpleNamespace
@@ -129,10 +131,8 @@ CHANGES = [
 def test_asked_when_a_message_that_names_only_part_of_what_another_names_of_it_is_not_placed(seed):
     """Asked when a state changed, the message of the state before names the subject only, the change's message
     names the subject and the change (in the question's words: "opened" is not "open"): the one before is left out,
-    wherever the two stand among other messages;
-    sightings of one thing that name the question alike are all kept, and so is a lone message."""
-    import random
-
+    wherever the two stand among other messages; sightings of one thing that name the question alike are all kept,
+    and so is a lone message."""
     rng = random.Random(seed)
     for before, change, question in CHANGES:
         texts = filler("operations", seed)[:30] + [before, change]

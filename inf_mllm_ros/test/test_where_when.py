@@ -277,3 +277,26 @@ def test_a_long_message_cut_into_pieces_is_quoted_whole(smollm2):
     assert len([b for b in stream.archive.blocks if b.stamp == 4.0]) > 1, "cut into pieces"
     top = stream.recall("red cone")[0]
     assert long in top.text and top.stamp == 4.0
+
+
+@pytest.mark.parametrize("seed, before_at, change_at", [(0, 3, 20), (1, 9, 31), (2, 15, 27)])
+def test_a_question_that_asks_when_has_the_state_before_left_out_of_what_is_placed(smollm2, seed, before_at,
+                                                                                  change_at):
+    """The door light told green, later red, both long out of the cache: asked when it turned red, only the change
+    is placed (the small model copied the time beside the first message that names the light); asked whether it
+    did, the state before is placed too."""
+    rng = random.Random(seed)
+    stream = KVStream(smollm2, StreamConfig(capacity=128, chunk_size=32, archive_block=32))
+    said = {before_at: "Door D1 light is green.", change_at: "Door D1 light turned red."}
+    for i in range(45):
+        stream.push_text(said.get(i) or rng.choice(FILLER), stamp=float(i))
+    placed = {}
+    for question in ("At what time did the light of door D1 turn red?", "Did the light of door D1 turn red?"):
+        ids, content = stream.question_ids(stream.question_parts(question))
+        fill, frontiers = stream.cache.fill, stream.cache.frontiers()
+        blocks = stream.retriever.retrieve(ids, content, stream.config.retrieve_tokens, 0).placed
+        stream.cache.truncate(fill, frontiers)  # as the stream takes a question's placed blocks away again
+        placed[question] = {stream.retriever.quote(b).split(" [")[0] for b in blocks}
+    when, whether = placed.values()
+    assert "Door D1 light turned red." in when and "Door D1 light is green." not in when, when
+    assert {"Door D1 light turned red.", "Door D1 light is green."} <= whether, whether
