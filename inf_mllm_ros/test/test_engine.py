@@ -46,7 +46,9 @@ def test_while_the_stream_fits_every_policy_matches_the_full_model(smollm2, refe
     with torch.inference_mode():
         expected = reference(ids[None]).logits[0].float()
     assert logits.shape == expected.shape
-    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+    # The stream's linears multiply through packed weights (engine/ops/few_rows.py), the plain model's through torch's
+    # own: float32 sums in another order, about 1e-4 apart on logits about 10 in size on this text.
+    torch.testing.assert_close(logits, expected, atol=2e-4, rtol=0)
 
 
 @pytest.mark.parametrize("policy", ["inf_mllm", "window"])

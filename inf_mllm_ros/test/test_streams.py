@@ -17,13 +17,13 @@ from inf_mllm_ros.engine.answering import AnswerCancelledError
 from inf_mllm_ros.engine.memory.batched_step import BatchedDecoder, DecodeMember
 from inf_mllm_ros.engine.memory.decode_step import StaticDecoder
 from inf_mllm_ros.engine.models.loading import load_model
-from inf_mllm_ros.engine.ops.few_rows import weights_left
+from inf_mllm_ros.engine.ops.few_rows import dense, is_packed, prepare_linears, weights_left
 from inf_mllm_ros.engine.runtime.pool import Question, StreamPool
 from inf_mllm_ros.engine.runtime.pool_engine import PoolEngine
 from inf_mllm_ros.engine.runtime.shared_model import SharedModel
 from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
-from inf_mllm_ros.testing.random_models import FAMILIES, build_model_folder
+from inf_mllm_ros.testing.random_models import FAMILIES, build_llama, build_model_folder
 
 from test_archive import assert_same_state, cache_state, frame, sentence
 
@@ -184,14 +184,38 @@ def test_one_step_serves_every_member_of_the_batch(adapters):
     assert pool.decoder.steps == max(lengths) - 1 < sum(lengths) - len(lengths)
 
 
-def test_wide_linears_take_a_few_rows_weights_left_and_one_row_as_torch_does(adapters):
-    """A batch's rows through a wide projection (engine/ops/few_rows.py) give torch's own linear within float
-    tolerance; one row and many rows take torch's own path, bit for bit, and outside a batch's step (a stream's own
-    short block) every number of rows does."""
-    wide = [m for m in adapters["llama"].model.modules()
-            if type(m) is torch.nn.Linear and m.out_features > m.in_features]
-    assert wide and all("forward" in vars(m) for m in wide)
-    for module in wide:
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+def test_linears_are_packed_with_their_weights_unchanged_and_give_torchs_numbers_for_any_rows(adapters):
+    """Every CPU float32 linear whose weight no other module shares holds it packed (engine/ops/few_rows.py): the same
+    numbers as the checkpoint's, one copy, and for 1 to 9 rows torch's own linear within float tolerance."""
+    for family, adapter in adapters.items():
+        linears = [m for m in adapter.model.modules() if type(m) is torch.nn.Linear]
+        packed = [m for m in linears if is_packed(m)]
+        assert packed, family
+        reference = dict(type(adapter.model).from_pretrained(adapter.folder, dtype=torch.float32).named_parameters())
+        for name, param in adapter.model.named_parameters():
+            assert torch.equal(dense(param), reference[name]), (family, name)
+        for module in packed:
+            weight = dense(module.weight)
+            x = torch.randn(9, 1, module.in_features)
+            for rows in (1, 2, 4, 8, 9):
+                want = torch.nn.functional.linear(x[:rows], weight, module.bias)
+                torch.testing.assert_close(module(x[:rows]), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+def test_a_shared_wide_weight_takes_a_batchs_few_rows_weights_left_and_else_torchs_own_path():
+    """A wide linear whose weight another module shares (a vocabulary projection tied to the embeddings, as the
+    default's) stays dense; inside a batch's step 2 to 8 rows go weights-left, within float tolerance of torch's
+    linear; one row, many rows and everything outside a batch's step take torch's own path, bit for bit."""
+    model, _ = build_llama(None, seed=3)
+    model.lm_head.weight = model.model.embed_tokens.weight
+    prepare_linears(model)
+    prepare_linears(model)  # idempotent
+    shared = [m for m in model.modules() if type(m) is torch.nn.Linear and not is_packed(m)]
+    assert shared == [model.lm_head] and "forward" in vars(model.lm_head)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    for module in shared:
         for rows in (1, 2, 4, 8, 9):
             x = torch.randn(rows, 1, module.in_features)
             want = torch.nn.functional.linear(x, module.weight, module.bias)

@@ -161,7 +161,7 @@ class BatchedDecoder:
         embeds = adapter.model.get_input_embeddings()(token)[:, None]
         position_ids = adapter.text_position_ids(position).unsqueeze(-1)  # [members, 1] (M-RoPE: [3, members, 1])
         mask = (slot_index[None, :] <= slot[:, None])[:, None, None, :]
-        with weights_left():  # a few rows through the wide projections: engine/ops/few_rows.py
+        with weights_left():  # a tied vocabulary projection takes the few rows weights-left: engine/ops/few_rows.py
             logits = adapter.forward_batch(embeds, position_ids, writer, mask)
         token.copy_(logits.argmax(-1))
         slot.add_(1)

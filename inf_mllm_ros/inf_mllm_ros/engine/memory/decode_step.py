@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ..models.adapters import ModelAdapter
     from .cache import BoundedKVCache
 
+from ..ops.few_rows import unpack_linears
 from ..stream_config import STEP_MODES
 # How often the host reads the tokens back: each read makes it wait for the device.
 SYNC_EVERY = 8
@@ -54,13 +55,16 @@ def resolve_decode_step(setting: str, device: torch.device, name: str = "decode_
 RECOMPILE_LIMIT = 64
 
 
-def compile_step(step: Callable, device: torch.device, options: dict | None = None) -> Callable:
-    """`step` under torch.compile with fixed shapes and no graph break (fullgraph=True, dynamic=False), as CUDA
-    graphs on CUDA (mode='reduce-overhead'); `options` override (tests pass a counting backend)."""
+def compile_step(step: Callable, model: torch.nn.Module, device: torch.device, options: dict | None = None) -> Callable:
+    """`step` (a pass through `model`) under torch.compile with fixed shapes and no graph break (fullgraph=True,
+    dynamic=False), as CUDA graphs on CUDA (mode='reduce-overhead'); `options` override (tests pass a counting
+    backend). On the CPU the model's linears go back to torch's own weights first (engine/ops/few_rows.py)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     defaults = {"fullgraph": True, "dynamic": False}
     if torch.device(device).type == "cuda":
         defaults["mode"] = "reduce-overhead"
+    else:
+        unpack_linears(model)
     return torch.compile(step, **{**defaults, **(options or {})})
 
 
@@ -143,7 +147,7 @@ class StaticDecoder:
                 torch._dynamo.mark_static_address(t)
         self._step = self._eager_step
         if self.mode == "compiled":
-            self._step = compile_step(self._eager_step, device, self.compile_options)
+            self._step = compile_step(self._eager_step, self.adapter.model, device, self.compile_options)
         self._bound_to = pointers
 
     def _eager_step(self, token: Tensor, slot: Tensor, position: Tensor) -> Tensor:

@@ -145,7 +145,7 @@ class StaticIngester:
                 return self._eager_step(size, scores, embeds, position_ids, start, end, seq, frame, pinned)
             step = eager
             if self.mode == "compiled":
-                step = compile_step(eager, self.rows.device, self.compile_options)
+                step = compile_step(eager, self.adapter.model, self.rows.device, self.compile_options)
             self._steps[size, scores] = step
         return step
 

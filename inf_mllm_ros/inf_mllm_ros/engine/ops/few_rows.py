@@ -1,15 +1,22 @@
-"""Linear layers that take a few rows at once with the weights on the left: (weight @ rows.T).T for rows @ weight.T.
+"""Linear layers that take a few rows at once about as fast as one: a batch's decode step, one token per stream.
 
-On a CPU, MKL multiplies a few rows (2 to `FEW_ROWS`: a batch's decode step, one token per stream) by a wide weight
-(more outputs than inputs: an MLP's gate and up projections, the vocabulary's) about twice as fast this way round; the
-other way it runs far from the speed of reading the weights, which sets a decode step's pace (on the 0.5B default,
-one thread, 4 rows: the vocabulary's projection 39 against 102 ms, a 4864 x 896 projection 1.1 against 2.1 ms; a
-batched decode step 399 against 522 ms). Narrow weights are faster the usual way (a 896 x 4864 projection 1.4
-against 2.3 ms) and keep it, as does one row and every other shape, on every device.
+A decode step is bound by reading the weights, so 4 rows should cost about what one does. On a CPU, torch's own
+linear (MKL) runs far from that: on the 0.5B default's MLP, two threads, 4 rows take twice one row's time (107
+against 58 ms for the 24 layers' gate, up and down projections). Two ways round it, chosen per layer when the model
+is prepared (`prepare_linears`, at the adapter's construction):
 
-The way round is taken only inside `weights_left()`, which a batch's decode step (engine/memory/batched_step.py)
-holds around its model call: a stream's own blocks of a few tokens keep torch's path, so its memory is the same
-bit for bit whether the model ever served a batch or not. The flag is the calling thread's.
+- **Packed weights** (oneDNN): a float32 linear on the CPU whose weight no other module shares keeps it in oneDNN's
+  own layout (`torch.ops.mkldnn._reorder_linear_weight`, the layout torch's own inductor uses for CPU linears) and
+  multiplies through it for every input: 4 rows 70 against 57 ms for one on the MLP above, 64 rows (a block going
+  in) a little faster than MKL. The weight is replaced, not copied: one copy of the model. A row's result mostly
+  does not depend on how many rows come with it (a narrow weight's single row takes another kernel, within float
+  tolerance). Where oneDNN is not there or refuses the weight (another CPU's build, another precision), the layer
+  keeps torch's path.
+- **Weights on the left**, for a weight that another module shares (a vocabulary projection tied to the input
+  embeddings, whose table must stay dense for the lookup): inside a batch's step (`weights_left()`), 2 to
+  `FEW_ROWS` rows go as (weight @ rows.T).T, about twice as fast as rows @ weight.T for wide weights (the
+  vocabulary's projection, one thread, 4 rows: 39 against 102 ms); everywhere else torch's own path, so a stream's
+  own steps and blocks are the same whether the model ever served a batch or not.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ _batch_step = threading.local()  # `on`: this thread is inside `weights_left()`
 
 @contextmanager
 def weights_left():
-    """Within it, on this thread, wide linears take 2 to FEW_ROWS rows weights-left."""
+    """Within it, on this thread, wide linears whose weight is shared take 2 to FEW_ROWS rows weights-left."""
     before = getattr(_batch_step, "on", False)
     _batch_step.on = True
     try:
@@ -38,7 +45,7 @@ def weights_left():
         _batch_step.on = before
 
 
-def _forward(self: nn.Linear, x: Tensor) -> Tensor:
+def _weights_left_forward(self: nn.Linear, x: Tensor) -> Tensor:
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if not 1 < rows <= FEW_ROWS or x.device.type != "cpu" or not getattr(_batch_step, "on", False):
         return F.linear(x, self.weight, self.bias)
@@ -46,8 +53,63 @@ def _forward(self: nn.Linear, x: Tensor) -> Tensor:
     return out if self.bias is None else out + self.bias
 
 
-def weights_left_for_few_rows(model: nn.Module) -> None:
-    """Every wide `nn.Linear` of `model` takes a few rows with its weight on the left (inside `weights_left()`)."""
+def _packed_forward(self: nn.Linear, x: Tensor) -> Tensor:
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.requires_grad:
+        raise RuntimeError(f"a linear packed for the CPU in float32 got a {x.dtype} input on {x.device}")
+    return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+
+def is_packed(module: nn.Module) -> bool:
+    """Whether a linear holds its weight in oneDNN's layout."""
+    return isinstance(module, nn.Linear) and module.weight.is_mkldnn
+
+
+def dense(tensor: Tensor) -> Tensor:
+    """A parameter in torch's own layout (a packed weight unpacked: the same numbers)."""
+    return tensor.to_dense() if tensor.is_mkldnn else tensor
+
+
+def _pack(weight: Tensor) -> Tensor | None:
+    """`weight` in oneDNN's layout for linears, or None where this build cannot."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        probe = torch.zeros(2, weight.shape[1])
+        if torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], "").shape != (2, weight.shape[0]):
+            return None
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return None
+    return packed
+
+
+def prepare_linears(model: nn.Module) -> None:
+    """Every `nn.Linear` of `model` that can takes its weight packed; of the others, the wide ones whose weight is
+    shared take a batch's few rows weights-left. Idempotent."""
+    shared = {}
+    for _, param in model.named_parameters(remove_duplicate=False):
+        shared[id(param)] = shared.get(id(param), 0) + 1
     for module in model.modules():
-        if type(module) is nn.Linear and module.out_features > module.in_features:
-            module.forward = types.MethodType(_forward, module)
+        if type(module) is not nn.Linear or "forward" in vars(module):
+            continue
+        packed = None if shared.get(id(module.weight), 0) > 1 else _pack(module.weight)
+        if packed is not None:
+            module.weight = nn.Parameter(packed, requires_grad=False)
+            module.forward = types.MethodType(_packed_forward, module)
+        elif module.out_features > module.in_features:
+            module.forward = types.MethodType(_weights_left_forward, module)
+
+
+def unpack_linears(model: nn.Module) -> None:
+    """Every packed linear of `model` back to torch's own weight and path (the wide ones weights-left in a batch's
+    step), for torch.compile on the CPU: inductor takes no packed weight as a graph's constant, and packs the linears
+    it compiles itself."""
+    for module in model.modules():
+        if is_packed(module):
+            module.weight = nn.Parameter(dense(module.weight), requires_grad=False)
+            del module.forward
+            if module.out_features > module.in_features:
+                module.forward = types.MethodType(_weights_left_forward, module)
+
+
+__all__ = ["FEW_ROWS", "dense", "is_packed", "prepare_linears", "unpack_linears", "weights_left"]

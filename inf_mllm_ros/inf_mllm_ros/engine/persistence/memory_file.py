@@ -32,6 +32,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from ..archive.archive import CAMERA_NAME_BYTES
+from ..ops.few_rows import dense
 from .archive_log import ArchiveLog, fsync_dir, folder_for
 
 FORMAT = "inf_mllm_ros.memory"
@@ -102,7 +103,7 @@ def model_fingerprint(adapter) -> str:
         for name, param in adapter.model.named_parameters():
             digest.update(name.encode())
             # Through bfloat16: the same weights sample alike whatever precision they were loaded in.
-            sample = param.detach().reshape(-1)[:64].to("cpu", torch.bfloat16).float().contiguous()
+            sample = dense(param.detach()).reshape(-1)[:64].to("cpu", torch.bfloat16).float().contiguous()
             digest.update(sample.numpy().tobytes())
     return digest.hexdigest()
 

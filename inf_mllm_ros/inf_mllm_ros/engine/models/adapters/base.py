@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ...ops.attention import ATTENTION_NAME
-from ...ops.few_rows import weights_left_for_few_rows
+from ...ops.few_rows import prepare_linears
 from ..chat import STREAM_CLOCK, ChatFormat, MarkerClock, check_stamp, stamped
 from ...model_errors import FramesNotSupportedError
 
@@ -69,7 +69,7 @@ class ModelAdapter(ABC):
         self.notice = str(getattr(getattr(model, "config", None), "inf_mllm_notice", "") or "")
         self.chat = ChatFormat.from_tokenizer(tokenizer)
         self.model.set_attn_implementation(ATTENTION_NAME)
-        weights_left_for_few_rows(self.model)  # a batch's decode step: engine/ops/few_rows.py
+        prepare_linears(self.model)  # a batch's few rows as fast as one: engine/ops/few_rows.py
         # transformers 5.24 renamed the decoder's past_key_values to cache, and drops the old name in 5.40.
         self._cache_argument = (
             "cache" if "cache" in inspect.signature(self.decoder.forward).parameters else "past_key_values"
