@@ -260,21 +260,28 @@ def one_after_the_other(alone: list[dict], n: int) -> dict:
 
 
 def linear_rows(threads: int, rows=(1, 2, 4, 8), repeats: int = 40) -> dict:
-    """ms of one of the 0.5B model's MLP projections ([rows, 896] by [4864, 896]) for a few rows: what a decode step of
-    that many streams pays per layer and projection on this machine's BLAS (median of `repeats` calls each)."""
+    """ms of one of the 0.5B model's MLP projections ([rows, 896] by [4864, 896]) for a few rows, as the engine
+    prepares it (engine/ops/few_rows.py) and as torch's own linear: what a decode step of that many streams pays per
+    layer and projection on this machine (median of `repeats` calls each)."""
     import torch
 
+    from inf_mllm_ros.engine.ops.few_rows import prepare_linears
+
     torch.set_num_threads(threads)
-    weight = torch.randn(4864, 896)
+    plain = torch.nn.Linear(896, 4864, bias=False).requires_grad_(False)
+    prepared = torch.nn.Linear(896, 4864, bias=False).requires_grad_(False)
+    prepared.weight.copy_(plain.weight)
+    prepare_linears(prepared)
     out = {}
-    for n in rows:
-        x = torch.randn(n, 896)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            torch.nn.functional.linear(x, weight)
-            times.append(time.perf_counter() - start)
-        out[str(n)] = round(statistics.median(times[3:]) * 1e3, 2)
+    for name, module in (("prepared", prepared), ("torch", plain)):
+        for n in rows:
+            x = torch.randn(n, 896)
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                module(x)
+                times.append(time.perf_counter() - start)
+            out[str(n) if name == "prepared" else f"torch_{n}"] = round(statistics.median(times[3:]) * 1e3, 2)
     return out
 
 
