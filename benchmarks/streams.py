@@ -21,7 +21,8 @@ question latency (median, 95th percentile; pooled: the batch's call, which every
 the process's peak resident memory and each stream's cache and archive bytes. Rates come with a 95 % interval by
 resampling rounds (a percentile bootstrap). Records in results/streams.json, one per (mode, streams), and one of the
 time of one of the model's linear layers by the rows it takes at once (`--linear-only`: that alone), which sets what
-a batch can gain on this machine's BLAS.
+a batch can gain on this machine's BLAS; with `--linear-memory`, also the memory a packed linear holds after many
+counts of rows.
 
     python benchmarks/streams.py                         # the default model, cache 512, 1 2 4 8 streams
     python benchmarks/streams.py --streams 1 4 --rounds 2
@@ -285,6 +286,28 @@ def linear_rows(threads: int, rows=(1, 2, 4, 8), repeats: int = 40) -> dict:
     return out
 
 
+def linear_rows_memory(way: str, threads: int, calls: int = 1000, most_rows: int = 1200) -> float:
+    """Resident memory (MB, trimmed) a packed projection ([rows, 896] by [128, 896]) leaves held after `calls` calls
+    of counts of rows from 1 to `most_rows` drawn at random: `way` "onednn", through oneDNN as it is, or "prepared",
+    as the engine prepares it (engine/ops/few_rows.py: more than ROW_BUCKET rows padded). oneDNN keeps state for
+    every count of rows it has seen; the padding bounds how many. Each way in a process of its own (`--memory-way`)."""
+    import random
+
+    import torch
+
+    from inf_mllm_ros.engine.ops.few_rows import onednn_linear, prepare_linears
+
+    torch.set_num_threads(threads)
+    module = torch.nn.Linear(896, 128).requires_grad_(False)
+    prepare_linears(module)
+    call = module if way == "prepared" else (lambda x: onednn_linear(x, module.weight, module.bias))
+    rng = random.Random(0)
+    before = trimmed_rss_bytes() or rss_bytes()
+    for _ in range(calls):
+        call(torch.randn(rng.randint(1, most_rows), 896))
+    return round(((trimmed_rss_bytes() or rss_bytes()) - before) / 2**20, 1)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=MODEL)
@@ -301,7 +324,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--engines", action="store_true",
                    help="also the streams as the node's memories: an engine each on one shared model")
     p.add_argument("--linear-only", action="store_true", help="only the linear's time by rows, added to --out")
+    p.add_argument("--linear-memory", action="store_true",
+                   help="with it, the memory a packed linear holds after many counts of rows")
+    p.add_argument("--memory-way", choices=["onednn", "prepared"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.memory_way:
+        print(json.dumps(linear_rows_memory(args.memory_way, args.threads)))
+        return
     if args.child:
         result = (run_engines if args.through == "engines" else run_streams)(args, args.child)
         print(json.dumps(result))
@@ -311,6 +340,12 @@ def main(argv: list[str] | None = None) -> None:
                 "label": args.label}
     linear = {**settings, "mode": "linear_rows_ms", "rows": linear_rows(args.threads),
               "load_average": round(os.getloadavg()[0], 2)}
+    if args.linear_memory:
+        linear["memory_added_mb"] = {
+            way: json.loads(subprocess.run([sys.executable, str(Path(__file__)), "--memory-way", way, "--threads",
+                                            str(args.threads)], check=True, stdout=subprocess.PIPE,
+                                           text=True).stdout.strip().splitlines()[-1])
+            for way in ("onednn", "prepared")}
     if args.linear_only:
         write_records(args.out, load_records(args.out) + [linear])
         return

@@ -187,7 +187,8 @@ def test_one_step_serves_every_member_of_the_batch(adapters):
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
 def test_linears_are_packed_with_their_weights_unchanged_and_give_torchs_numbers_for_any_rows(adapters):
     """Every CPU float32 linear whose weight no other module shares holds it packed (engine/ops/few_rows.py): the same
-    numbers as the checkpoint's, one copy, and for 1 to 9 rows torch's own linear within float tolerance."""
+    numbers as the checkpoint's, one copy, and for any count of rows (more than 64 padded to a multiple of 64) torch's
+    own linear within float tolerance."""
     for family, adapter in adapters.items():
         linears = [m for m in adapter.model.modules() if type(m) is torch.nn.Linear]
         packed = [m for m in linears if is_packed(m)]
@@ -197,8 +198,8 @@ def test_linears_are_packed_with_their_weights_unchanged_and_give_torchs_numbers
             assert torch.equal(dense(param), reference[name]), (family, name)
         for module in packed:
             weight = dense(module.weight)
-            x = torch.randn(9, 1, module.in_features)
-            for rows in (1, 2, 4, 8, 9):
+            x = torch.randn(130, 1, module.in_features)
+            for rows in (1, 2, 4, 8, 9, 64, 65, 130):
                 want = torch.nn.functional.linear(x[:rows], weight, module.bias)
                 torch.testing.assert_close(module(x[:rows]), want, atol=1e-5, rtol=1e-5)
 

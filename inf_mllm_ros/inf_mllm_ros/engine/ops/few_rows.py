@@ -30,6 +30,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 FEW_ROWS = 8
+# oneDNN keeps about half a megabyte for every count of rows it has multiplied (its kernels and their state, on this
+# CPU; up to its caches' bounds, hundreds of megabytes), so a packed linear takes more rows than this padded to a
+# multiple of it: at most this many counts and a few dozen more in a long run, where questions with what they
+# retrieve, of every length, would make hundreds. A text of up to 64 tokens is not padded, nor a full block. Rows are
+# independent, so the padding changes no row's result.
+ROW_BUCKET = 64
 
 _batch_step = threading.local()  # `on`: this thread is inside `weights_left()`
 
@@ -53,10 +59,22 @@ def _weights_left_forward(self: nn.Linear, x: Tensor) -> Tensor:
     return out if self.bias is None else out + self.bias
 
 
+def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight.T + bias through oneDNN, `weight` packed (or dense), any count of rows as it comes."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
 def _packed_forward(self: nn.Linear, x: Tensor) -> Tensor:
     if x.device.type != "cpu" or x.dtype != torch.float32 or x.requires_grad:
         raise RuntimeError(f"a linear packed for the CPU in float32 got a {x.dtype} input on {x.device}")
-    return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    padded = -(-rows // ROW_BUCKET) * ROW_BUCKET
+    if rows <= ROW_BUCKET or padded == rows:
+        return onednn_linear(x, self.weight, self.bias)
+    flat = torch.zeros(padded, x.shape[-1], dtype=x.dtype)
+    flat[:rows] = x.reshape(rows, -1)
+    out = onednn_linear(flat, self.weight, self.bias)[:rows]
+    return out.reshape(*x.shape[:-1], -1)
 
 
 def is_packed(module: nn.Module) -> bool:
@@ -76,7 +94,7 @@ def _pack(weight: Tensor) -> Tensor | None:
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
         probe = torch.zeros(2, weight.shape[1])
-        if torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], "").shape != (2, weight.shape[0]):
+        if onednn_linear(probe, packed).shape != (2, weight.shape[0]):
             return None
     except (AttributeError, RuntimeError, NotImplementedError):
         return None
@@ -112,4 +130,5 @@ def unpack_linears(model: nn.Module) -> None:
                 module.forward = types.MethodType(_weights_left_forward, module)
 
 
-__all__ = ["FEW_ROWS", "dense", "is_packed", "prepare_linears", "unpack_linears", "weights_left"]
+__all__ = ["FEW_ROWS", "ROW_BUCKET", "dense", "is_packed", "onednn_linear", "prepare_linears", "unpack_linears",
+           "weights_left"]
