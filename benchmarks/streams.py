@@ -4,8 +4,9 @@ Each stream is a robot of its own: its own texts (a patrol's reports, its facts 
 and a question at the end of each round, each with `--answer-tokens` as its max_new_tokens. For each count of streams
 (`--streams`, 1 2 4 8):
 
-- pooled: one process loads the model once and holds every stream in a `StreamPool`; each round every stream takes its
-  texts and its frame (one after the other: ingest is not batched), then every stream's question is asked at once
+- pooled: one process loads the model once and holds every stream in a `StreamPool`; each round every stream's texts
+  are given at once, then every stream's frame (`StreamPool.push_texts_together`, `push_frames_together`: blocks that
+  fit one pass go in as one batch), then every stream's question is asked at once
   (`StreamPool.ask_together`: the questions go in one by one, the answers decode as one batch);
 - one after the other: each of the same streams alone in a process of its own (a pool of one: the same code path,
   the batch of one), the processes run in turn; the figures of the first n of them add up to n streams' baseline.
@@ -134,11 +135,15 @@ def run_streams(args, ids: list[int]) -> dict:
     ingest, answers, decoded, latencies, answer_tokens = [], [], [], [], 0
     for r in range(args.rounds):
         tokens, start = 0, time.monotonic()
-        for i in ids:
-            stream = pool[str(i)]
-            tokens += sum(stream.push_texts([(t, 60.0 * r + k) for k, t in enumerate(texts(i, r, args.texts))]))
-            if adapter.supports_frames:
-                tokens += stream.push_frame(frame(i, r), stamp=60.0 * r + args.texts)
+        pushed = pool.push_texts_together({str(i): [(t, 60.0 * r + k) for k, t in enumerate(texts(i, r, args.texts))]
+                                           for i in ids})
+        if adapter.supports_frames:
+            pushed.update({f"{name} frame": n for name, n in pool.push_frames_together(
+                {str(i): (frame(i, r), 60.0 * r + args.texts) for i in ids}).items()})
+        for n in pushed.values():
+            if isinstance(n, BaseException):
+                raise n
+            tokens += sum(n) if isinstance(n, list) else n
         ingest.append((tokens, time.monotonic() - start))
         decode_s, steps = pool.decode_seconds, pool.decoder.steps
         start = time.monotonic()
@@ -162,6 +167,8 @@ def run_streams(args, ids: list[int]) -> dict:
         "streams": len(ids), "ids": ids, "load_s": round(load_s, 1),
         "input_tokens": sum(a for a, _ in ingest), "answer_tokens": answer_tokens,
         "ingest": rate(ingest), "answers": rate(answers), "decoding": rate(decoded),
+        # Blocks of several streams taken in one pass, and the passes.
+        "ingest_batches": {"passes": pool.ingester.batches, "blocks": pool.ingester.blocks},
         "latency_s": {"median": round(statistics.median(latencies), 2), "p95": round(percentile(latencies, 0.95), 2)},
         "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1), "rss_after_model_mb": round(rss_model / 2**20, 1),
         "rss_end_mb": round(rss_end / 2**20, 1),

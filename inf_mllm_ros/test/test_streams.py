@@ -363,3 +363,52 @@ def test_questions_of_memories_on_a_shared_model_that_wait_at_once_decode_in_one
     finally:
         for engine in engines.values():
             engine.close(timeout=60)
+
+
+def assert_same_memory(want: dict, got: dict) -> None:
+    """The same slots in the same order with the same bookkeeping; keys, values and scores within float32 tolerance
+    (a batch's pass and a block's own do their sums in other orders)."""
+    assert want.keys() == got.keys()
+    for name, value in want.items():
+        if isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
+            torch.testing.assert_close(got[name], value, atol=1e-5, rtol=1e-4, msg=name)
+        elif isinstance(value, torch.Tensor):
+            assert torch.equal(got[name], value), name
+        else:
+            assert got[name] == value, name
+
+
+def waves(scripts: dict[str, list[tuple]]):
+    """The streams' inputs of a round given at once, k-th with k-th: each wave's texts together, then its frames."""
+    for k in range(max(len(items) for items in scripts.values())):
+        wave = {name: items[k] for name, items in scripts.items() if k < len(items)}
+        texts = {name: [(item[1], item[2], item[3])] for name, item in wave.items() if item[0] == "text"}
+        frames = {name: (frame(item[1]), item[2]) for name, item in wave.items() if item[0] == "frame"}
+        yield texts, frames
+
+
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow), 2])
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_inputs_given_at_once_go_in_as_batches_and_leave_each_memory_as_alone(family, seed, adapters):
+    adapter = adapters[family]
+    pool = StreamPool(adapter, configs())
+    alone = {name: KVStream(adapter, cfg) for name, cfg in configs().items()}
+    scripts = {name: script(name, seed, adapter.supports_frames) for name in pool}
+    rng = random.Random(seed)
+    for r in range(3):
+        for texts, frames in waves({name: scripts[name][r] for name in pool}):
+            for together, push in ((texts, pool.push_texts_together), (frames, pool.push_frames_together)):
+                if not together:
+                    continue
+                got = push(together)
+                for name, given in together.items():
+                    want = (alone[name].push_texts(given) if push == pool.push_texts_together
+                            else alone[name].push_frame(*given))
+                    assert got[name] == want, name
+                    assert_same_memory(cache_state(alone[name]), cache_state(pool[name]))
+        for name in pool:
+            q = rng.choice(QUESTIONS)
+            got, want = pool[name].ask(q, max_new_tokens=8), alone[name].ask(q, max_new_tokens=8)
+            assert (got.text, got.retrieved_stamps) == (want.text, want.retrieved_stamps), name
+    assert pool.ingester.batches > 0 and pool.ingester.blocks > 2 * pool.ingester.batches - 1
+    assert sum(pool[name].cache.evictions for name in pool) > 0

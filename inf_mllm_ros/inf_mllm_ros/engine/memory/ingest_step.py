@@ -25,6 +25,7 @@ path's within float32 tolerance, and the same slots are kept (tests).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -37,7 +38,8 @@ from .decode_step import SlotLayer, compile_step
 if TYPE_CHECKING:
     from ..models.adapters import ModelAdapter
     from .cache import BoundedKVCache
-    from .forward_plan import ForwardPlan
+    from .cache_layer import BoundedLayer
+    from .forward_plan import ForwardPlan, PromptPositions
 
 # The smallest padded block: shorter blocks would each need a graph of their own for little gain.
 SMALLEST_BLOCK = 16
@@ -155,13 +157,7 @@ class StaticIngester:
         bookkeeping, its forward, and its scores if asked. Returns the last real token's logits [1, vocab]."""
         rows, slots = self.rows, self._slots[size]
         slots.copy_(self.fill + torch.arange(size, device=slots.device))
-        heads = rows.pos_start.shape[0]
-        for store, value in ((rows.pos_start, start), (rows.pos_end, end), (rows.seq, seq), (rows.frame, frame),
-                             (rows.pinned, pinned)):
-            store.index_copy_(1, slots, value[None].expand(heads, -1))
-        rows.window_attention.index_fill_(1, slots, 0)
-        for stat in rows.stats.values():
-            stat.index_fill_(1, slots, 0)
+        write_block_rows(rows, slots, start, end, seq, frame, pinned)
         mask = (self.slot_index[None, :] <= slots[:, None])[None, None]
         extra = {}
         if scores:
@@ -169,9 +165,7 @@ class StaticIngester:
             extra[SCORES_ARGUMENT] = (self.window_attention, valid)
         logits = self.adapter.forward(embeds, position_ids, self._writers[size], attention_mask=mask,
                                       logits_at=(self.valid_count - 1).clamp(min=0), **extra)
-        if rows.key_origin is not None:  # half precision: each key as the model rotated it, with its position
-            rows.key_origin.index_copy_(2, slots, rows.keys.index_select(2, slots))
-            rows.pos_origin.index_copy_(1, slots, start[None].expand(heads, -1))
+        keep_key_origin(rows, slots, start)
         return logits
 
     def warm_up(self) -> None:
@@ -208,33 +202,82 @@ class StaticIngester:
         fill, device = cache.fill, self.rows.device
         self.fill.fill_(fill)
         self.valid_count.fill_(n)
-        pad = size - n
         scores = cache.wants_scores
         # Every input made anew here and in inference mode, as in `warm_up`: a guard of the graph tells apart
         # inference tensors from others, and views from tensors of their own.
         with torch.inference_mode():
-            seq = positions.seq
-            pinned = positions.pinned
-            pinned = (pinned.to(device) if isinstance(pinned, Tensor)
-                      else torch.full((n,), pinned, dtype=torch.bool, device=device))
-            logits = self._step_for(size, scores)(
-                torch.cat([embeds, embeds.new_zeros(pad, embeds.shape[1])]),
-                _pad_last(position_ids, pad),
-                _pad_last(positions.start, pad), _pad_last(positions.end, pad),
-                torch.cat([seq, seq[-1] + 1 + torch.arange(pad, device=seq.device)]),
-                torch.full((size,), positions.frame, dtype=torch.bool, device=device),
-                torch.cat([pinned, pinned.new_zeros(pad)]),
-            )
-        if plan.recorder is not None:  # copies: the eviction below moves the slots
-            for i, layer in enumerate(cache.layers):
-                plan.recorder.take(i, layer.keys[:, :, fill : fill + n].clone(),
-                                   layer.values[:, :, fill : fill + n].clone())
-        for layer in cache.layers:
-            layer.took(n, positions, scored=scores)
-        with torch.inference_mode():
-            cache.end_forward()
+            block = padded_block(embeds, position_ids, positions, size, device)
+            logits = self._step_for(size, scores)(block.embeds, block.position_ids, block.start, block.end, block.seq,
+                                                  block.frame, block.pinned)
+        finish_block(cache, plan, fill, n, scored=scores)
         self.blocks += 1
         return logits
+
+
+@dataclass
+class PaddedBlock:
+    """A block's inputs padded to its step's size: embeddings [size, hidden], model position ids, and its slots'
+    bookkeeping ([size] each: start and end positions, stream index, frame and pin flags)."""
+
+    embeds: Tensor
+    position_ids: Tensor
+    start: Tensor
+    end: Tensor
+    seq: Tensor
+    frame: Tensor
+    pinned: Tensor
+
+
+def padded_block(embeds: Tensor, position_ids: Tensor, positions: PromptPositions, size: int,
+                 device: torch.device) -> PaddedBlock:
+    """A block of n tokens ([n, hidden] embeddings, its model position ids and positions) padded to `size`: zero
+    embeddings at the last real position, stream indices past the block's, neither frame nor pin."""
+    n = embeds.shape[0]
+    pad = size - n
+    seq, pinned = positions.seq, positions.pinned
+    pinned = (pinned.to(device) if isinstance(pinned, Tensor)
+              else torch.full((n,), pinned, dtype=torch.bool, device=device))
+    return PaddedBlock(
+        torch.cat([embeds, embeds.new_zeros(pad, embeds.shape[1])]),
+        _pad_last(position_ids, pad),
+        _pad_last(positions.start, pad), _pad_last(positions.end, pad),
+        torch.cat([seq, seq[-1] + 1 + torch.arange(pad, device=seq.device)]),
+        torch.full((size,), positions.frame, dtype=torch.bool, device=device),
+        torch.cat([pinned, pinned.new_zeros(pad)]),
+    )
+
+
+def write_block_rows(rows: "BoundedLayer", slots: Tensor, start: Tensor, end: Tensor, seq: Tensor, frame: Tensor,
+                     pinned: Tensor) -> None:
+    """The bookkeeping of a padded block's slots, on every layer-head of `rows` (a cache's stacked layers): its
+    positions, stream indices, frame and pin flags; no retrieval-window score and no policy statistic yet."""
+    heads = rows.pos_start.shape[0]
+    for store, value in ((rows.pos_start, start), (rows.pos_end, end), (rows.seq, seq), (rows.frame, frame),
+                         (rows.pinned, pinned)):
+        store.index_copy_(1, slots, value[None].expand(heads, -1))
+    rows.window_attention.index_fill_(1, slots, 0)
+    for stat in rows.stats.values():
+        stat.index_fill_(1, slots, 0)
+
+
+def keep_key_origin(rows: "BoundedLayer", slots: Tensor, start: Tensor) -> None:
+    """In half precision, each new key as the model rotated it, with its position (re-rotations start from it)."""
+    if rows.key_origin is not None:
+        rows.key_origin.index_copy_(2, slots, rows.keys.index_select(2, slots))
+        rows.pos_origin.index_copy_(1, slots, start[None].expand(rows.pos_start.shape[0], -1))
+
+
+def finish_block(cache: "BoundedKVCache", plan: "ForwardPlan", fill: int, n: int, *, scored: bool) -> None:
+    """What follows a block written into the cache's storage by a step (n real tokens from slot `fill`): the
+    plan's recording (copies: the eviction moves the slots), every layer's counters, the eviction and re-pack."""
+    if plan.recorder is not None:
+        for i, layer in enumerate(cache.layers):
+            new = slice(fill, fill + n)
+            plan.recorder.take(i, layer.keys[:, :, new].clone(), layer.values[:, :, new].clone())
+    for layer in cache.layers:
+        layer.took(n, plan.positions, scored=scored)
+    with torch.inference_mode():
+        cache.end_forward()
 
 
 def _pad_last(t: Tensor, pad: int) -> Tensor:

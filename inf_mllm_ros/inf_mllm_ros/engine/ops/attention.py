@@ -52,18 +52,19 @@ def bounded_cache_attention(module, query, key, value, attention_mask, **kwargs)
 
 
 def masked_attention_with_scores(query, key, value, mask, valid, scaling, scores):
-    """Attention of query [1, heads, q, d] over key and value [1, kv heads, slots, d] under a boolean mask
-    [1, 1, q, slots] (True: visible); the probabilities that the `valid` queries ([q] bool) pay each slot, summed
-    over the queries and the heads of each kv head's group, are added to `scores` [kv heads, slots] (float32)."""
-    _, heads, q, dim = query.shape
+    """Attention of query [b, heads, q, d] over key and value [b, kv heads, slots, d] under a boolean mask
+    [b, 1, q, slots] (True: visible); the probabilities that the `valid` queries ([q] bool, or [b, q] for a batch of
+    streams' blocks) pay each slot, summed over the queries and the heads of each kv head's group, are added to
+    `scores` ([kv heads, slots] float32; [b, kv heads, slots] for a batch)."""
+    b, heads, q, dim = query.shape
     kv, slots = key.shape[1], key.shape[2]
     group = heads // kv
-    logits = torch.bmm((query[0] * scaling).reshape(kv, group * q, dim), key[0].transpose(1, 2)).float()
-    logits = logits.view(kv, group, q, slots).masked_fill(~mask[0, 0], float("-inf"))
+    logits = torch.matmul((query * scaling).reshape(b, kv, group * q, dim), key.transpose(2, 3)).float()
+    logits = logits.view(b, kv, group, q, slots).masked_fill(~mask[:, :, None], float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    scores.add_((probs * valid[:, None]).sum(dim=(1, 2)))
-    output = torch.bmm(probs.to(value.dtype).view(kv, group * q, slots), value[0])
-    return output.view(heads, q, -1).transpose(0, 1).unsqueeze(0).contiguous(), None
+    scores.add_((probs * valid.view(-1, 1, 1, q, 1)).sum(dim=(2, 3)).view_as(scores))
+    output = torch.matmul(probs.to(value.dtype).view(b, kv, group * q, slots), value)
+    return output.view(b, heads, q, -1).transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(ATTENTION_NAME, bounded_cache_attention)

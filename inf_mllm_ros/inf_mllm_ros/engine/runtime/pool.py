@@ -5,20 +5,24 @@ share the `ModelAdapter` (one copy of the weights, and the model's retrieval hea
 caches are of one shape (the same capacity and headroom), which is what lets answers that are asked at the same
 time decode as one batch (engine/memory/batched_step.py): the questions go into their own streams' headrooms one by
 one, their tokens come together, one model step for all, and each stream is then taken back to where it was (and
-keeps the exchange where asked). Inputs go into each stream as they would alone; each stream's memory and answers are
-those it would have alone (tests: test_streams.py).
+keeps the exchange where asked). Inputs given at once (`push_texts_together`, `push_frames_together`) go in block by
+block, the blocks of the streams that have one, and fit one batch, in one pass (engine/memory/batched_ingest.py); each
+stream's memory and answers are those it would have alone (tests: test_streams.py).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Generator
 
 from ..answering import Answer, Question
+from ..memory.batched_ingest import BatchedIngester, IngestMember
+from ..memory.ingest_step import block_sizes
 from ..models.adapters import ModelAdapter
 from ..stream_config import StreamConfig
 from .answer_bench import batch_decoder, decode_together
-from .stream import KVStream, OpenAnswer
+from .stream import KVStream, OpenAnswer, StagedForward
 
 
 class StreamPool:
@@ -36,7 +40,9 @@ class StreamPool:
         shapes = {name: (s.cache.slots, s.cache.capacity) for name, s in self.streams.items()}
         if len(set(shapes.values())) > 1:
             raise ValueError(f"a pool's caches must be of one shape (capacity, headroom), got {shapes}")
-        self.decoder = batch_decoder(next(iter(self.streams.values())))
+        first = next(iter(self.streams.values()))
+        self.decoder = batch_decoder(first)
+        self.ingester = BatchedIngester(adapter, block_sizes(first.config.chunk_size, adapter.device))
         self.decode_seconds = 0.0  # time spent decoding answers (a batch, or one alone on its stream's step)
 
     def __getitem__(self, name: str) -> KVStream:
@@ -47,6 +53,73 @@ class StreamPool:
 
     def __len__(self) -> int:
         return len(self.streams)
+
+    def push_texts_together(self, texts: dict[str, list[tuple]]) -> dict[str, list[int] | BaseException]:
+        """Each stream's messages (items as `KVStream.push_texts` takes them) pushed, their blocks batched where they
+        fit one pass. Returns, by stream, each message's token count, or the exception that ended its push (a bad
+        text, a stop): one stream's failure ends no other's."""
+        return self._push_together({name: self.streams[name].text_steps(items) for name, items in texts.items()})
+
+    def push_frames_together(self, frames: dict[str, tuple]) -> dict[str, int | BaseException]:
+        """Each stream's camera frame, (rgb, stamp), (rgb, stamp, pose) or (rgb, stamp, pose, camera) as
+        `KVStream.push_frame` takes them, pushed, the frames' blocks batched where they fit one pass. Returns, by
+        stream, its token count or the exception that ended its push."""
+        steps = {}
+        for name, (rgb, stamp, *rest) in frames.items():
+            pose, camera = rest[0] if rest else None, rest[1] if len(rest) > 1 else ""
+            steps[name] = self.streams[name].frame_steps(rgb, stamp, pose=pose, camera=camera)
+        return self._push_together(steps)
+
+    def _push_together(self, steps: dict[str, Generator[StagedForward, None, object]]) -> dict[str, object]:
+        """Drive every stream's steps a block at a time: the blocks staged at once that share a batch key go through
+        the model as one batch, any other alone on its stream's own path."""
+        results: dict[str, object] = {}
+        staged: dict[str, StagedForward] = {}
+
+        def advance(name: str) -> None:
+            try:
+                staged[name] = next(steps[name])
+            except StopIteration as done:
+                results[name] = done.value
+            except Exception as exc:
+                results[name] = exc
+
+        def failed(name: str, exc: Exception) -> None:
+            staged.pop(name, None)
+            steps[name].close()  # what is staged is taken back; the blocks that went in stay
+            results[name] = exc
+
+        try:
+            for name in steps:
+                advance(name)
+            while staged:
+                groups: dict[tuple, list[str]] = {}
+                for name, forward in staged.items():
+                    key = self.ingester.batch_key(self.streams[name].cache, forward.plan)
+                    groups.setdefault(("alone", name) if key is None else key, []).append(name)
+                for names in groups.values():
+                    if len(names) == 1:
+                        try:
+                            self.streams[names[0]].run_staged(staged[names[0]], static=True)
+                        except Exception as exc:
+                            failed(names[0], exc)
+                        continue
+                    members = [IngestMember(self.streams[name].cache, staged[name].embeds, staged[name].position_ids,
+                                            staged[name].plan) for name in names]
+                    try:
+                        self.ingester.run(members)
+                    except Exception as exc:  # each of the batch's streams hears why
+                        for name in names:
+                            failed(name, exc)
+                ran = list(staged)
+                staged.clear()
+                for name in ran:
+                    advance(name)
+        except BaseException:
+            for name in staged:
+                steps[name].close()
+            raise
+        return {name: results[name] for name in steps}
 
     def ask_together(self, questions: dict[str, Question | str]) -> dict[str, Answer | BaseException]:
         """Each stream's question answered, the answers decoded as one batch (answer_bench.py). Returns, by stream,

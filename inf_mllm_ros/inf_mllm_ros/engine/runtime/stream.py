@@ -17,7 +17,7 @@ import threading
 import time
 import dataclasses
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, Generator
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ from ..answering import (
     TokenCallback,
     asks_when,
 )
-from ..archive.archive import KVArchive, Turn
+from ..archive.archive import ForwardRecording, KVArchive, Turn
 from ..ops.attention import CACHE_ARGUMENT
 from ..memory.cache import BoundedKVCache
 from ..memory.forward_plan import ForwardPlan, PromptPositions
@@ -92,6 +92,32 @@ class MemoryExport:
     new_blocks: dict[str, Tensor]  # the archive's blocks asked for, as named tensors
     tokens_seen: int
     fill: int
+
+
+@dataclass
+class StagedForward:
+    """A forward planned and staged on a stream's cache, waiting to be run: by the stream alone
+    (`KVStream.run_staged`), or with other streams' blocks in one batch (engine/memory/batched_ingest.py)."""
+
+    embeds: Tensor  # [q, hidden]
+    position_ids: Tensor  # the model's position ids (`ModelAdapter.model_position_ids`)
+    plan: ForwardPlan  # given to the cache (`BoundedKVCache.stage`)
+    recording: ForwardRecording | None  # the archive's copy of it, where it is recorded
+
+
+def run_steps(steps: Generator[StagedForward, None, object], run: Callable[[StagedForward], object]):
+    """Drive a stream's staged forwards (`KVStream.push_steps` and those built on it), each run by `run`; returns
+    their value. On a failure the steps are closed (what is staged is taken back) and it is raised."""
+    try:
+        staged = next(steps)
+        while True:
+            run(staged)
+            staged = next(steps)
+    except StopIteration as done:
+        return done.value
+    except BaseException:
+        steps.close()
+        raise
 
 
 @dataclass
@@ -327,6 +353,10 @@ class KVStream:
         blocks) for all of them; the memory ends exactly as if each had been pushed with push_text in turn, apart
         from where evictions fall. Returns each message's token count.
         """
+        return self.run_steps(self.text_steps(items))
+
+    def text_steps(self, items: list[tuple]) -> Generator[StagedForward, None, list[int]]:
+        """`push_texts` a block at a time (`push_steps`); its value is what `push_texts` returns."""
         items = [(text, stamp, bool(rest and rest[0]), rest[1] if len(rest) > 1 else None)
                  for text, stamp, *rest in items]
         if not items:
@@ -342,8 +372,9 @@ class KVStream:
             turns.append(self.adapter.tokenize_turn(self.adapter.chat.user_parts(stamped(said, stamp, clock))))
             clock = clock.after(stamp)
         pinned = torch.cat([torch.full((len(t),), pin) for t, (_, _, pin, _) in zip(turns, items)])
-        self._push(self.adapter.text_prompt(torch.cat(turns)), pinned=pinned if bool(pinned.any()) else False,
-                   stoppable=True, turns=[Turn(len(t), stamp, pose) for t, (_, stamp, _, pose) in zip(turns, items)])
+        yield from self.push_steps(
+            self.adapter.text_prompt(torch.cat(turns)), pinned=pinned if bool(pinned.any()) else False, stoppable=True,
+            turns=[Turn(len(t), stamp, pose) for t, (_, stamp, _, pose) in zip(turns, items)])
         self.texts_ingested += len(items)
         self.newest_stamp = clock.previous
         return [int(t.numel()) for t in turns]
@@ -353,13 +384,18 @@ class KVStream:
         """Push one camera frame (H x W x 3 uint8 RGB) as a user turn; returns its token count. `pose`: where the
         robot was at `stamp`; `camera`: which of the robot's cameras took it, said in its marker and its evidence
         ("": a robot's one camera, unnamed). ValueError for a name `value_rules.camera_problem` refuses."""
+        return self.run_steps(self.frame_steps(rgb, stamp, pose=pose, camera=camera))
+
+    def frame_steps(self, rgb: np.ndarray, stamp: float | None = None, *, pose: Pose | None = None,
+                    camera: str = "") -> Generator[StagedForward, None, int]:
+        """`push_frame` a block at a time (`push_steps`); its value is what `push_frame` returns."""
         problem = camera_problem(camera)
         if problem:
             raise ValueError(problem)
         prompt = self.adapter.frame_prompt(rgb, stamp, max_pixels=self.config.max_frame_pixels,
                                            clock=self.marker_clock, camera=camera)
         self._ensure_started()
-        n = self._push(prompt, turns=[Turn(len(prompt), stamp, pose, camera)])
+        n = yield from self.push_steps(prompt, turns=[Turn(len(prompt), stamp, pose, camera)])
         self.frames_ingested += 1
         if stamp is not None:
             self.newest_frame_stamp = self.newest_stamp = stamp
@@ -406,8 +442,21 @@ class KVStream:
 
     def _push(self, prompt: Prompt, *, return_logits: bool = False, last_logits: bool = False,
               pinned: bool | Tensor = False, stoppable: bool = False, turns: list[Turn] | None = None):
-        """Push a prompt in blocks of at most chunk_size tokens, evicting after each block. Returns its
-        token count, or every token's logits (`return_logits`), or the last token's (`last_logits`).
+        """Push a prompt in blocks of at most chunk_size tokens, evicting after each block (`push_steps`). Returns its
+        token count, or every token's logits (`return_logits`), or the last token's (`last_logits`)."""
+        outputs = []
+        total = run_steps(self.push_steps(prompt, pinned=pinned, stoppable=stoppable, turns=turns),
+                          lambda staged: outputs.append(self.run_staged(staged, all_logits=return_logits, static=True)))
+        if return_logits:
+            return torch.cat(outputs)
+        return outputs[-1][-1:] if last_logits else total
+
+    def push_steps(self, prompt: Prompt, *, pinned: bool | Tensor = False, stoppable: bool = False,
+                   turns: list[Turn] | None = None) -> Generator[StagedForward, None, int]:
+        """A prompt's blocks of at most chunk_size tokens, each staged on the cache and yielded for the caller to run
+        (`run_staged`, or in one batch with other streams' blocks: engine/runtime/pool.py) before the next is asked
+        for; each block is evicted after. Its value: the prompt's token count. A caller that stops part-way closes
+        it: the block staged is taken back, and the blocks that went in stay (as when a push fails part-way).
 
         Text is contiguous in 1-D, so each block is a prompt of its own (positions re-based, packed after
         each). A frame keeps one base position for all its blocks so its 2-D layout stays intact, and its
@@ -419,14 +468,36 @@ class KVStream:
         total = len(prompt)
         if total == 0:
             raise ValueError("empty prompt")
+        chunk = self.config.chunk_size
+        base = self.cache.next_position
         try:
-            result = self._push_blocks(prompt, return_logits, last_logits, pinned, stoppable)
+            for start in range(0, total, chunk):
+                if start and stoppable and self.stop_requested:
+                    raise StreamStoppedError(
+                        f"stopped while taking in a text: its first {start} of {total} tokens went in")
+                block = prompt.slice(start, min(start + chunk, total))
+                if prompt.token_ids is not None:
+                    # Text positions count from 0 (`text_prompt`): the block's first is `start`.
+                    offset, pack = self.cache.next_position - start, True
+                else:
+                    offset, pack = base, start + chunk >= total
+                staged = self._stage(block, offset, evict=True, pack=pack, observe=True, record=True,
+                                     pinned=pinned if isinstance(pinned, bool) else pinned[start : start + len(block)])
+                try:
+                    yield staged
+                finally:
+                    self._unstage(staged)
+                self.tokens_seen += len(block)
         finally:
             self.archive.end_prompt(frame=prompt.token_ids is None, turns=turns or [Turn(total)],
                                     token_ids=prompt.token_ids)
         if any(step is not None and not step.ready for step in (self.static_decoder, self.static_ingester)):
             self._warm_up_steps()
-        return result
+        return total
+
+    def run_steps(self, steps: Generator[StagedForward, None, object]):
+        """Run a stream's own steps (`text_steps`, `frame_steps`, `push_steps`) block by block; their value."""
+        return run_steps(steps, lambda staged: self.run_staged(staged, static=True))
 
     def _warm_up_steps(self) -> None:
         """Make the static steps ready with the memory's first input, not at its first question. A model whose step
@@ -448,39 +519,25 @@ class KVStream:
                                                 self.static_ingester.mode, type(exc).__name__, exc)
             self.static_ingester = None
 
-    def _push_blocks(self, prompt: Prompt, return_logits: bool, last_logits: bool, pinned: bool | Tensor,
-                     stoppable: bool):
-        total = len(prompt)
-        chunk = self.config.chunk_size
-        base = self.cache.next_position
-        outputs = []
-        for start in range(0, total, chunk):
-            if start and stoppable and self.stop_requested:
-                raise StreamStoppedError(f"stopped while taking in a text: its first {start} of {total} tokens went in")
-            block = prompt.slice(start, min(start + chunk, total))
-            last = start + chunk >= total
-            if prompt.token_ids is not None:
-                # Text positions count from 0 (`text_prompt`): the block's first is `start`.
-                offset = self.cache.next_position - start
-                pack = True
-            else:
-                offset, pack = base, last
-            logits = self._forward(block, offset, evict=True, pack=pack, observe=True, all_logits=return_logits,
-                                   pinned=pinned if isinstance(pinned, bool) else pinned[start : start + len(block)],
-                                   record=True, static=True)
-            if return_logits:
-                outputs.append(logits)
-        if return_logits:
-            return torch.cat(outputs)
-        return logits[-1:] if last_logits else total
-
     def _forward(self, prompt: Prompt, offset: int, *, evict: bool, pack: bool, observe: bool,
                  all_logits: bool = False, pinned: bool | Tensor = False, record: bool = False,
                  static: bool = False, capture: dict[int, Tensor] | None = None) -> Tensor:
         """One forward of the model over `prompt` at `offset`; `record`: the archive copies its keys and values;
         `static`: through the stream's static ingest step where the block fits it; `capture`: filled with each
         layer's queries."""
-        q = len(prompt)
+        staged = self._stage(prompt, offset, evict=evict, pack=pack, observe=observe, pinned=pinned, record=record,
+                             capture=capture)
+        try:
+            logits = self.run_staged(staged, all_logits=all_logits, static=static)
+        finally:
+            self._unstage(staged)
+        self.tokens_seen += len(prompt)
+        return logits
+
+    def _stage(self, prompt: Prompt, offset: int, *, evict: bool, pack: bool, observe: bool,
+               pinned: bool | Tensor = False, record: bool = False,
+               capture: dict[int, Tensor] | None = None) -> StagedForward:
+        """A forward over `prompt` at `offset` planned and staged on the cache, not yet run (`_forward`)."""
         device = prompt.embeds.device
         start = prompt.position_ids if prompt.position_ids.dim() == 1 else prompt.position_ids.min(0).values
         positions = PromptPositions(
@@ -493,21 +550,25 @@ class KVStream:
         recording = self.archive.recording(len(self.cache.layers)) if record else None
         plan = ForwardPlan(positions, evict=evict, pack=pack, observe=observe, recorder=recording, capture=capture)
         self.cache.stage(plan)
-        position_ids = self.adapter.model_position_ids(prompt.position_ids, offset)
+        return StagedForward(prompt.embeds, self.adapter.model_position_ids(prompt.position_ids, offset), plan,
+                             recording)
+
+    def run_staged(self, staged: StagedForward, *, all_logits: bool = False, static: bool = False) -> Tensor:
+        """Run a staged forward on this stream's own: through its static ingest step (`static`, where the block fits
+        it) or the cache's layers. Returns the last token's logits (every token's with `all_logits`)."""
         ingester = self.static_ingester if static else None
-        try:
-            if ingester is not None and ingester.fits(plan, all_logits=all_logits):
-                logits = ingester.run(prompt.embeds, position_ids, plan)
-            else:
-                with torch.inference_mode():
-                    logits = self.adapter.forward(prompt.embeds, position_ids, self.cache, all_logits=all_logits,
-                                                  **{CACHE_ARGUMENT: self.cache})
-        finally:
-            self.cache.unstage()
-            if recording is not None:
-                self.archive.end_forward(recording, positions.start, positions.end, positions.first_seq)
-        self.tokens_seen += q
-        return logits
+        if ingester is not None and ingester.fits(staged.plan, all_logits=all_logits):
+            return ingester.run(staged.embeds, staged.position_ids, staged.plan)
+        with torch.inference_mode():
+            return self.adapter.forward(staged.embeds, staged.position_ids, self.cache, all_logits=all_logits,
+                                        **{CACHE_ARGUMENT: self.cache})
+
+    def _unstage(self, staged: StagedForward) -> None:
+        """A staged forward is over (run, or failed): the cache drops its plan, the archive takes its recording."""
+        self.cache.unstage()
+        if staged.recording is not None:
+            positions = staged.plan.positions
+            self.archive.end_forward(staged.recording, positions.start, positions.end, positions.first_seq)
 
 
     # --- questions -----------------------------------------------------------------------------------

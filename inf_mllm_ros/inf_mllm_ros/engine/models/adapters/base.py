@@ -219,13 +219,18 @@ class ModelAdapter(ABC):
             hidden = hidden[-1:]
         return self.model.lm_head(hidden).float()
 
-    def forward_batch(self, embeds: Tensor, position_ids: Tensor, cache, attention_mask: Tensor) -> Tensor:
+    def forward_batch(self, embeds: Tensor, position_ids: Tensor, cache, attention_mask: Tensor, *,
+                      logits_at: Tensor | None = None, **attention_kwargs) -> Tensor:
         """Several sequences through the decoder in one pass, each over its own rows of `cache`: embeds [batch, q,
         hidden], a 4-D mask per sequence, taken as given; returns each one's last token's float32 logits
-        [batch, vocab] (the batched answers of engine/memory/batched_step.py)."""
+        [batch, vocab] (the batched answers of engine/memory/batched_step.py), or with `logits_at` ([batch]) those
+        of each one's token there (padded blocks: engine/memory/batched_ingest.py)."""
         out = self.decoder(inputs_embeds=embeds, position_ids=position_ids, attention_mask=attention_mask,
-                           use_cache=True, **{self._cache_argument: cache})
-        return self.model.lm_head(out.last_hidden_state[:, -1]).float()
+                           use_cache=True, **{self._cache_argument: cache}, **attention_kwargs)
+        hidden = out.last_hidden_state
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        hidden = hidden[:, -1] if logits_at is None else hidden[rows, logits_at]
+        return self.model.lm_head(hidden).float()
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
