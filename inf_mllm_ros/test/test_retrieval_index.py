@@ -94,13 +94,13 @@ def test_the_index_scores_blocks_as_the_plain_computation_over_the_archive(adapt
 def test_the_reference_question_is_asked_once_per_memory(adapter, monkeypatch):
     stream = wrapped_stream(adapter, 3, 50)
     asked = []
-    content_queries = stream.content_queries
+    content_query_steps = stream.content_query_steps  # every way to a question's queries goes through it
 
     def counted(ids, content):
         asked.append(ids.numel())
-        return content_queries(ids, content)
+        return content_query_steps(ids, content)
 
-    monkeypatch.setattr(stream, "content_queries", counted)
+    monkeypatch.setattr(stream, "content_query_steps", counted)
     for n, question in enumerate(["Where is the ramp?", "What is on the shelf?", "Where is the dock?"]):
         stream.ask(question, max_new_tokens=2)
         # The first retrieval asks the question and the reference question; later ones the question alone.

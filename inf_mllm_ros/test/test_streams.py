@@ -107,6 +107,7 @@ def test_each_stream_of_a_pool_has_the_memory_and_answers_it_would_have_alone(fa
     evictions = sum(pool[name].cache.evictions for name in pool)
     assert evictions > 0 and retrieved > 0 and kept > 0  # the memories moved, answers drew on the archives, some stayed
     assert pool.decoder.steps > 0
+    assert pool.ingester.batches > 0  # the questions' forwards (inputs went in one by one here)
 
 
 @pytest.mark.parametrize("family", ALL_FAMILIES)

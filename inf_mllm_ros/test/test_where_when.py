@@ -264,8 +264,8 @@ def test_evidence_off_costs_nothing_and_gives_none(smollm2):
     stream = planted_stream(smollm2, 3, 8, messages=20)
     stream.reconfigure(evidence=0, retrieve_tokens=0)
     calls = []
-    content_queries = stream.content_queries
-    stream.content_queries = lambda *a: calls.append(1) or content_queries(*a)
+    content_query_steps = stream.content_query_steps  # every way to a question's queries goes through it
+    stream.content_query_steps = lambda *a: calls.append(1) or content_query_steps(*a)
     assert stream.ask("Where is the red cone?", max_new_tokens=4).evidence == [] and not calls
 
 

@@ -19,7 +19,7 @@ import functools
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Callable, Generator, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -97,6 +97,12 @@ class QueryProbe(Protocol):
     def content_queries(self, ids: Tensor, content: slice) -> tuple[Tensor, Tensor]:
         """Every layer's queries of the question's own words, asked of the cache as it is, and their positions."""
 
+    def content_query_steps(self, ids: Tensor, content: slice) -> Generator:
+        """`content_queries` as a step: its forward staged and yielded for the memory's caller to run."""
+
+    def run_steps(self, steps: Generator):
+        """Run steps (`content_query_steps`, and those made of them) on the memory alone; their value."""
+
     @property
     def marker_clock(self) -> MarkerClock:
         """How the memory's markers say a time, and the day of its newest input (`previous`)."""
@@ -159,6 +165,11 @@ class Retriever:
 
     def retrieve(self, ids: Tensor, content: slice, budget: int, evidence: int, spare: int = 0,
                  inputs_from: int = 0) -> Retrieval:
+        """`retrieve_steps`, its forward run by the memory alone."""
+        return self.probe.run_steps(self.retrieve_steps(ids, content, budget, evidence, spare, inputs_from))
+
+    def retrieve_steps(self, ids: Tensor, content: slice, budget: int, evidence: int, spare: int = 0,
+                       inputs_from: int = 0) -> Generator:
         """Place the archived blocks that the question (`ids`, its own words at `content`) scores best, up to
         `budget` tokens, after the cache's own (the caller truncates the cache back afterwards); and its `evidence`
         best inputs, held by the cache or not (those from stream index `inputs_from` on: the system turn before
@@ -173,7 +184,7 @@ class Retriever:
         in_cache = [b for b, h in zip(blocks, held) if h]
         if not candidates and (evidence <= 0 or not in_cache):
             return Retrieval()
-        question = self.probe.content_queries(ids, content)
+        question = yield from self.probe.content_query_steps(ids, content)  # a step: with other memories' at once
         scored = candidates + in_cache
         texts = self.message_texts(scored)
         text = self.question_text(ids, content)

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache
 
-from ..ops.attention import SCORES_ARGUMENT
+from ..ops.attention import QUERIES_ARGUMENT, SCORES_ARGUMENT
 from .decode_step import StorageLayer
 from .ingest_step import finish_block, keep_key_origin, padded_block, write_block_rows
 
@@ -64,13 +64,19 @@ class BatchBlockLayer(StorageLayer):
 @dataclass
 class IngestMember:
     """One stream's block in a batch: its cache (the block's plan staged on it), the block's embeddings [n, hidden]
-    and model position ids. After the batch: `logits`, its last token's [1, vocab]."""
+    and model position ids, whether it wants logits. After the batch: `logits`, its last token's [1, vocab] where
+    any member wanted them, and the plan's `capture` filled where it asks for the layers' queries."""
 
     cache: BoundedKVCache
     embeds: Tensor
     position_ids: Tensor
     plan: ForwardPlan
+    wants_logits: bool = True
     logits: Tensor | None = None
+
+
+# The longest block a batch takes whatever the streams' chunk size: a question goes in whole, up to its headroom.
+BATCH_BLOCK = 128
 
 
 class BatchedIngester:
@@ -86,9 +92,9 @@ class BatchedIngester:
     def batch_key(self, cache: BoundedKVCache, plan: ForwardPlan) -> tuple | None:
         """What a block staged on `cache` with `plan` can share a pass with (blocks of equal keys), or None where it
         goes in alone: longer than any size, the cache holding nothing yet (its storage is made by its first block)
-        or no room for the padded block, or the layers' queries asked for."""
+        or no room for the padded block."""
         size = next((s for s in self.sizes if s >= len(plan)), None)
-        if size is None or plan.capture is not None or cache.fill + size > cache.slots:
+        if size is None or cache.fill + size > cache.slots:
             return None
         if cache.stacked_layers() is None:
             return None
@@ -129,17 +135,23 @@ class BatchedIngester:
                 for i in range(layers)])
             mask = (torch.arange(span, device=device)[None, None, :] <= slots[:, :, None])[:, None]
             extra = {}
+            queries = {} if any(m.plan.capture is not None for m in members) else None
+            if queries is not None:
+                extra[QUERIES_ARGUMENT] = queries
             if scores:
                 heads = members[0].cache.layers[0].keys.shape[1]
                 into = torch.zeros(layers, len(members), heads, span, dtype=torch.float32, device=device)
                 extra[SCORES_ARGUMENT] = (into, torch.arange(size, device=device)[None, :] < counts[:, None])
             logits = self.adapter.forward_batch(
                 torch.stack([b.embeds for b in blocks]), torch.cat([b.position_ids for b in blocks], dim=-2), writer,
-                mask, logits_at=counts - 1, **extra)
+                mask, logits_at=counts - 1, logits=any(m.wants_logits for m in members), **extra)
             for b, (member, row, block) in enumerate(zip(members, rows, blocks)):
                 if scores:
                     row.window_attention.view(layers, heads, -1)[:, :, :span].add_(into[:, b])
                 keep_key_origin(row, slots[b], block.start)
-                member.logits = logits[b : b + 1]
+                if logits is not None:
+                    member.logits = logits[b : b + 1]
+                if member.plan.capture is not None:
+                    member.plan.capture.update({i: q[b] for i, q in queries.items()})
         for member, fill in zip(members, fills):
             finish_block(member.cache, member.plan, fill, len(member.plan), scored=scores)

@@ -11,7 +11,9 @@ a lookup of state elsewhere, so that a compiled step traces through it without a
 The static ingest step (engine/memory/ingest_step.py) gives `window_scores_into=(into, valid)` instead: attention
 over all the cache's slots with the given mask, from one softmax that also adds the attention the valid
 (not padding) queries pay to each slot into `into[layer]` ([layers, kv heads, slots]): the retrieval
-window's scores, as the cache's own path computes them, on fixed shapes.
+window's scores, as the cache's own path computes them, on fixed shapes. A batch of several streams' blocks
+(engine/memory/batched_ingest.py) gives the same with a batch dimension, and `queries_into={}` where a question's
+queries are wanted: each layer's queries land there by layer index.
 """
 
 from __future__ import annotations
@@ -26,12 +28,16 @@ from .scoring import attention_with_window_scores
 ATTENTION_NAME = "inf_mllm"
 CACHE_ARGUMENT = "bounded_cache"
 SCORES_ARGUMENT = "window_scores_into"
+QUERIES_ARGUMENT = "queries_into"
 
 
 def bounded_cache_attention(module, query, key, value, attention_mask, **kwargs):
     cache = kwargs.pop(CACHE_ARGUMENT, None)
     scores_into = kwargs.pop(SCORES_ARGUMENT, None)
+    queries_into = kwargs.pop(QUERIES_ARGUMENT, None)
     layer_idx = getattr(module, "layer_idx", None)
+    if queries_into is not None and layer_idx is not None:
+        queries_into[layer_idx] = query.detach().clone()
     if scores_into is not None and layer_idx is not None:
         into, valid = scores_into
         scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5

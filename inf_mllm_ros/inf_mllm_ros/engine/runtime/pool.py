@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Generator
+from torch import Tensor
 
 from ..answering import Answer, Question
-from ..memory.batched_ingest import BatchedIngester, IngestMember
+from ..memory.batched_ingest import BATCH_BLOCK, BatchedIngester, IngestMember
 from ..memory.ingest_step import block_sizes
 from ..models.adapters import ModelAdapter
 from ..stream_config import StreamConfig
 from .answer_bench import batch_decoder, decode_together
-from .stream import KVStream, OpenAnswer, StagedForward
+from .stream import KVStream, OpenAnswer, StagedForward, Steps
 
 
 class StreamPool:
@@ -42,7 +42,7 @@ class StreamPool:
             raise ValueError(f"a pool's caches must be of one shape (capacity, headroom), got {shapes}")
         first = next(iter(self.streams.values()))
         self.decoder = batch_decoder(first)
-        self.ingester = BatchedIngester(adapter, block_sizes(first.config.chunk_size, adapter.device))
+        self.ingester = BatchedIngester(adapter, block_sizes(max(first.config.chunk_size, BATCH_BLOCK), adapter.device))
         self.decode_seconds = 0.0  # time spent decoding answers (a batch, or one alone on its stream's step)
 
     def __getitem__(self, name: str) -> KVStream:
@@ -58,35 +58,36 @@ class StreamPool:
         """Each stream's messages (items as `KVStream.push_texts` takes them) pushed, their blocks batched where they
         fit one pass. Returns, by stream, each message's token count, or the exception that ended its push (a bad
         text, a stop): one stream's failure ends no other's."""
-        return self._push_together({name: self.streams[name].text_steps(items) for name, items in texts.items()})
+        return self._together({name: self.streams[name].text_steps(items) for name, items in texts.items()})
 
     def push_frames_together(self, frames: dict[str, tuple]) -> dict[str, int | BaseException]:
         """Each stream's camera frame, (rgb, stamp), (rgb, stamp, pose) or (rgb, stamp, pose, camera) as
         `KVStream.push_frame` takes them, pushed, the frames' blocks batched where they fit one pass. Returns, by
         stream, its token count or the exception that ended its push."""
-        steps = {}
+        steps: dict[str, Steps] = {}
         for name, (rgb, stamp, *rest) in frames.items():
             pose, camera = rest[0] if rest else None, rest[1] if len(rest) > 1 else ""
             steps[name] = self.streams[name].frame_steps(rgb, stamp, pose=pose, camera=camera)
-        return self._push_together(steps)
+        return self._together(steps)
 
-    def _push_together(self, steps: dict[str, Generator[StagedForward, None, object]]) -> dict[str, object]:
-        """Drive every stream's steps a block at a time: the blocks staged at once that share a batch key go through
-        the model as one batch, any other alone on its stream's own path."""
+    def _together(self, steps: dict[str, Steps]) -> dict[str, object]:
+        """Drive every stream's steps a forward at a time: the forwards staged at once that share a batch key go
+        through the model as one batch, any other alone on its stream's own path. Returns, by stream, its steps'
+        value or the exception that ended them."""
         results: dict[str, object] = {}
         staged: dict[str, StagedForward] = {}
 
-        def advance(name: str) -> None:
+        def advance(name: str, logits: Tensor | None = None) -> None:
             try:
-                staged[name] = next(steps[name])
+                staged[name] = steps[name].send(logits)
             except StopIteration as done:
                 results[name] = done.value
             except Exception as exc:
                 results[name] = exc
 
         def failed(name: str, exc: Exception) -> None:
-            staged.pop(name, None)
-            steps[name].close()  # what is staged is taken back; the blocks that went in stay
+            del staged[name]
+            steps[name].close()  # what is staged is taken back, and what its steps undo on a failure undone
             results[name] = exc
 
         try:
@@ -97,24 +98,26 @@ class StreamPool:
                 for name, forward in staged.items():
                     key = self.ingester.batch_key(self.streams[name].cache, forward.plan)
                     groups.setdefault(("alone", name) if key is None else key, []).append(name)
+                outputs: dict[str, Tensor | None] = {}
                 for names in groups.values():
                     if len(names) == 1:
                         try:
-                            self.streams[names[0]].run_staged(staged[names[0]], static=True)
+                            outputs[names[0]] = self.streams[names[0]].run_staged(staged[names[0]])
                         except Exception as exc:
                             failed(names[0], exc)
                         continue
                     members = [IngestMember(self.streams[name].cache, staged[name].embeds, staged[name].position_ids,
-                                            staged[name].plan) for name in names]
+                                            staged[name].plan, staged[name].logits) for name in names]
                     try:
                         self.ingester.run(members)
                     except Exception as exc:  # each of the batch's streams hears why
                         for name in names:
                             failed(name, exc)
-                ran = list(staged)
+                        continue
+                    outputs.update((name, member.logits) for name, member in zip(names, members))
                 staged.clear()
-                for name in ran:
-                    advance(name)
+                for name, logits in outputs.items():
+                    advance(name, logits)
         except BaseException:
             for name in staged:
                 steps[name].close()
@@ -122,26 +125,28 @@ class StreamPool:
         return {name: results[name] for name in steps}
 
     def ask_together(self, questions: dict[str, Question | str]) -> dict[str, Answer | BaseException]:
-        """Each stream's question answered, the answers decoded as one batch (answer_bench.py). Returns, by stream,
-        its `Answer`, or the exception that ended it (a bad question, a cancel, a stop): one stream's failure ends no
-        other's. An answer kept in memory that does not fit in its headroom is answered alone, first."""
+        """Each stream's question answered: the questions' forwards (their queries for retrieval, then the questions
+        placed) batched as inputs are, the answers decoded as one batch (answer_bench.py). Returns, by stream, its
+        `Answer`, or the exception that ended it (a bad question, a cancel, a stop): one stream's failure ends no
+        other's. An answer kept in memory that does not fit in its headroom is answered alone, before the batch."""
+        asked = {name: Question(question) if isinstance(question, str) else question
+                 for name, question in questions.items()}
         results: dict[str, Answer | BaseException] = {}
         opened: dict[str, OpenAnswer] = {}
-        for name, question in questions.items():
-            stream = self.streams[name]
-            q = Question(question) if isinstance(question, str) else question
+        steps = {name: self.streams[name].answer_steps(q.text, **q.options()) for name, q in asked.items()}
+        for name, answer in self._together(steps).items():
+            stream, q = self.streams[name], asked[name]
+            if isinstance(answer, BaseException):
+                results[name] = answer
+                continue
             try:
-                answer = stream.open_answer(q.text, **q.options())
                 if answer is None:
                     results[name] = stream.ask(q.text, **q.options())
                     continue
-            except Exception as exc:
-                results[name] = exc
-                continue
-            try:
                 answer.turn.check()
             except Exception as exc:
-                stream.abandon_answer(answer)
+                if answer is not None:
+                    stream.abandon_answer(answer)
                 results[name] = exc
                 continue
             opened[name] = answer

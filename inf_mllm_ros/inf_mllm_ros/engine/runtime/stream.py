@@ -97,22 +97,29 @@ class MemoryExport:
 @dataclass
 class StagedForward:
     """A forward planned and staged on a stream's cache, waiting to be run: by the stream alone
-    (`KVStream.run_staged`), or with other streams' blocks in one batch (engine/memory/batched_ingest.py)."""
+    (`KVStream.run_staged`), or with other streams' in one batch (engine/memory/batched_ingest.py)."""
 
     embeds: Tensor  # [q, hidden]
     position_ids: Tensor  # the model's position ids (`ModelAdapter.model_position_ids`)
     plan: ForwardPlan  # given to the cache (`BoundedKVCache.stage`)
     recording: ForwardRecording | None  # the archive's copy of it, where it is recorded
+    static: bool = False  # alone, through the stream's static ingest step where the block fits it
+    all_logits: bool = False  # every token's logits, not the last one's
+    logits: bool = True  # any logits at all (a question's queries need none)
 
 
-def run_steps(steps: Generator[StagedForward, None, object], run: Callable[[StagedForward], object]):
-    """Drive a stream's staged forwards (`KVStream.push_steps` and those built on it), each run by `run`; returns
-    their value. On a failure the steps are closed (what is staged is taken back) and it is raised."""
+# A stream's steps: each forward staged on its cache is yielded, run by the caller, and its logits sent back.
+Steps = Generator[StagedForward, "Tensor | None", object]
+
+
+def run_steps(steps: Steps, run: Callable[[StagedForward], Tensor | None]):
+    """Drive a stream's steps (`KVStream.push_steps` and those built like it), each staged forward run by `run` and
+    its logits sent back; returns their value. On a failure the steps are closed (what is staged is taken back, and
+    what the steps change for their forwards is undone as they undo it) and it is raised."""
     try:
         staged = next(steps)
         while True:
-            run(staged)
-            staged = next(steps)
+            staged = steps.send(run(staged))
     except StopIteration as done:
         return done.value
     except BaseException:
@@ -445,17 +452,22 @@ class KVStream:
         """Push a prompt in blocks of at most chunk_size tokens, evicting after each block (`push_steps`). Returns its
         token count, or every token's logits (`return_logits`), or the last token's (`last_logits`)."""
         outputs = []
-        total = run_steps(self.push_steps(prompt, pinned=pinned, stoppable=stoppable, turns=turns),
-                          lambda staged: outputs.append(self.run_staged(staged, all_logits=return_logits, static=True)))
+
+        def run(staged: StagedForward) -> Tensor:
+            outputs.append(self.run_staged(staged))
+            return outputs[-1]
+
+        total = run_steps(self.push_steps(prompt, pinned=pinned, stoppable=stoppable, turns=turns,
+                                          all_logits=return_logits), run)
         if return_logits:
             return torch.cat(outputs)
         return outputs[-1][-1:] if last_logits else total
 
     def push_steps(self, prompt: Prompt, *, pinned: bool | Tensor = False, stoppable: bool = False,
-                   turns: list[Turn] | None = None) -> Generator[StagedForward, None, int]:
-        """A prompt's blocks of at most chunk_size tokens, each staged on the cache and yielded for the caller to run
-        (`run_staged`, or in one batch with other streams' blocks: engine/runtime/pool.py) before the next is asked
-        for; each block is evicted after. Its value: the prompt's token count. A caller that stops part-way closes
+                   turns: list[Turn] | None = None, all_logits: bool = False) -> Steps:
+        """A prompt's blocks of at most chunk_size tokens as steps: each staged on the cache and yielded for the caller
+        to run (`run_staged`, or in one batch with other streams' blocks: engine/runtime/pool.py) before the next is
+        staged; each block is evicted after. Its value: the prompt's token count. A caller that stops part-way closes
         it: the block staged is taken back, and the blocks that went in stay (as when a push fails part-way).
 
         Text is contiguous in 1-D, so each block is a prompt of its own (positions re-based, packed after
@@ -481,13 +493,10 @@ class KVStream:
                     offset, pack = self.cache.next_position - start, True
                 else:
                     offset, pack = base, start + chunk >= total
-                staged = self._stage(block, offset, evict=True, pack=pack, observe=True, record=True,
-                                     pinned=pinned if isinstance(pinned, bool) else pinned[start : start + len(block)])
-                try:
-                    yield staged
-                finally:
-                    self._unstage(staged)
-                self.tokens_seen += len(block)
+                yield from self._forward_steps(
+                    block, offset, evict=True, pack=pack, observe=True, record=True, static=True,
+                    all_logits=all_logits,
+                    pinned=pinned if isinstance(pinned, bool) else pinned[start : start + len(block)])
         finally:
             self.archive.end_prompt(frame=prompt.token_ids is None, turns=turns or [Turn(total)],
                                     token_ids=prompt.token_ids)
@@ -495,9 +504,10 @@ class KVStream:
             self._warm_up_steps()
         return total
 
-    def run_steps(self, steps: Generator[StagedForward, None, object]):
-        """Run a stream's own steps (`text_steps`, `frame_steps`, `push_steps`) block by block; their value."""
-        return run_steps(steps, lambda staged: self.run_staged(staged, static=True))
+    def run_steps(self, steps: Steps):
+        """Run a stream's own steps (`text_steps`, `frame_steps`, `answer_steps`...) one forward after another on this
+        stream alone; their value."""
+        return run_steps(steps, self.run_staged)
 
     def _warm_up_steps(self) -> None:
         """Make the static steps ready with the memory's first input, not at its first question. A model whose step
@@ -522,22 +532,17 @@ class KVStream:
     def _forward(self, prompt: Prompt, offset: int, *, evict: bool, pack: bool, observe: bool,
                  all_logits: bool = False, pinned: bool | Tensor = False, record: bool = False,
                  static: bool = False, capture: dict[int, Tensor] | None = None) -> Tensor:
-        """One forward of the model over `prompt` at `offset`; `record`: the archive copies its keys and values;
-        `static`: through the stream's static ingest step where the block fits it; `capture`: filled with each
-        layer's queries."""
-        staged = self._stage(prompt, offset, evict=evict, pack=pack, observe=observe, pinned=pinned, record=record,
-                             capture=capture)
-        try:
-            logits = self.run_staged(staged, all_logits=all_logits, static=static)
-        finally:
-            self._unstage(staged)
-        self.tokens_seen += len(prompt)
-        return logits
+        """One forward of the model over `prompt` at `offset`, run here (`_forward_steps`)."""
+        return self.run_steps(self._forward_steps(prompt, offset, evict=evict, pack=pack, observe=observe,
+                                                  all_logits=all_logits, pinned=pinned, record=record, static=static,
+                                                  capture=capture))
 
-    def _stage(self, prompt: Prompt, offset: int, *, evict: bool, pack: bool, observe: bool,
-               pinned: bool | Tensor = False, record: bool = False,
-               capture: dict[int, Tensor] | None = None) -> StagedForward:
-        """A forward over `prompt` at `offset` planned and staged on the cache, not yet run (`_forward`)."""
+    def _forward_steps(self, prompt: Prompt, offset: int, *, evict: bool, pack: bool, observe: bool,
+                       all_logits: bool = False, pinned: bool | Tensor = False, record: bool = False,
+                       static: bool = False, capture: dict[int, Tensor] | None = None, logits: bool = True) -> Steps:
+        """One forward of the model over `prompt` at `offset` as a step; its value: the logits sent back. `record`:
+        the archive copies its keys and values; `static`: alone, through the stream's static ingest step where the
+        block fits it; `capture`: filled with each layer's queries; `logits`: whether any are wanted."""
         device = prompt.embeds.device
         start = prompt.position_ids if prompt.position_ids.dim() == 1 else prompt.position_ids.min(0).values
         positions = PromptPositions(
@@ -550,18 +555,25 @@ class KVStream:
         recording = self.archive.recording(len(self.cache.layers)) if record else None
         plan = ForwardPlan(positions, evict=evict, pack=pack, observe=observe, recorder=recording, capture=capture)
         self.cache.stage(plan)
-        return StagedForward(prompt.embeds, self.adapter.model_position_ids(prompt.position_ids, offset), plan,
-                             recording)
+        staged = StagedForward(prompt.embeds, self.adapter.model_position_ids(prompt.position_ids, offset), plan,
+                               recording, static=static, all_logits=all_logits, logits=logits)
+        try:
+            out = yield staged
+        finally:
+            self._unstage(staged)
+        self.tokens_seen += len(prompt)
+        return out
 
-    def run_staged(self, staged: StagedForward, *, all_logits: bool = False, static: bool = False) -> Tensor:
-        """Run a staged forward on this stream's own: through its static ingest step (`static`, where the block fits
-        it) or the cache's layers. Returns the last token's logits (every token's with `all_logits`)."""
-        ingester = self.static_ingester if static else None
-        if ingester is not None and ingester.fits(staged.plan, all_logits=all_logits):
+    def run_staged(self, staged: StagedForward) -> Tensor | None:
+        """Run a staged forward on this stream alone: through its static ingest step (where the staged forward asks
+        for it and the block fits it) or the cache's layers. Returns the last token's logits (every token's with
+        `all_logits`; None where none are wanted)."""
+        ingester = self.static_ingester if staged.static else None
+        if ingester is not None and ingester.fits(staged.plan, all_logits=staged.all_logits):
             return ingester.run(staged.embeds, staged.position_ids, staged.plan)
         with torch.inference_mode():
-            return self.adapter.forward(staged.embeds, staged.position_ids, self.cache, all_logits=all_logits,
-                                        **{CACHE_ARGUMENT: self.cache})
+            return self.adapter.forward(staged.embeds, staged.position_ids, self.cache, all_logits=staged.all_logits,
+                                        logits=staged.logits, **{CACHE_ARGUMENT: self.cache})
 
     def _unstage(self, staged: StagedForward) -> None:
         """A staged forward is over (run, or failed): the cache drops its plan, the archive takes its recording."""
@@ -592,6 +604,13 @@ class KVStream:
         decoding done elsewhere (several streams' answers in one batch) and `close_answer` after it; the same answer
         as `ask`. None where the answer cannot be decoded apart from the memory (kept, and the headroom has no room
         for the question and the whole answer: it goes into the memory as it decodes): `ask` it then."""
+        return self.run_steps(self.answer_steps(question, max_new_tokens=max_new_tokens, keep_in_memory=keep_in_memory,
+                                                on_token=on_token, cancel=cancel))
+
+    def answer_steps(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
+                     on_token: TokenCallback | None = None, cancel: threading.Event | None = None) -> Steps:
+        """`open_answer` as steps (its two forwards: the question's queries for retrieval, the question placed), for
+        several streams' questions to go through the model together (engine/runtime/pool.py)."""
         question = self.check_text(question, "question")
         self._ensure_started()
         started = time.monotonic()
@@ -599,7 +618,7 @@ class KVStream:
         ids, content = self.question_ids(self.question_parts(question))
         if keep_in_memory and self.cache.slots - self.cache.fill - ids.numel() < asked:
             return None
-        logits, max_new, snapshot, retrieval = self._open_unkept(ids, asked, content)
+        logits, max_new, snapshot, retrieval = yield from self._open_unkept_steps(ids, asked, content)
         return OpenAnswer(ids, logits, max_new, asked, keep_in_memory,
                           AnswerTurn(on_token, cancel, self._stopped, self._answer_text), retrieval, snapshot, started)
 
@@ -684,14 +703,20 @@ class KVStream:
     def content_queries(self, ids: Tensor, content: slice) -> tuple[Tensor, Tensor]:
         """The queries of every layer for a question's own words (`ids` at `content`), asked of the cache as it is
         (the question is taken away again), and the positions they were rotated with."""
+        return self.run_steps(self.content_query_steps(ids, content))
+
+    def content_query_steps(self, ids: Tensor, content: slice) -> Steps:
+        """`content_queries` as a step. Only the question up to its own words goes through the model (the words
+        after them change none of their queries), and no logits are made."""
         fill, frontier, frontiers = self.cache.fill, self.cache.next_position, self.cache.frontiers()
         captured: dict[int, Tensor] = {}
+        asked = ids[: content.stop]
         try:
-            self._forward(self.adapter.text_prompt(ids), frontier, evict=False, pack=False, observe=False,
-                          capture=captured)
+            yield from self._forward_steps(self.adapter.text_prompt(asked), frontier, evict=False, pack=False,
+                                           observe=False, capture=captured, logits=False)
+            self.tokens_seen -= len(asked)
         finally:
             self.cache.truncate(fill, frontiers)
-            self.tokens_seen -= len(ids)
         queries = torch.stack([captured[i][:, content] for i in range(len(self.cache.layers))])
         return queries, torch.arange(frontier, frontier + ids.numel())[content]  # text: as _forward placed them
 
@@ -708,7 +733,11 @@ class KVStream:
         """Put `prompt` after the cache's own tokens, in the headroom, as an answer not kept puts its question and
         its tokens: no eviction, no re-pack, its attention not observed, nothing archived. Returns its logits. The
         caller truncates the cache back (`BoundedKVCache.truncate`) and sets `tokens_seen` back afterwards."""
-        return self._forward(prompt, self.cache.next_position, evict=False, pack=False, observe=False)
+        return self.run_steps(self.place_steps(prompt))
+
+    def place_steps(self, prompt: Prompt) -> Steps:
+        """`place_unkept` as a step; its value: the prompt's last logits."""
+        return self._forward_steps(prompt, self.cache.next_position, evict=False, pack=False, observe=False)
 
     @functools.cached_property
     def closing_ids(self) -> Tensor | None:
@@ -787,7 +816,11 @@ class KVStream:
         return tokens, retrieval
 
     def _open_unkept(self, ids: Tensor, max_new: int, retrieve: slice | None) -> tuple[Tensor, int, tuple, Retrieval]:
-        """An answer not kept, up to its decoding: what it retrieves and the question in the headroom. Returns the
+        """An answer not kept, up to its decoding (`_open_unkept_steps`), run here."""
+        return self.run_steps(self._open_unkept_steps(ids, max_new, retrieve))
+
+    def _open_unkept_steps(self, ids: Tensor, max_new: int, retrieve: slice | None) -> Steps:
+        """An answer not kept, up to its decoding: what it retrieves and the question in the headroom. Its value: the
         question's last logits, the most tokens the headroom leaves room for, the snapshot to go back to and the
         retrieval. ValueError where the question does not fit; on any failure the cache is as it was."""
         room = self.cache.slots - self.cache.fill - ids.numel()
@@ -802,11 +835,12 @@ class KVStream:
         try:
             if retrieve is not None:
                 budget = min(self.config.retrieve_tokens, room - max_new)
-                retrieval = self.retriever.retrieve(ids, retrieve, budget, self.config.evidence,
-                                                    spare=room - max_new - budget, inputs_from=self.inputs_from)
+                retrieval = yield from self.retriever.retrieve_steps(
+                    ids, retrieve, budget, self.config.evidence, spare=room - max_new - budget,
+                    inputs_from=self.inputs_from)
                 if self.config.check_speaker and retrieval.unattributed:
                     max_new = 0  # answered as not mentioned (`_answer`): nothing to decode
-            logits = self.place_unkept(self.adapter.text_prompt(ids))
+            logits = yield from self.place_steps(self.adapter.text_prompt(ids))
         except BaseException:
             self._restore(snapshot)
             raise

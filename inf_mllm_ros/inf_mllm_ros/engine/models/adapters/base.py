@@ -200,18 +200,21 @@ class ModelAdapter(ABC):
         return (prompt_position_ids + offset).unsqueeze(-2)
 
     def forward(self, embeds: Tensor, position_ids: Tensor, cache, *, all_logits: bool = False,
-                attention_mask: Tensor | None = None, logits_at: Tensor | None = None,
-                **attention_kwargs) -> Tensor:
+                attention_mask: Tensor | None = None, logits_at: Tensor | None = None, logits: bool = True,
+                **attention_kwargs) -> Tensor | None:
         """Run the decoder over [q, hidden] embeddings; returns float32 logits [q or 1, vocab].
 
         attention_mask: a 4-D mask, taken as given (None: causal over the cache's slots and the new tokens).
         logits_at: the index ([1] tensor) of the one token whose logits are returned, in place of the last (a
-        padded block's last real token, on fixed shapes).
+        padded block's last real token, on fixed shapes). logits=False: none made, None returned (a pass for what
+        it leaves in the cache or captures).
         attention_kwargs reach the attention function (the engine's `bounded_cache`, engine/ops/attention.py)."""
         out = self.decoder(
             inputs_embeds=embeds.unsqueeze(0), position_ids=position_ids, attention_mask=attention_mask,
             use_cache=True, **{self._cache_argument: cache}, **attention_kwargs,
         )
+        if not logits:
+            return None
         hidden = out.last_hidden_state[0]
         if logits_at is not None:
             hidden = hidden.index_select(0, logits_at)
@@ -220,13 +223,15 @@ class ModelAdapter(ABC):
         return self.model.lm_head(hidden).float()
 
     def forward_batch(self, embeds: Tensor, position_ids: Tensor, cache, attention_mask: Tensor, *,
-                      logits_at: Tensor | None = None, **attention_kwargs) -> Tensor:
+                      logits_at: Tensor | None = None, logits: bool = True, **attention_kwargs) -> Tensor | None:
         """Several sequences through the decoder in one pass, each over its own rows of `cache`: embeds [batch, q,
         hidden], a 4-D mask per sequence, taken as given; returns each one's last token's float32 logits
         [batch, vocab] (the batched answers of engine/memory/batched_step.py), or with `logits_at` ([batch]) those
-        of each one's token there (padded blocks: engine/memory/batched_ingest.py)."""
+        of each one's token there (padded blocks: engine/memory/batched_ingest.py); logits=False: None."""
         out = self.decoder(inputs_embeds=embeds, position_ids=position_ids, attention_mask=attention_mask,
                            use_cache=True, **{self._cache_argument: cache}, **attention_kwargs)
+        if not logits:
+            return None
         hidden = out.last_hidden_state
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         hidden = hidden[:, -1] if logits_at is None else hidden[rows, logits_at]
