@@ -5,9 +5,9 @@ CPU four 64-token blocks in one pass take about two thirds of the time of four p
 robots). Every stream of a pool has its own bounded cache, all of one shape, so their blocks go in together as the
 static ingest step (engine/memory/ingest_step.py) takes one block in:
 
-- each member's block is padded to the batch's size (one of `block_sizes`, the members' longest), and its slots'
-  bookkeeping (positions, stream indices, frame and pin flags) written into its own cache's storage at slots
-  fill .. fill+P-1, as the static step writes it;
+- the blocks of a batch are of one size class (`block_sizes`); each is padded to the longest (rounded up to a
+  multiple of `PAD_TO`), and its slots' bookkeeping (positions, stream indices, frame and pin flags) written into its
+  own cache's storage at slots fill .. fill+P-1, as the static step writes it;
 - each layer's keys and values of every member are copied into the batch's rows ([members, heads, span, dim], the
   span ending at the last slot any member's block reaches); the block's new keys and values go both there and into
   the member's own storage, and attention runs over the span with each member's own mask (`slot <= fill + i` for its
@@ -77,6 +77,8 @@ class IngestMember:
 
 # The longest block a batch takes whatever the streams' chunk size: a question goes in whole, up to its headroom.
 BATCH_BLOCK = 128
+# A batch's blocks are padded to a multiple of this.
+PAD_TO = 8
 
 
 class BatchedIngester:
@@ -90,9 +92,9 @@ class BatchedIngester:
         self.seconds = 0.0  # time spent in `run`
 
     def batch_key(self, cache: BoundedKVCache, plan: ForwardPlan) -> tuple | None:
-        """What a block staged on `cache` with `plan` can share a pass with (blocks of equal keys), or None where it
-        goes in alone: longer than any size, the cache holding nothing yet (its storage is made by its first block)
-        or no room for the padded block."""
+        """What a block staged on `cache` with `plan` can share a pass with (blocks of equal keys: of one size class,
+        so that none is padded to more than twice its length), or None where it goes in alone: longer than any size,
+        the cache holding nothing yet (its storage is made by its first block) or no room for the padded block."""
         size = next((s for s in self.sizes if s >= len(plan)), None)
         if size is None or cache.fill + size > cache.slots:
             return None
@@ -116,7 +118,10 @@ class BatchedIngester:
         keys = {self.batch_key(m.cache, m.plan) for m in members}
         if len(keys) != 1 or None in keys:
             raise ValueError(f"a batch's blocks must share one batch key, got {keys}")
-        size, scores, _ = keys.pop()
+        _, scores, _ = keys.pop()
+        # Padded to the longest block (a multiple of PAD_TO), not to its size class: the pass is eager, and every
+        # padding row costs as much as a real one.
+        size = -(-max(len(m.plan) for m in members) // PAD_TO) * PAD_TO
         device = members[0].cache.layers[0].device
         fills = [m.cache.fill for m in members]
         counts = torch.tensor([len(m.plan) for m in members], device=device)

@@ -66,7 +66,7 @@ def masked_attention_with_scores(query, key, value, mask, valid, scaling, scores
     kv, slots = key.shape[1], key.shape[2]
     group = heads // kv
     logits = torch.matmul((query * scaling).reshape(b, kv, group * q, dim), key.transpose(2, 3)).float()
-    logits = logits.view(b, kv, group, q, slots).masked_fill(~mask[:, :, None], float("-inf"))
+    logits = logits.view(b, kv, group, q, slots).masked_fill_(~mask[:, :, None], float("-inf"))  # its own tensor
     probs = torch.softmax(logits, dim=-1)
     scores.add_((probs * valid.view(-1, 1, 1, q, 1)).sum(dim=(2, 3)).view_as(scores))
     output = torch.matmul(probs.to(value.dtype).view(b, kv, group * q, slots), value)
