@@ -316,6 +316,39 @@ def test_questions_that_wait_at_once_are_answered_in_one_batch(adapters):
     assert pool.decoder.steps == max(a.tokens_generated for a in answers.values()) - 1
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2_vl"])
+def test_inputs_that_wait_at_once_go_in_batched_and_leave_each_memory_as_alone(family, adapters):
+    """Texts, then frames, waiting in every stream of a pool engine before its worker takes any: each kind goes in as
+    one batch a block, and each memory is what it would be alone."""
+    adapter = adapters[family]
+    pool = StreamPool(adapter, configs())
+    alone = {name: KVStream(adapter, cfg) for name, cfg in configs().items()}
+    engine = PoolEngine(pool)
+    try:
+        for k, name in enumerate(pool):  # the system turns: a memory's first input goes in alone
+            engine.submit_text(name, sentence(k), 0.0).result(timeout=60)
+            alone[name].push_text(sentence(k), stamp=0.0)
+        batches = pool.ingester.batches
+        with engine.lock:
+            futures = {name: engine.submit_text(name, " ".join(sentence(k + i) for i in range(k + 1)), 1.0)
+                       for k, name in enumerate(pool)}
+        counts = {name: f.result(timeout=60) for name, f in futures.items()}
+        assert pool.ingester.batches > batches
+        if adapter.supports_frames:
+            batches = pool.ingester.batches
+            with engine.lock:
+                futures.update({f"{name} frame": engine.submit_frame(name, frame(k), 2.0) for k, name in enumerate(pool)})
+            counts.update({name: f.result(timeout=60) for name, f in futures.items()})
+            assert pool.ingester.batches > batches
+    finally:
+        engine.close(timeout=60)
+    for k, name in enumerate(pool):
+        assert counts[name] == alone[name].push_text(" ".join(sentence(k + i) for i in range(k + 1)), stamp=1.0)
+        if adapter.supports_frames:
+            assert counts[f"{name} frame"] == alone[name].push_frame(frame(k), stamp=2.0)
+        assert_same_memory(cache_state(alone[name]), cache_state(pool[name]))
+
+
 @pytest.mark.parametrize("family, seed, sizes", [("llama", 0, "one"), ("qwen2_vl", 1, "one"),
                                                  ("llava_onevision", 2, "one"), ("llama", 3, "two")])
 def test_questions_of_memories_on_a_shared_model_that_wait_at_once_decode_in_one_batch(adapters, family, seed, sizes):

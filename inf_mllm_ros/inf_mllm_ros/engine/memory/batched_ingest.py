@@ -30,6 +30,7 @@ from torch import Tensor
 from transformers.cache_utils import Cache
 
 from ..ops.attention import QUERIES_ARGUMENT, SCORES_ARGUMENT
+from ..ops.few_rows import weights_left
 from .decode_step import StorageLayer
 from .ingest_step import finish_block, keep_key_origin, padded_block, write_block_rows
 
@@ -147,9 +148,10 @@ class BatchedIngester:
                 heads = members[0].cache.layers[0].keys.shape[1]
                 into = torch.zeros(layers, len(members), heads, span, dtype=torch.float32, device=device)
                 extra[SCORES_ARGUMENT] = (into, torch.arange(size, device=device)[None, :] < counts[:, None])
-            logits = self.adapter.forward_batch(
-                torch.stack([b.embeds for b in blocks]), torch.cat([b.position_ids for b in blocks], dim=-2), writer,
-                mask, logits_at=counts - 1, logits=any(m.wants_logits for m in members), **extra)
+            with weights_left():  # the members' last tokens: a few rows through a tied vocabulary projection
+                logits = self.adapter.forward_batch(
+                    torch.stack([b.embeds for b in blocks]), torch.cat([b.position_ids for b in blocks], dim=-2),
+                    writer, mask, logits_at=counts - 1, logits=any(m.wants_logits for m in members), **extra)
             for b, (member, row, block) in enumerate(zip(members, rows, blocks)):
                 if scores:
                     row.window_attention.view(layers, heads, -1)[:, :, :span].add_(into[:, b])

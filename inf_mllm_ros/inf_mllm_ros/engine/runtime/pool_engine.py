@@ -4,9 +4,10 @@ Each stream's work waits in a `WorkQueue` of its own (work_queue.py: the rules o
 frame one deep per camera, texts in calls bounded by the model's measured pace and `max_text_delay` while a question
 waits). The worker serves the streams in rounds: in each round every stream with work gives up its next job; the
 questions among them go through the model first, together (`StreamPool.ask_together`: their answers decoded as one
-batch), then each other stream's input job, one per stream. A stream flooded with texts thus takes one text call a
-round, and another stream's question waits at most for the job in progress when it came and its own answer in the
-batch.
+batch), then the other streams' input jobs, one per stream, the texts together and then the frames together (their
+blocks batched where they fit one pass: `StreamPool.push_texts_together`). A stream flooded with texts thus takes one
+text call a round, and another stream's question waits at most for the job in progress when it came and its own
+answer in the batch.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class PoolEngine:
     def submit_frame(self, name: str, rgb: np.ndarray, stamp: float | None = None, *, pose: Pose | None = None,
                      camera: str = "") -> Future:
         """A frame for stream `name` (it replaces a frame of its camera still waiting, whose future is cancelled)."""
-        job = Job("frame", run=lambda stream: stream.push_frame(rgb, stamp, pose=pose, camera=camera))
+        job = Job("frame", frame=(rgb, stamp, pose, camera))
         with self.lock:
             self._check_open(name)
             replaced = self.queues[name].offer_frame(job, camera)
@@ -95,9 +96,8 @@ class PoolEngine:
                          for name, queue in self.queues.items() if queue}
             questions = {name: jobs[0] for name, jobs in taken.items() if jobs[0].kind == "query"}
             self._answer(questions)
-            for name, jobs in taken.items():
-                if name not in questions:
-                    self._take(name, jobs)
+            self._take({name: jobs for name, jobs in taken.items() if jobs[0].kind == "text"})
+            self._take({name: jobs for name, jobs in taken.items() if jobs[0].kind == "frame"})
             self.rounds += 1
 
     def _answer(self, jobs: dict[str, Job]) -> None:
@@ -112,26 +112,38 @@ class PoolEngine:
             outcome = answers[name]
             (job.future.set_exception if isinstance(outcome, BaseException) else job.future.set_result)(outcome)
 
-    def _take(self, name: str, jobs: list[Job]) -> None:
-        stream = self.pool[name]
-        live = [job for job in jobs if job.future.set_running_or_notify_cancel()]
+    def _take(self, taken: dict[str, list[Job]]) -> None:
+        """Each stream's input job of the round (all texts, or all frames), their blocks batched where they fit
+        (`StreamPool.push_texts_together`, `push_frames_together`); each future gets its token count."""
+        live = {name: [job for job in jobs if job.future.set_running_or_notify_cancel()]
+                for name, jobs in taken.items()}
+        live = {name: jobs for name, jobs in live.items() if jobs}
         if not live:
             return
+        texts = next(iter(live.values()))[0].kind == "text"
+        start = time.monotonic()
         try:
-            if live[0].kind == "text":
-                start = time.monotonic()
-                counts = stream.push_texts([job.text for job in live])
-                with self.lock:
-                    self.queues[name].took_texts(sum(len(job.text[0]) for job in live), sum(counts),
-                                                 time.monotonic() - start, stream.config.chunk_size)
+            if texts:
+                outcomes = self.pool.push_texts_together({name: [job.text for job in jobs]
+                                                          for name, jobs in live.items()})
             else:
-                counts = [live[0].run(stream)]
-        except Exception as exc:
-            for job in live:
-                job.future.set_exception(exc)
-            return
-        for job, n in zip(live, counts):
-            job.future.set_result(n)
+                outcomes = self.pool.push_frames_together({name: jobs[0].frame for name, jobs in live.items()})
+        except Exception as exc:  # the round itself failed: every caller hears why
+            outcomes = {name: exc for name in live}
+        seconds = time.monotonic() - start
+        for name, jobs in live.items():
+            outcome = outcomes[name]
+            if isinstance(outcome, BaseException):
+                for job in jobs:
+                    job.future.set_exception(outcome)
+                continue
+            counts = outcome if texts else [outcome]
+            if texts:  # the pace of this stream's calls: the round's time, which is what its next call waits for
+                with self.lock:
+                    self.queues[name].took_texts(sum(len(job.text[0]) for job in jobs), sum(counts), seconds,
+                                                 self.pool[name].config.chunk_size)
+            for job, n in zip(jobs, counts):
+                job.future.set_result(n)
 
 
 __all__ = ["PoolEngine"]

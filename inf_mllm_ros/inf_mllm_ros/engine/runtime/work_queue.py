@@ -58,6 +58,8 @@ class Job:
     kind: str  # "text", "query", "frame" or "control" (a reset, a save)
     run: Callable[[KVStream], object] | None = None
     text: tuple | None = None
+    # A frame as (rgb, stamp, pose, camera), where it may go in batched with others' (pool_engine.py).
+    frame: tuple | None = None
     # A question with its options, where its answer may be decoded in a batch: a pool's (pool_engine.py) or a shared
     # model's (answer_bench.py).
     question: object | None = None
