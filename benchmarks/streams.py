@@ -13,7 +13,7 @@ and a question at the end of each round, each with `--answer-tokens` as its max_
 
 - engines (`--engines`): the streams as the node holds several robots' memories (`streams`), a `StreamingEngine` each
   on one `SharedModel`, fed from one thread, every stream's question asked right after another's: their answers
-  decode together on the bench (engine/runtime/answer_bench.py) where they wait at once; latency is each question's
+  go through the model together on the bench (engine/runtime/model_bench.py) where they wait at once; latency is each question's
   own.
 
 Throughput all streams together: input tokens a second (the time spent taking texts and frames in), answer tokens a
@@ -186,7 +186,7 @@ def run_streams(args, ids: list[int]) -> dict:
 def run_engines(args, ids: list[int]) -> dict:
     """The streams `ids` as the node holds several robots' memories: a `StreamingEngine` each on one `SharedModel`,
     fed from this thread, each round's questions asked one right after another (their answers decode together on
-    the bench: engine/runtime/answer_bench.py); its figures. Latency: each question's own, from its submission."""
+    the bench: engine/runtime/model_bench.py); its figures. Latency: each question's own, from its submission."""
     from inf_mllm_ros.engine.runtime.shared_model import SharedModel
     from inf_mllm_ros.engine.stream_config import StreamConfig
 

@@ -493,7 +493,7 @@ def test_while_a_camera_is_live_a_text_call_ends_before_the_next_frame_is_due():
 
 
 def test_on_a_shared_model_a_text_call_is_bounded_as_while_a_question_waits():
-    """On a model shared with other memories (engine/runtime/answer_bench.py) a flooded memory's text call is bounded
+    """On a model shared with other memories (engine/runtime/model_bench.py) a flooded memory's text call is bounded
     by `max_text_delay` of the model's measured time, as while one of its own questions waits: another memory's
     question may come during the call and waits for it. Alone it takes up to a cache's worth; with no delay bound the
     shared model does not bound it."""

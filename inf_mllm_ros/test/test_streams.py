@@ -399,6 +399,44 @@ def test_questions_of_memories_on_a_shared_model_that_wait_at_once_decode_in_one
             engine.close(timeout=60)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2_vl"])
+def test_inputs_of_memories_on_a_shared_model_that_wait_at_once_go_in_batched_and_as_alone(family, adapters):
+    """Texts, then frames, for three engines through one SharedModel, all waiting while the model is held: they go
+    through the model off the bench together, a batch a block, and each memory is what it would be alone."""
+    adapter = adapters[family]
+    shared = SharedModel()
+    engines = {name: shared.engine(adapter.folder, cfg, device="cpu", dtype="float32")
+               for name, cfg in configs().items()}
+    alone = {name: KVStream(adapter, cfg) for name, cfg in configs().items()}
+    inputs = {"text": lambda k: (" ".join(sentence(k + i) for i in range(k + 1)), 1.0)}
+    if adapter.supports_frames:
+        inputs["frame"] = lambda k: (frame(k), 2.0)
+    counts = {}
+    try:
+        assert all(engine.wait_ready(120) for engine in engines.values())
+        for k, (name, engine) in enumerate(engines.items()):  # a memory's first input (its system turn) goes alone
+            engine.push_text(sentence(k), 0.0, timeout=60)
+            alone[name].push_text(sentence(k), stamp=0.0)
+        for kind, given in inputs.items():
+            batches = shared.bench.forward_batches
+            with shared.turns.turn():  # the model held: every input waits before any is taken
+                futures = {name: (engine.submit_text if kind == "text" else engine.submit_frame)(*given(k))
+                           for k, (name, engine) in enumerate(engines.items())}
+                deadline = time.monotonic() + 30
+                while shared.turns.asked < 1 + len(engines) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            counts[kind] = {name: f.result(timeout=120) for name, f in futures.items()}
+            assert shared.bench.forward_batches > batches, kind
+    finally:
+        for engine in engines.values():
+            engine.close(timeout=60)
+    for k, (name, engine) in enumerate(engines.items()):
+        for kind, given in inputs.items():
+            push = alone[name].push_text if kind == "text" else alone[name].push_frame
+            assert counts[kind][name] == push(*given(k)), (kind, name)
+        assert_same_memory(cache_state(alone[name]), cache_state(engine.worker.stream))
+
+
 def assert_same_memory(want: dict, got: dict) -> None:
     """The same slots in the same order with the same bookkeeping; keys, values and scores within float32 tolerance
     (a batch's pass and a block's own do their sums in other orders)."""

@@ -82,7 +82,7 @@ TokenCallback = Callable[[str, int], None]
 @dataclass
 class Question:
     """A question with `KVStream.ask`'s options, for answers decoded apart from their stream's own worker (several
-    memories' answers in one batch: runtime/pool.py, runtime/answer_bench.py)."""
+    memories' answers in one batch: runtime/pool.py, runtime/model_bench.py)."""
 
     text: str
     max_new_tokens: int | None = None

@@ -42,7 +42,7 @@ from ..stream_config import StreamConfig
 from .stream import StreamStats
 from ..text_rules import TextRefused, checked_text
 from .checkpoints import Checkpointer
-from .answer_bench import AnswerBench
+from .model_bench import ModelBench
 from .model_turns import ModelTurns
 from .work_queue import Job
 from .worker import EngineCounters, EngineWorker, WorkBoard
@@ -55,8 +55,8 @@ class StreamingEngine:
         "smolvlm-smollm2": real text answers, untrained vision; "smollm2" or "qwen2.5-0.5b": text only; see
         loading.py); or pass `adapter` already loaded, or `load`, which gives it (called on the worker). Engines
         over one adapter (a memory each, the weights loaded once: shared_model.py) share its `turns`
-        (model_turns.py), a job in the model at a time, in the order asked for, or its `bench` (answer_bench.py:
-        those turns, and their questions' answers decoded together).
+        (model_turns.py), a job in the model at a time, in the order asked for, or its `bench` (model_bench.py:
+        those turns, and their inputs and questions that wait at once through the model together).
     The model loads on the worker; `ready` is set when it is usable, `load_error` says why not.
     """
 
@@ -79,7 +79,7 @@ class StreamingEngine:
         checkpoint_period: float = 0.0,
         torch_threads: int = 0,
         turns: ModelTurns | None = None,
-        bench: AnswerBench | None = None,
+        bench: ModelBench | None = None,
     ):
         self.config = config or StreamConfig()
         self.max_pending_texts = max_pending_texts
@@ -160,7 +160,8 @@ class StreamingEngine:
     def submit_frame(self, rgb: np.ndarray, stamp: float | None = None, *, pose: Pose | None = None,
                      camera: str = "") -> Future:
         """Queue a frame of `camera` (`KVStream.push_frame`); it replaces that camera's frame still waiting."""
-        job = Job("frame", run=lambda s: s.push_frame(rgb, stamp, pose=pose, camera=camera))
+        job = Job("frame", run=lambda s: s.push_frame(rgb, stamp, pose=pose, camera=camera),
+                  frame=(rgb, stamp, pose, camera))
         with self._board.lock:
             self._check_open()
             replaced = self._board.work.offer_frame(job, camera)
@@ -180,7 +181,7 @@ class StreamingEngine:
                 self.counters.queries_failed += 1
             return _failed(exc)
         asked = Question(question, max_new_tokens, keep_in_memory, on_token, cancel)
-        # The question rides on the job as well: on a shared model it may be decoded beside others' (answer_bench.py).
+        # The question rides on the job as well: on a shared model it may go in beside others' (model_bench.py).
         return self._submit_query(lambda s: s.ask(asked.text, **asked.options()), question=asked)
 
     def submit_describe(self, prompt: str | None = None, *, max_new_tokens: int | None = None) -> Future:

@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from torch import Tensor
 
 from ..answering import Answer, Question
-from ..memory.batched_ingest import BATCH_BLOCK, BatchedIngester, IngestMember
-from ..memory.ingest_step import block_sizes
 from ..models.adapters import ModelAdapter
 from ..stream_config import StreamConfig
-from .answer_bench import batch_decoder, decode_together
-from .stream import KVStream, OpenAnswer, StagedForward, Steps
+from .together import batch_decoder, batch_ingester, decode_together, forwards_together
+from .stream import KVStream, OpenAnswer, Steps
 
 
 class StreamPool:
@@ -42,7 +39,7 @@ class StreamPool:
             raise ValueError(f"a pool's caches must be of one shape (capacity, headroom), got {shapes}")
         first = next(iter(self.streams.values()))
         self.decoder = batch_decoder(first)
-        self.ingester = BatchedIngester(adapter, block_sizes(max(first.config.chunk_size, BATCH_BLOCK), adapter.device))
+        self.ingester = batch_ingester(first)
         self.decode_seconds = 0.0  # time spent decoding answers (a batch, or one alone on its stream's step)
 
     def __getitem__(self, name: str) -> KVStream:
@@ -71,62 +68,11 @@ class StreamPool:
         return self._together(steps)
 
     def _together(self, steps: dict[str, Steps]) -> dict[str, object]:
-        """Drive every stream's steps a forward at a time: the forwards staged at once that share a batch key go
-        through the model as one batch, any other alone on its stream's own path. Returns, by stream, its steps'
-        value or the exception that ended them."""
-        results: dict[str, object] = {}
-        staged: dict[str, StagedForward] = {}
-
-        def advance(name: str, logits: Tensor | None = None) -> None:
-            try:
-                staged[name] = steps[name].send(logits)
-            except StopIteration as done:
-                results[name] = done.value
-            except Exception as exc:
-                results[name] = exc
-
-        def failed(name: str, exc: Exception) -> None:
-            del staged[name]
-            steps[name].close()  # what is staged is taken back, and what its steps undo on a failure undone
-            results[name] = exc
-
-        try:
-            for name in steps:
-                advance(name)
-            while staged:
-                groups: dict[tuple, list[str]] = {}
-                for name, forward in staged.items():
-                    key = self.ingester.batch_key(self.streams[name].cache, forward.plan)
-                    groups.setdefault(("alone", name) if key is None else key, []).append(name)
-                outputs: dict[str, Tensor | None] = {}
-                for names in groups.values():
-                    if len(names) == 1:
-                        try:
-                            outputs[names[0]] = self.streams[names[0]].run_staged(staged[names[0]])
-                        except Exception as exc:
-                            failed(names[0], exc)
-                        continue
-                    members = [IngestMember(self.streams[name].cache, staged[name].embeds, staged[name].position_ids,
-                                            staged[name].plan, staged[name].logits) for name in names]
-                    try:
-                        self.ingester.run(members)
-                    except Exception as exc:  # each of the batch's streams hears why
-                        for name in names:
-                            failed(name, exc)
-                        continue
-                    outputs.update((name, member.logits) for name, member in zip(names, members))
-                staged.clear()
-                for name, logits in outputs.items():
-                    advance(name, logits)
-        except BaseException:
-            for name in staged:
-                steps[name].close()
-            raise
-        return {name: results[name] for name in steps}
+        return forwards_together(self.ingester, {name: (self.streams[name], s) for name, s in steps.items()})
 
     def ask_together(self, questions: dict[str, Question | str]) -> dict[str, Answer | BaseException]:
         """Each stream's question answered: the questions' forwards (their queries for retrieval, then the questions
-        placed) batched as inputs are, the answers decoded as one batch (answer_bench.py). Returns, by stream, its
+        placed) batched as inputs are, the answers decoded as one batch (together.py). Returns, by stream, its
         `Answer`, or the exception that ended it (a bad question, a cancel, a stop): one stream's failure ends no
         other's. An answer kept in memory that does not fit in its headroom is answered alone, before the batch."""
         asked = {name: Question(question) if isinstance(question, str) else question

@@ -3,9 +3,9 @@
 A process that serves several robots (or cameras), a memory each, builds each memory's `StreamingEngine` through one
 `SharedModel`: the first engine's worker loads the model, the others wait for that load and use the same adapter;
 every engine takes its jobs in the model's turns (model_turns.py), in the order asked for, so that one memory's flood
-of input never holds the model for more than a job while another's question waits; questions of several memories that
-wait at once have their answers decoded as one batch (answer_bench.py). Each engine keeps its own cache,
-archive, clock, queues, live settings and memory file.
+of input never holds the model for more than a job while another's question waits; inputs and questions of several
+memories that wait at once go through the model together, their blocks batched and their answers decoded as one batch
+(model_bench.py). Each engine keeps its own cache, archive, clock, queues, live settings and memory file.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import threading
 from ..models.adapters import ModelAdapter
 from ..models.loading import load_model
 from .engine import StreamingEngine
-from .answer_bench import AnswerBench
+from .model_bench import ModelBench
 from .model_turns import ModelTurns
 
 
@@ -25,7 +25,7 @@ class SharedModel:
 
     def __init__(self) -> None:
         self.turns = ModelTurns()
-        self.bench = AnswerBench(self.turns)  # the engines' answers decoded together where they ask at once
+        self.bench = ModelBench(self.turns)  # the engines' work done together where it waits at once
         self._lock = threading.Lock()  # the model the first engine asked for
         self._load_lock = threading.Lock()  # held while the model loads
         self._adapter: ModelAdapter | None = None

@@ -15,7 +15,7 @@ Each time the worker is free it takes, in this order:
    less than one block's worth of tokens (a call has a cost of its own beside its length: fewer would only slow
    the model down). On a model shared by several memories every call is bounded as while a question waits: another
    memory's question, which may come at any moment, waits for the call in progress (`shared_model`:
-   engine/runtime/answer_bench.py);
+   engine/runtime/model_bench.py);
 4. otherwise the frame.
 
 Which frames come is decided once, before the queue (the node's `frame_rate` gate); here a waiting frame waits for
@@ -58,10 +58,10 @@ class Job:
     kind: str  # "text", "query", "frame" or "control" (a reset, a save)
     run: Callable[[KVStream], object] | None = None
     text: tuple | None = None
-    # A frame as (rgb, stamp, pose, camera), where it may go in batched with others' (pool_engine.py).
+    # A frame as (rgb, stamp, pose, camera), where it may go in batched with others' (pool_engine.py, model_bench.py).
     frame: tuple | None = None
     # A question with its options, where its answer may be decoded in a batch: a pool's (pool_engine.py) or a shared
-    # model's (answer_bench.py).
+    # model's (model_bench.py).
     question: object | None = None
     future: Future = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
@@ -142,7 +142,7 @@ class WorkQueue:
     def text_call_chars(self, capacity: int, block: int, frame_period: float, max_delay: float = 0.0,
                         shared_model: bool = False) -> float:
         """The most characters of text one model call takes (see the module docstring, 3). `shared_model`: other
-        memories use the model (engine/runtime/answer_bench.py); a question of theirs, which may come at any moment,
+        memories use the model (engine/runtime/model_bench.py); a question of theirs, which may come at any moment,
         waits for this call as one of this memory's own would."""
         per_block = self.block_chars(min(block, capacity))
         if self.queries and max_delay <= 0:

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Callable
 
 from ..answering import StreamStoppedError
 from ..models.loading import use_torch_threads
-from .answer_bench import AnswerBench, LeftAnswer, answer_alone
+from .model_bench import LeftWork, ModelBench
 from .model_turns import ModelTurns
-from .stream import KVStream, OpenAnswer, StreamStats
+from .stream import KVStream, StreamStats
 from ..stream_config import StreamConfig
 from .work_queue import WorkQueue
 
@@ -85,20 +85,20 @@ class EngineWorker:
     "text" or "frame" after an input went in. on_load_failed: called once if the model cannot be loaded (the engine
     closes). torch_threads: torch's threads on this thread (0: torch's default). turns: the model's, where other
     engines share it (model_turns.py): each job runs in a turn of its own. bench: where other engines share the
-    model, the place their answers decode together (answer_bench.py; its turns are the model's).
+    model, the place their inputs and questions go through it together (model_bench.py; its turns are the model's).
     """
 
     def __init__(self, board: WorkBoard, loader: Callable, config: StreamConfig, checkpoints: Checkpointer, *,
                  on_ingested: Callable[[str], None] | None = None, on_load_failed: Callable[[], None],
-                 torch_threads: int = 0, turns: ModelTurns | None = None, bench: AnswerBench | None = None):
+                 torch_threads: int = 0, turns: ModelTurns | None = None, bench: ModelBench | None = None):
         self.board, self.config, self.checkpoints = board, config, checkpoints
         if bench is not None:
             turns = bench.turns
         self.turns = turns if turns is not None else ModelTurns()  # shared with the other engines on the model
         self.bench = bench
-        # Whether a question of this engine waits: read by the other engines' workers, without the board's lock (a
-        # hint for batching, never a decision about this engine's work).
-        self.seat = None if bench is None else bench.seat(lambda: board.work.queries > 0)
+        # Whether work of this engine waits: read by the other engines' workers, without the board's lock (a hint
+        # for batching, never a decision about this engine's work).
+        self.seat = None if bench is None else bench.seat(lambda: bool(board.work))
         self.on_ingested, self.on_load_failed, self.torch_threads = on_ingested, on_load_failed, torch_threads
         self.stream: KVStream | None = None
         self.stats: StreamStats | None = None  # the stream's figures after the last finished job (under the lock)
@@ -172,11 +172,11 @@ class EngineWorker:
                     left = self._take(jobs, settings)
                 except Exception as exc:  # the worker's own bookkeeping, not a job, failed: it must not end it
                     self._recovered(jobs, exc)
-            if left is not None:  # decoded beside other engines' answers, in a turn of the bench's
+            if left is not None:  # done beside other engines' work, in a turn of the bench's
                 try:
-                    self._answer_on_bench(*left)
+                    self._collect(*left)
                 except Exception as exc:
-                    self._recovered([left[0]], exc)
+                    self._recovered(left[0], exc)
         if self.checkpoints.memory_file is not None:
             with self.turns.turn():
                 self.checkpoint(wait=True)  # the last save, after the job that close() stopped or let finish
@@ -207,20 +207,19 @@ class EngineWorker:
             if not future.done() and (future.running() or future.set_running_or_notify_cancel()):
                 future.set_exception(exc)
 
-    def _take(self, jobs: list[Job], settings: LiveSettings) -> tuple[Job, LeftAnswer] | None:
-        """Apply new live settings, then run the jobs taken (or a due checkpoint, when none). Returns a question's
-        job and its answer where that was left on the bench, to be collected after this turn."""
+    def _take(self, jobs: list[Job], settings: LiveSettings) -> tuple[list[Job], LeftWork] | None:
+        """Apply new live settings, then run the jobs taken (or a due checkpoint, when none). Returns the jobs and their
+        work where that was left on the bench, to be collected after this turn."""
         if settings is not self._applied:
             self._apply(settings)
         if not jobs:  # a checkpoint is due and nothing waits
             self.checkpoint()
             return None
         kind = jobs[0].kind
-        if jobs[0].question is not None and self.bench is not None and self.bench.shared:
-            left = self._open_for_bench(jobs[0])
-            if left is None and self.checkpoints.due:  # answered here; one left open is saved after it is closed
-                self.checkpoint()
-            return left
+        bench = self.bench
+        if (bench is not None and bench.shared and (kind in ("text", "frame") or jobs[0].question is not None)
+                and bench.others_waiting(self.seat)):
+            return self._leave_on_bench(jobs)
         ok = self._run_texts(jobs) if kind == "text" else self._run_job(jobs[0])
         # Only an input that went in changed the memory (a description of an unchanged one is skipped).
         if ok and self.on_ingested is not None and kind in ("text", "frame"):
@@ -229,35 +228,39 @@ class EngineWorker:
             self.checkpoint()
         return None
 
-    def _open_for_bench(self, job: Job) -> tuple[Job, LeftAnswer] | None:
-        """A question opened in its turn (`KVStream.open_answer`). Left on the bench (and returned with its job) where
-        another answer would decode beside it; else answered here, as `ask` would (so too where it cannot be decoded
-        apart, a kept answer too long for the headroom, or fails to open)."""
-        if not job.future.set_running_or_notify_cancel():
+    def _leave_on_bench(self, jobs: list[Job]) -> tuple[list[Job], LeftWork] | None:
+        """An input or a question left on the bench as its steps (`KVStream.text_steps`, `frame_steps`,
+        `answer_steps`), to go through the model with the other engines' work."""
+        live = [job for job in jobs if job.future.set_running_or_notify_cancel()]
+        if not live:
             return None
-        question, stream = job.question, self.stream
-        try:
-            answer = stream.open_answer(question.text, **question.options())
-            if answer is None:
-                answer = stream.ask(question.text, **question.options())
-        except Exception as exc:
-            self._finish(job, exc, False)
-            return None
-        if isinstance(answer, OpenAnswer):
-            if self.bench.others_waiting(self.seat):
-                return job, self.bench.leave_answer(stream, answer)
-            answer = answer_alone(stream, answer)
-        ok = not isinstance(answer, BaseException)
-        self._finish(job, answer, ok)
-        return None
+        stream, first = self.stream, live[0]
+        if first.kind == "text":
+            self._count_text_wait(live)
+            return live, self.bench.put(stream, stream.text_steps([job.text for job in live]))
+        if first.kind == "frame":
+            rgb, stamp, pose, camera = first.frame
+            return live, self.bench.put(stream, stream.frame_steps(rgb, stamp, pose=pose, camera=camera))
+        question = first.question
+        return live, self.bench.put(stream, stream.answer_steps(question.text, **question.options()), question)
 
-    def _answer_on_bench(self, job: Job, left: LeftAnswer) -> None:
+    def _collect(self, jobs: list[Job], left: LeftWork) -> None:
+        """Work left on the bench, done beside other engines' (in a turn of the bench's); its callers hear how it
+        went, as from a job run in its own turn."""
         try:
             outcome, ok = self.bench.collect(left), True
-        except BaseException as exc:  # whatever ended the answer is its caller's, not the end of this worker
+        except BaseException as exc:  # whatever ended the work is its callers', not the end of this worker
             outcome, ok = exc, False
-        self._finish(job, outcome, ok)
-        if self.checkpoints.due:  # the memory as the closed answer left it
+        kind = jobs[0].kind
+        if kind == "text":
+            if ok:  # the batch's time: what a question of this memory waited for beside this call
+                self._took_texts(jobs, outcome, left.seconds)
+            self._finish_texts(jobs, outcome, ok)
+        else:
+            self._finish(jobs[0], outcome, ok)
+        if ok and self.on_ingested is not None and kind in ("text", "frame"):
+            self.on_ingested(kind)
+        if self.checkpoints.due:  # the memory as the work left it
             with self.turns.turn():
                 self.checkpoint()
 
@@ -299,26 +302,38 @@ class EngineWorker:
     def _run_texts(self, batch: list[Job]) -> bool:
         """Push a batch of texts in one model call; each future gets its own token count. False if none
         went in."""
-        live = [(job.text, job.future) for job in batch if job.future.set_running_or_notify_cancel()]
+        live = [job for job in batch if job.future.set_running_or_notify_cancel()]
         if not live:
             return False
+        self._count_text_wait(live)
         start = time.monotonic()
-        counters = self.board.counters
-        counters.longest_text_wait_s = max(counters.longest_text_wait_s, start - min(job.submitted for job in batch))
         try:
-            counts = self.stream.push_texts([item for item, _ in live])
+            counts, ok = self.stream.push_texts([job.text for job in live]), True
         except Exception as exc:  # every caller gets the reason (see _run_job on a prompt failed part-way in)
-            self._snapshot_stats()
-            for _, future in live:
-                future.set_exception(exc)
-            return False
-        with self.board.lock:
-            self.board.work.took_texts(sum(len(item[0]) for item, _ in live), sum(counts), time.monotonic() - start,
+            counts, ok = exc, False
+        if ok:
+            self._took_texts(live, counts, time.monotonic() - start)
+        self._finish_texts(live, counts, ok)
+        return ok
+
+    def _count_text_wait(self, live: list[Job]) -> None:
+        counters = self.board.counters
+        waited = time.monotonic() - min(job.submitted for job in live)
+        counters.longest_text_wait_s = max(counters.longest_text_wait_s, waited)
+
+    def _took_texts(self, live: list[Job], counts: list[int], seconds: float) -> None:
+        with self.board.lock:  # the model's pace, which bounds the next calls
+            self.board.work.took_texts(sum(len(job.text[0]) for job in live), sum(counts), seconds,
                                        self.config.chunk_size)
+
+    def _finish_texts(self, live: list[Job], outcome, ok: bool) -> None:
+        """Each text's token count (or what failed them all) to its caller, the stream's figures taken first."""
         self._snapshot_stats()
-        for (_, future), n in zip(live, counts):
-            future.set_result(n)
-        return True
+        for i, job in enumerate(live):
+            if ok:
+                job.future.set_result(outcome[i])
+            else:
+                job.future.set_exception(outcome)
 
     def _snapshot_stats(self) -> None:
         """Take the figures `stats()` gives before any caller hears that a job ended, so that one who
