@@ -8,10 +8,10 @@ static ingest step (engine/memory/ingest_step.py) takes one block in:
 - the blocks of a batch are of one size class (`block_sizes`); each is padded to the longest (rounded up to a
   multiple of `PAD_TO`), and its slots' bookkeeping (positions, stream indices, frame and pin flags) written into its
   own cache's storage at slots fill .. fill+P-1, as the static step writes it;
-- each layer's keys and values of every member are copied into the batch's rows ([members, heads, span, dim], the
-  span ending at the last slot any member's block reaches); the block's new keys and values go both there and into
-  the member's own storage, and attention runs over the span with each member's own mask (`slot <= fill + i` for its
-  i-th token), adding the attention each member's real tokens pay to its retrieval window's scores;
+- as each layer comes, the block's new keys and values go into each member's own storage, and the members' slots
+  are copied into the batch's rows ([members, heads, span, dim], the span ending at the last slot any member's block
+  reaches; one layer's copy at a time); attention runs over the span with each member's own mask (`slot <= fill + i`
+  for its i-th token), adding the attention each member's real tokens pay to its retrieval window's scores;
 - then each member's own rest, as for a block alone: the archive's copy, the layers' counters, the eviction and
   re-pack its policy chooses.
 
@@ -27,11 +27,10 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..ops.attention import QUERIES_ARGUMENT, SCORES_ARGUMENT
 from ..ops.few_rows import weights_left
-from .decode_step import StorageLayer
 from .ingest_step import finish_block, keep_key_origin, padded_block, write_block_rows
 
 if TYPE_CHECKING:
@@ -41,25 +40,39 @@ if TYPE_CHECKING:
     from .forward_plan import ForwardPlan
 
 
-class BatchBlockLayer(StorageLayer):
-    """One layer's keys and values of every member of a batch, [members, heads, span, dim]: member b's block goes to
-    its slots `slot[b]` there and in its own cache's layer (`members[b]`), and attention gets the whole span."""
+class BatchBlockLayer(CacheLayerMixin):
+    """One layer of every member of a batch, seen by the pass: member b's new keys and values go to its slots
+    `slot[b]` in its own cache's layer (`members[b]`), and attention gets the members' slots up to `span` as one
+    [members, heads, span, dim], copied as the layer comes (and let go once it has attended: one layer's copy at a
+    time)."""
 
-    def __init__(self, keys: Tensor, values: Tensor, slot: Tensor, members: list[BoundedLayer]):
-        super().__init__(keys, values, slot)
-        self.members = members
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, members: list[BoundedLayer], slot: Tensor, span: int):
+        super().__init__()
+        self.members, self.slot, self.span = members, slot, span
+        self.is_initialized = True
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
-        raise RuntimeError("a batch's rows are copied from its members' caches when it forms")
+        raise RuntimeError("a batch's layers are its members' caches")
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         for b, layer in enumerate(self.members):
-            slots = self.slot[b]
-            self.keys[b].index_copy_(1, slots, key_states[b])
-            self.values[b].index_copy_(1, slots, value_states[b])
-            layer.keys.index_copy_(2, slots, key_states[b : b + 1])
-            layer.values.index_copy_(2, slots, value_states[b : b + 1])
-        return self.keys, self.values
+            layer.keys.index_copy_(2, self.slot[b], key_states[b : b + 1])
+            layer.values.index_copy_(2, self.slot[b], value_states[b : b + 1])
+        span = slice(0, self.span)
+        return (torch.cat([layer.keys[:, :, span] for layer in self.members]),
+                torch.cat([layer.values[:, :, span] for layer in self.members]))
+
+    def get_seq_length(self) -> int:
+        return 0  # positions are given explicitly
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.span, 0
+
+    def get_max_length(self) -> int:
+        return self.span
 
 
 @dataclass
@@ -134,11 +147,8 @@ class BatchedIngester:
             for row, slot, block in zip(rows, slots, blocks):
                 write_block_rows(row, slot, block.start, block.end, block.seq, block.frame, block.pinned)
             span = max(fills) + size
-            writer = Cache(layers=[
-                BatchBlockLayer(torch.cat([m.cache.layers[i].keys[..., :span, :] for m in members]),
-                                torch.cat([m.cache.layers[i].values[..., :span, :] for m in members]),
-                                slots, [m.cache.layers[i] for m in members])
-                for i in range(layers)])
+            writer = Cache(layers=[BatchBlockLayer([m.cache.layers[i] for m in members], slots, span)
+                                   for i in range(layers)])
             mask = (torch.arange(span, device=device)[None, None, :] <= slots[:, :, None])[:, None]
             extra = {}
             queries = {} if any(m.plan.capture is not None for m in members) else None

@@ -88,6 +88,14 @@ class ModelBench:
             self._waiting.append(left)
         return left
 
+    def put_opened(self, stream: KVStream, answer: OpenAnswer) -> LeftWork:
+        """Leave an answer opened in `stream` on the bench (its question went in alone), to be decoded with the
+        others; as `put`."""
+        left = LeftWork(stream, None, outcome=answer)
+        with self._lock:
+            self._waiting.append(left)
+        return left
+
     def collect(self, left: LeftWork):
         """Work left on the bench, done beside the other work there. Called by its stream's worker outside any turn;
         it blocks until the work is done. Returns its outcome (a question's closed `Answer`); raises what ended it."""
@@ -117,9 +125,10 @@ class ModelBench:
             self._ingester, self._decoder = batch_ingester(batch[0].stream), batch_decoder(batch[0].stream)
         self.work_sizes[len(batch)] += 1
         try:
-            outcomes = forwards_together(self._ingester, {i: (w.stream, w.steps) for i, w in enumerate(batch)})
-            for i, left in enumerate(batch):
-                left.outcome = outcomes[i]
+            outcomes = forwards_together(self._ingester, {i: (w.stream, w.steps) for i, w in enumerate(batch)
+                                                          if w.steps is not None})
+            for i, outcome in outcomes.items():
+                batch[i].outcome = outcome
             opened = [left for left in batch if isinstance(left.outcome, OpenAnswer)]
             for left in batch:  # a kept answer that does not fit beside its memory goes in as it decodes, alone
                 if left.question is not None and left.outcome is None:

@@ -362,7 +362,7 @@ class KVStream:
         """
         return self.run_steps(self.text_steps(items))
 
-    def text_steps(self, items: list[tuple]) -> Generator[StagedForward, None, list[int]]:
+    def text_steps(self, items: list[tuple]) -> Steps:
         """`push_texts` a block at a time (`push_steps`); its value is what `push_texts` returns."""
         items = [(text, stamp, bool(rest and rest[0]), rest[1] if len(rest) > 1 else None)
                  for text, stamp, *rest in items]
@@ -394,7 +394,7 @@ class KVStream:
         return self.run_steps(self.frame_steps(rgb, stamp, pose=pose, camera=camera))
 
     def frame_steps(self, rgb: np.ndarray, stamp: float | None = None, *, pose: Pose | None = None,
-                    camera: str = "") -> Generator[StagedForward, None, int]:
+                    camera: str = "") -> Steps:
         """`push_frame` a block at a time (`push_steps`); its value is what `push_frame` returns."""
         problem = camera_problem(camera)
         if problem:

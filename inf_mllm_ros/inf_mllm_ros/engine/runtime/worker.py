@@ -21,7 +21,8 @@ from ..answering import StreamStoppedError
 from ..models.loading import use_torch_threads
 from .model_bench import LeftWork, ModelBench
 from .model_turns import ModelTurns
-from .stream import KVStream, StreamStats
+from .stream import KVStream, OpenAnswer, StreamStats
+from .together import answer_alone
 from ..stream_config import StreamConfig
 from .work_queue import WorkQueue
 
@@ -217,9 +218,11 @@ class EngineWorker:
             return None
         kind = jobs[0].kind
         bench = self.bench
-        if (bench is not None and bench.shared and (kind in ("text", "frame") or jobs[0].question is not None)
-                and bench.others_waiting(self.seat)):
-            return self._leave_on_bench(jobs)
+        if bench is not None and bench.shared and (kind in ("text", "frame") or jobs[0].question is not None):
+            if bench.others_waiting(self.seat):
+                return self._leave_on_bench(jobs)
+            if jobs[0].question is not None:
+                return self._open_for_bench(jobs[0])
         ok = self._run_texts(jobs) if kind == "text" else self._run_job(jobs[0])
         # Only an input that went in changed the memory (a description of an unchanged one is skipped).
         if ok and self.on_ingested is not None and kind in ("text", "frame"):
@@ -243,6 +246,29 @@ class EngineWorker:
             return live, self.bench.put(stream, stream.frame_steps(rgb, stamp, pose=pose, camera=camera))
         question = first.question
         return live, self.bench.put(stream, stream.answer_steps(question.text, **question.options()), question)
+
+    def _open_for_bench(self, job: Job) -> tuple[list[Job], LeftWork] | None:
+        """A question with nothing waiting beside it, opened in its turn (`KVStream.open_answer`). Its answer is left
+        on the bench where another engine's work came meanwhile, else answered here, as `ask` would (so too where it
+        cannot be decoded apart, a kept answer too long for the headroom, or fails to open)."""
+        if not job.future.set_running_or_notify_cancel():
+            return None
+        question, stream = job.question, self.stream
+        try:
+            answer = stream.open_answer(question.text, **question.options())
+            if answer is None:
+                answer = stream.ask(question.text, **question.options())
+        except Exception as exc:
+            self._finish(job, exc, False)
+            return None
+        if isinstance(answer, OpenAnswer):
+            if self.bench.others_waiting(self.seat):
+                return [job], self.bench.put_opened(stream, answer)
+            answer = answer_alone(stream, answer)
+        self._finish(job, answer, not isinstance(answer, BaseException))
+        if self.checkpoints.due:  # answered here; one left open is saved after it is closed
+            self.checkpoint()
+        return None
 
     def _collect(self, jobs: list[Job], left: LeftWork) -> None:
         """Work left on the bench, done beside other engines' (in a turn of the bench's); its callers hear how it
