@@ -235,6 +235,10 @@ def run_engines(args, ids: list[int]) -> dict:
         "streams": len(ids), "ids": ids, "load_s": round(load_s, 1), "loads": shared.loads,
         "input_tokens": sum(a for a, _ in ingest), "answer_tokens": answer_tokens,
         "ingest": rate(ingest), "answers": rate(answers), "batches": shared.bench.batches,
+        # How the bench's work went through the model: jobs taken off it at once, answers decoded together, passes of
+        # several memories' forwards.
+        "bench": {"jobs_together": dict(shared.bench.work_sizes), "answers_together": dict(shared.bench.batch_sizes),
+                  "forward_batches": shared.bench.forward_batches},
         "latency_s": {"median": round(statistics.median(latencies), 2), "p95": round(percentile(latencies, 0.95), 2)},
         "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1), "rss_end_mb": round(rss_bytes() / 2**20, 1),
         "evictions": sum(s.evictions for s in stats),

@@ -25,17 +25,24 @@ from .model_turns import ModelTurns
 from .stream import KVStream, OpenAnswer, Steps
 from .together import batch_decoder, batch_ingester, decode_together, forwards_together
 
+# How long work left on the bench waits, before its turn is asked for, for the engines whose work waits in their queues
+# to leave theirs beside it: their workers wake and take their turns within a millisecond or so on an idle model.
+GATHER_S = 0.1
+
 
 @dataclass
 class LeftWork:
-    """A job's steps on `stream` left on the bench; `question` where they open its answer. Once run: `outcome` (the
-    steps' value, or the closed `Answer`, or what ended them) and `seconds`, the time its batch took."""
+    """A job's steps on `stream` left on the bench (None: an answer opened already, its `outcome`) by the worker at
+    `seat`; `question` where they open its answer. Once run (`done`): `outcome` (the steps' value, or the closed
+    `Answer`, or what ended them) and `seconds`, the time its batch took."""
 
     stream: KVStream
-    steps: Steps
+    steps: Steps | None
+    seat: int
     question: Question | None = None
     outcome: object = None
     seconds: float = 0.0
+    done: bool = False
 
 
 class ModelBench:
@@ -44,6 +51,7 @@ class ModelBench:
     def __init__(self, turns: ModelTurns):
         self.turns = turns
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # work was left on the bench
         self._waiting: list[LeftWork] = []
         self._working: dict[int, Callable[[], bool]] = {}  # each seat's: whether its engine has work waiting
         self._seats = 0
@@ -79,26 +87,30 @@ class ModelBench:
             others = [works for other, works in self._working.items() if other != seat]
         return any(works() for works in others)
 
-    def put(self, stream: KVStream, steps: Steps, question: Question | None = None) -> LeftWork:
+    def put(self, seat: int, stream: KVStream, steps: Steps, question: Question | None = None) -> LeftWork:
         """Leave a job's steps on `stream` on the bench (`question`: the question whose answer they open), in the turn
-        its worker took the job in, so that work taken in any later turn finds it waiting. `collect` it after that
-        turn."""
-        left = LeftWork(stream, steps, question)
-        with self._lock:
-            self._waiting.append(left)
-        return left
+        its worker (at `seat`) took the job in, so that work taken in any later turn finds it waiting. `collect` it
+        after that turn."""
+        return self._put(LeftWork(stream, steps, seat, question))
 
-    def put_opened(self, stream: KVStream, answer: OpenAnswer) -> LeftWork:
+    def put_opened(self, seat: int, stream: KVStream, answer: OpenAnswer) -> LeftWork:
         """Leave an answer opened in `stream` on the bench (its question went in alone), to be decoded with the
         others; as `put`."""
-        left = LeftWork(stream, None, outcome=answer)
-        with self._lock:
+        return self._put(LeftWork(stream, None, seat, outcome=answer))
+
+    def _put(self, left: LeftWork) -> LeftWork:
+        with self._changed:
             self._waiting.append(left)
+            self._changed.notify_all()
         return left
 
     def collect(self, left: LeftWork):
         """Work left on the bench, done beside the other work there. Called by its stream's worker outside any turn;
-        it blocks until the work is done. Returns its outcome (a question's closed `Answer`); raises what ended it."""
+        it blocks until the work is done. Returns its outcome (a question's closed `Answer`); raises what ended it.
+        Before asking for its turn it lets the engines whose work waits in their queues, and who have none on the
+        bench yet, take their turns first (at most GATHER_S): their workers were woken by that work, and a turn asked
+        for at once would come before theirs."""
+        self._gather(left)
         with self.turns.turn():
             with self._lock:
                 batch, self._waiting = self._waiting, []
@@ -108,6 +120,17 @@ class ModelBench:
         if isinstance(left.outcome, BaseException):
             raise left.outcome
         return left.outcome
+
+    def _gather(self, left: LeftWork) -> None:
+        deadline = time.monotonic() + GATHER_S
+        with self._changed:
+            while not left.done:
+                on_bench = {w.seat for w in self._waiting}
+                late = [works for seat, works in self._working.items() if seat != left.seat and seat not in on_bench]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not any(works() for works in late):
+                    return
+                self._changed.wait(remaining)
 
     @property
     def batches(self) -> int:
@@ -144,7 +167,7 @@ class ModelBench:
                     left.outcome = exc
         seconds = time.monotonic() - start
         for left in batch:
-            left.seconds = seconds
+            left.seconds, left.done = seconds, True
 
 
 def _asked(left: LeftWork) -> Answer | BaseException:

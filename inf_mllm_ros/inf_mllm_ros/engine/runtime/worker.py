@@ -240,12 +240,13 @@ class EngineWorker:
         stream, first = self.stream, live[0]
         if first.kind == "text":
             self._count_text_wait(live)
-            return live, self.bench.put(stream, stream.text_steps([job.text for job in live]))
+            return live, self.bench.put(self.seat, stream, stream.text_steps([job.text for job in live]))
         if first.kind == "frame":
             rgb, stamp, pose, camera = first.frame
-            return live, self.bench.put(stream, stream.frame_steps(rgb, stamp, pose=pose, camera=camera))
+            return live, self.bench.put(self.seat, stream, stream.frame_steps(rgb, stamp, pose=pose, camera=camera))
         question = first.question
-        return live, self.bench.put(stream, stream.answer_steps(question.text, **question.options()), question)
+        steps = stream.answer_steps(question.text, **question.options())
+        return live, self.bench.put(self.seat, stream, steps, question)
 
     def _open_for_bench(self, job: Job) -> tuple[list[Job], LeftWork] | None:
         """A question with nothing waiting beside it, opened in its turn (`KVStream.open_answer`). Its answer is left
@@ -263,7 +264,7 @@ class EngineWorker:
             return None
         if isinstance(answer, OpenAnswer):
             if self.bench.others_waiting(self.seat):
-                return [job], self.bench.put_opened(stream, answer)
+                return [job], self.bench.put_opened(self.seat, stream, answer)
             answer = answer_alone(stream, answer)
         self._finish(job, answer, not isinstance(answer, BaseException))
         if self.checkpoints.due:  # answered here; one left open is saved after it is closed
