@@ -37,6 +37,19 @@ if TYPE_CHECKING:
     from .cache import BoundedKVCache
 
 
+def _batch_rows(caches: list[BoundedKVCache], span: int) -> Tensor:
+    """Every layer's keys and values of the caches' first `span` slots as one tensor [layers, 2, members, heads, span,
+    dim]: one allocation, given back to the system whole when the batch ends, where a tensor a layer would stay in the
+    allocator's free lists."""
+    first = caches[0].layers[0].keys
+    rows = first.new_empty(len(caches[0].layers), 2, len(caches), *first.shape[1:2], span, first.shape[-1])
+    for i in range(rows.shape[0]):
+        for b, cache in enumerate(caches):
+            rows[i, 0, b].copy_(cache.layers[i].keys[0, :, :span])
+            rows[i, 1, b].copy_(cache.layers[i].values[0, :, :span])
+    return rows
+
+
 class BatchRowsLayer(StorageLayer):
     """One layer's keys and values of every member of a batch, [members, heads, span, dim]: each step's new key of
     member b goes to its slot `slot[b]`, and attention gets the whole span of every member."""
@@ -113,9 +126,7 @@ class BatchedDecoder:
             chosen = torch.empty(len(active), longest, dtype=torch.long, device=device)
             # Only the slots some member reads: its cached ones and its answer's (the last token is not fed).
             span = max(m.cache.fill + m.max_new - 1 for m in active)
-            layers = [(torch.cat([m.cache.layers[i].keys[..., :span, :] for m in active]),
-                       torch.cat([m.cache.layers[i].values[..., :span, :] for m in active]))
-                      for i in range(len(active[0].cache.layers))]
+            rows = _batch_rows([m.cache for m in active], span)
             slot_index = torch.arange(span, device=device)
             step = 0
             while True:
@@ -133,10 +144,10 @@ class BatchedDecoder:
                     active = [active[row] for row in keep]
                     if not active:
                         return members
-                    rows = torch.tensor(keep, dtype=torch.long, device=device)
-                    token, slot, position, chosen = (t.index_select(0, rows) for t in (token, slot, position, chosen))
-                    layers = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in layers]
-                writer = Cache(layers=[BatchRowsLayer(k, v, slot) for k, v in layers])
+                    kept = torch.tensor(keep, dtype=torch.long, device=device)
+                    token, slot, position, chosen = (t.index_select(0, kept) for t in (token, slot, position, chosen))
+                    rows = rows.index_select(2, kept)
+                writer = Cache(layers=[BatchRowsLayer(rows[i, 0], rows[i, 1], slot) for i in range(rows.shape[0])])
                 self._step(writer, token, slot, position, slot_index)
                 step += 1
 

@@ -1,13 +1,14 @@
 """Where the engines on one model leave work to be done together: `ModelBench`.
 
 Separate `StreamingEngine`s on one model (shared_model.py) have a worker each, and every job runs in the model's turns
-(model_turns.py). A worker whose job is an input or a question, when another engine has work waiting (or work waits on
-the bench already), does not run it in its turn: it leaves the job's steps (`KVStream.text_steps`, `frame_steps`,
-`answer_steps`) on the bench and asks for one more turn. The first of those turns to come runs everything on the bench
-together (together.py): the forwards staged at once through the model as batches, then the answers opened decoded as
-one batch and closed; the others find theirs done. A job that nothing waits beside runs in its turn, on its stream's
-own path, as on one memory. Each worker is blocked while its work is on the bench, so its stream is touched by one
-thread at a time.
+(model_turns.py). A worker whose job is an input or a question, when another engine has work of that kind waiting (or
+such work waits on the bench already), does not run it in its turn: it leaves the job's steps (`KVStream.text_steps`,
+`frame_steps`, `answer_steps`) on the bench and asks for one more turn. The first of those turns to come runs the
+bench's work of that kind together (together.py): the forwards staged at once through the model as batches, then the
+answers opened decoded as one batch and closed; the others find theirs done. Questions go with questions and inputs
+with inputs: a question never waits for another memory's input beyond the one in progress when it came. A job that
+nothing waits beside runs in its turn, on its stream's own path, as on one memory. Each worker is blocked while its
+work is on the bench, so its stream is touched by one thread at a time.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ class LeftWork:
     seconds: float = 0.0
     done: bool = False
 
+    @property
+    def asks(self) -> bool:
+        """Whether it is a question's (else an input's): each kind goes through the model with its own kind only."""
+        return self.steps is None or self.question is not None
+
 
 class ModelBench:
     """Where the engines on one model leave work to be done together. `turns`: the model's."""
@@ -53,19 +59,20 @@ class ModelBench:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # work was left on the bench
         self._waiting: list[LeftWork] = []
-        self._working: dict[int, Callable[[], bool]] = {}  # each seat's: whether its engine has work waiting
+        # Each seat's: whether its engine has a question waiting, and whether it has an input waiting.
+        self._working: dict[int, tuple[Callable[[], bool], Callable[[], bool]]] = {}
         self._seats = 0
         self._decoder: BatchedDecoder | None = None
         self._ingester: BatchedIngester | None = None
         self.batch_sizes: Counter[int] = Counter()  # how many times answers were decoded together, by how many
         self.work_sizes: Counter[int] = Counter()  # how many times work was taken off the bench, by how many jobs
 
-    def seat(self, has_work: Callable[[], bool]) -> int:
-        """An engine's place at the bench; `has_work` tells (from any thread, without waiting) whether work of that
-        engine waits for the model."""
+    def seat(self, has_question: Callable[[], bool], has_input: Callable[[], bool]) -> int:
+        """An engine's place at the bench; `has_question` and `has_input` tell (from any thread, without waiting)
+        whether a question, or a text or frame, of that engine waits for the model."""
         with self._lock:
             self._seats += 1
-            self._working[self._seats] = has_work
+            self._working[self._seats] = (has_question, has_input)
             return self._seats
 
     def leave(self, seat: int) -> None:
@@ -78,13 +85,15 @@ class ModelBench:
         with self._lock:
             return len(self._working) > 1
 
-    def others_waiting(self, seat: int) -> bool:
-        """Whether another engine than `seat`'s has work waiting, or work waits on the bench: a job of `seat` left
-        now would have other work to go through the model with."""
+    def others_waiting(self, seat: int, asks: bool) -> bool:
+        """Whether another engine than `seat`'s has work of the kind (`asks`: a question; else an input) waiting, or
+        such work waits on the bench: work of `seat` left now would have other work to go through the model with.
+        Questions go with questions and inputs with inputs, so that no question waits for another memory's input
+        beyond the one in progress."""
         with self._lock:
-            if self._waiting:
+            if any(w.asks == asks for w in self._waiting):
                 return True
-            others = [works for other, works in self._working.items() if other != seat]
+            others = [works[0 if asks else 1] for other, works in self._working.items() if other != seat]
         return any(works() for works in others)
 
     def put(self, seat: int, stream: KVStream, steps: Steps, question: Question | None = None) -> LeftWork:
@@ -107,13 +116,14 @@ class ModelBench:
     def collect(self, left: LeftWork):
         """Work left on the bench, done beside the other work there. Called by its stream's worker outside any turn;
         it blocks until the work is done. Returns its outcome (a question's closed `Answer`); raises what ended it.
-        Before asking for its turn it lets the engines whose work waits in their queues, and who have none on the
-        bench yet, take their turns first (at most GATHER_S): their workers were woken by that work, and a turn asked
-        for at once would come before theirs."""
+        Before asking for its turn it lets the engines whose work of its kind waits in their queues, and who have none
+        on the bench yet, take their turns first (at most GATHER_S): their workers were woken by that work, and a turn
+        asked for at once would come before theirs. It runs with the work of its kind only."""
         self._gather(left)
         with self.turns.turn():
             with self._lock:
-                batch, self._waiting = self._waiting, []
+                batch = [w for w in self._waiting if w.asks == left.asks]
+                self._waiting = [w for w in self._waiting if w.asks != left.asks]
             if batch:
                 self._run(batch)
         # Done in this turn or in an earlier one: turns are taken in order, and each batch within its turn.
@@ -125,8 +135,9 @@ class ModelBench:
         deadline = time.monotonic() + GATHER_S
         with self._changed:
             while not left.done:
-                on_bench = {w.seat for w in self._waiting}
-                late = [works for seat, works in self._working.items() if seat != left.seat and seat not in on_bench]
+                on_bench = {w.seat for w in self._waiting if w.asks == left.asks}
+                late = [works[0 if left.asks else 1] for seat, works in self._working.items()
+                        if seat != left.seat and seat not in on_bench]
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not any(works() for works in late):
                     return

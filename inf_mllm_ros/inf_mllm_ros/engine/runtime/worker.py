@@ -97,9 +97,10 @@ class EngineWorker:
             turns = bench.turns
         self.turns = turns if turns is not None else ModelTurns()  # shared with the other engines on the model
         self.bench = bench
-        # Whether work of this engine waits: read by the other engines' workers, without the board's lock (a hint
-        # for batching, never a decision about this engine's work).
-        self.seat = None if bench is None else bench.seat(lambda: bool(board.work))
+        # Whether a question, and whether an input, of this engine waits: read by the other engines' workers, without
+        # the board's lock (a hint for batching, never a decision about this engine's work).
+        self.seat = None if bench is None else bench.seat(lambda: board.work.queries > 0,
+                                                          lambda: board.work.texts > 0 or board.work.frame_waiting)
         self.on_ingested, self.on_load_failed, self.torch_threads = on_ingested, on_load_failed, torch_threads
         self.stream: KVStream | None = None
         self.stats: StreamStats | None = None  # the stream's figures after the last finished job (under the lock)
@@ -218,8 +219,9 @@ class EngineWorker:
             return None
         kind = jobs[0].kind
         bench = self.bench
-        if bench is not None and bench.shared and (kind in ("text", "frame") or jobs[0].question is not None):
-            if bench.others_waiting(self.seat):
+        asks = jobs[0].question is not None
+        if bench is not None and bench.shared and (kind in ("text", "frame") or asks):
+            if bench.others_waiting(self.seat, asks):
                 return self._leave_on_bench(jobs)
             if jobs[0].question is not None:
                 return self._open_for_bench(jobs[0])
@@ -263,7 +265,7 @@ class EngineWorker:
             self._finish(job, exc, False)
             return None
         if isinstance(answer, OpenAnswer):
-            if self.bench.others_waiting(self.seat):
+            if self.bench.others_waiting(self.seat, True):
                 return [job], self.bench.put_opened(self.seat, stream, answer)
             answer = answer_alone(stream, answer)
         self._finish(job, answer, not isinstance(answer, BaseException))
