@@ -26,6 +26,7 @@ from inf_mllm_ros.engine.stream_config import StreamConfig
 from inf_mllm_ros.testing.random_models import FAMILIES, build_llama, build_model_folder
 
 from test_archive import assert_same_state, cache_state, frame, sentence
+from test_ingest_step import assert_same_memory
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -70,6 +71,13 @@ def script(name: str, seed: int, supports_frames: bool, rounds: int = 3) -> list
     return out
 
 
+def pool_beside_alone(adapter, seed: int) -> tuple[StreamPool, dict[str, KVStream], dict[str, list[list[tuple]]]]:
+    """A pool of the three memories, each memory again alone, and each one's inputs round by round."""
+    pool = StreamPool(adapter, configs())
+    alone = {name: KVStream(adapter, cfg) for name, cfg in configs().items()}
+    return pool, alone, {name: script(name, seed, adapter.supports_frames) for name in pool}
+
+
 def take(stream: KVStream, item: tuple) -> None:
     if item[0] == "text":
         stream.push_text(item[1], stamp=item[2], pin=item[3])
@@ -81,9 +89,7 @@ def take(stream: KVStream, item: tuple) -> None:
 @pytest.mark.parametrize("family", ALL_FAMILIES)
 def test_each_stream_of_a_pool_has_the_memory_and_answers_it_would_have_alone(family, seed, adapters):
     adapter = adapters[family]
-    pool = StreamPool(adapter, configs())
-    alone = {name: KVStream(adapter, cfg) for name, cfg in configs().items()}
-    scripts = {name: script(name, seed, adapter.supports_frames) for name in pool}
+    pool, alone, scripts = pool_beside_alone(adapter, seed)
     rng = random.Random(seed)
     retrieved = kept = 0
     for r in range(3):
@@ -437,19 +443,6 @@ def test_inputs_of_memories_on_a_shared_model_that_wait_at_once_go_in_batched_an
         assert_same_memory(cache_state(alone[name]), cache_state(engine.worker.stream))
 
 
-def assert_same_memory(want: dict, got: dict) -> None:
-    """The same slots in the same order with the same bookkeeping; keys, values and scores within float32 tolerance
-    (a batch's pass and a block's own do their sums in other orders)."""
-    assert want.keys() == got.keys()
-    for name, value in want.items():
-        if isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
-            torch.testing.assert_close(got[name], value, atol=1e-5, rtol=1e-4, msg=name)
-        elif isinstance(value, torch.Tensor):
-            assert torch.equal(got[name], value), name
-        else:
-            assert got[name] == value, name
-
-
 def waves(scripts: dict[str, list[tuple]]):
     """The streams' inputs of a round given at once, k-th with k-th: each wave's texts together, then its frames."""
     for k in range(max(len(items) for items in scripts.values())):
@@ -463,9 +456,7 @@ def waves(scripts: dict[str, list[tuple]]):
 @pytest.mark.parametrize("family", ALL_FAMILIES)
 def test_inputs_given_at_once_go_in_as_batches_and_leave_each_memory_as_alone(family, seed, adapters):
     adapter = adapters[family]
-    pool = StreamPool(adapter, configs())
-    alone = {name: KVStream(adapter, cfg) for name, cfg in configs().items()}
-    scripts = {name: script(name, seed, adapter.supports_frames) for name in pool}
+    pool, alone, scripts = pool_beside_alone(adapter, seed)
     rng = random.Random(seed)
     for r in range(3):
         for texts, frames in waves({name: scripts[name][r] for name in pool}):
