@@ -406,11 +406,17 @@ def dump_scores(stream, conv: str, setting: str, cache: int, questions: list[Que
 
 
 # What each part of retrieval's ranking adds (`--ablation`): attention on the retrieval heads alone, then the word
-# shares, then BM25, then the reply lift (as shipped). The retriever's weights, by name, for each.
+# shares, then BM25, then the reply lift, then the sentence encoder's meaning at several weights (shipped: 8). The
+# retriever's weights, by name, for each.
 ABLATION = {
-    "attention": {"WORD_MATCH_WEIGHT": 0.0, "LEXICAL_WEIGHT": 0.0, "REPLY_SHARE": 0.0},
-    "+word_shares": {"LEXICAL_WEIGHT": 0.0, "REPLY_SHARE": 0.0},
-    "+bm25": {"REPLY_SHARE": 0.0},
+    "attention": {"WORD_MATCH_WEIGHT": 0.0, "LEXICAL_WEIGHT": 0.0, "REPLY_SHARE": 0.0, "SEMANTIC_WEIGHT": 0.0},
+    "+word_shares": {"LEXICAL_WEIGHT": 0.0, "REPLY_SHARE": 0.0, "SEMANTIC_WEIGHT": 0.0},
+    "+bm25": {"REPLY_SHARE": 0.0, "SEMANTIC_WEIGHT": 0.0},
+    "+reply": {"SEMANTIC_WEIGHT": 0.0},
+    "+meaning_3": {"SEMANTIC_WEIGHT": 3.0},
+    "+meaning_5": {"SEMANTIC_WEIGHT": 5.0},
+    "+meaning_12": {"SEMANTIC_WEIGHT": 12.0},
+    "+meaning_20": {"SEMANTIC_WEIGHT": 20.0},
     "shipped": {},
 }
 
@@ -422,6 +428,15 @@ def ablation(stream, conv: str, cache: int, questions: list[Question], held_turn
 
     shipped = {name: getattr(retriever, name) for variant in ABLATION.values() for name in variant}
     records = []
+    forward, asked = stream.content_queries, {}
+
+    def content_queries(ids, content):  # a question's forward is the same in every variant: run it once
+        key = (tuple(ids.tolist()), content.start, content.stop)
+        if key not in asked:
+            asked[key] = forward(ids, content)
+        return asked[key]
+
+    stream.content_queries = content_queries
     try:
         for variant, weights in ABLATION.items():
             for name, value in shipped.items():
@@ -434,6 +449,7 @@ def ablation(stream, conv: str, cache: int, questions: list[Question], held_turn
                 records.append(base_record(conv, f"ablation:{variant}", cache, q)
                                | {"hit5": bool(ids & set(q.evidence)), "evidence_ids": entries})
     finally:
+        del stream.content_queries
         for name, value in shipped.items():
             setattr(retriever, name, value)
     return records

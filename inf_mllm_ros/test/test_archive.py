@@ -224,7 +224,7 @@ def test_a_held_block_that_scores_as_high_as_the_archives_best_is_placed_again_n
         return score
 
     monkeypatch.setattr(RetrievalIndex, "scores", scores)
-    for weight in ("WORD_MATCH_WEIGHT", "LEXICAL_WEIGHT", "REPLY_SHARE"):
+    for weight in ("WORD_MATCH_WEIGHT", "LEXICAL_WEIGHT", "REPLY_SHARE", "SEMANTIC_WEIGHT"):
         monkeypatch.setattr(retriever_module, weight, 0.0)  # the scores are these alone
     placed, splice = {}, stream.cache.splice
 

@@ -300,3 +300,29 @@ def test_a_question_that_asks_when_has_the_state_before_left_out_of_what_is_plac
     when, whether = placed.values()
     assert "Door D1 light turned red." in when and "Door D1 light is green." not in when, when
     assert {"Door D1 light turned red.", "Door D1 light is green."} <= whether, whether
+
+
+def test_a_sighting_asked_in_other_words_is_found_by_what_the_question_means(smollm2):
+    """A route's narration (bags/route_scenario.py: each thing said in other words than the questions ask it, "a
+    little drone" for "the quadcopter", some seen twice or three times, among filler) into a memory of several caches,
+    at three seeds: a sighting of the asked thing is a recall's first moment for far more questions with the sentence
+    encoder than with attention and words alone, and for most of them."""
+    from inf_mllm_ros.bags.route_scenario import build_route
+
+    found = {"": 0, "all-MiniLM-L6-v2": 0}
+    asked = 0
+    for seed in (0, 1, 2):
+        scenario = build_route(seed, 150.0)
+        questions = [q for q in scenario.questions if q.kind != "never_seen"]
+        asked += len(questions)
+        for encoder in found:
+            stream = KVStream(smollm2, StreamConfig(capacity=128, chunk_size=32, sentence_encoder=encoder))
+            for line in scenario.narration:
+                stream.push_text(line.text, line.time_s)
+            assert stream.tokens_seen > 4 * 128
+            for q in questions:
+                top = stream.recall(q.question, limit=1)
+                seen = [s.time_s for s in scenario.sightings_of(q.thing)]
+                found[encoder] += bool(top) and min(abs(top[0].stamp - t) for t in seen) <= 2.0
+    # Measured: 42 of 65 without the encoder, 52 with it.
+    assert found["all-MiniLM-L6-v2"] >= found[""] + 6 and found["all-MiniLM-L6-v2"] >= 0.7 * asked, (found, asked)

@@ -77,6 +77,10 @@ class StreamConfig:
     # The most inputs an answer names as its evidence (engine/archive/evidence.py; 0: none). Scored with the archive's
     # retrieval: an answer with retrieval on pays nothing more for it.
     evidence: int = 5
+    # The sentence encoder that weighs how alike in meaning a question and each archived message are, beside attention
+    # and words (engine/archive/sentences.py): an embedded encoder's name or a folder; "" for none. Loaded at the
+    # first retrieval, once per process.
+    sentence_encoder: str = "all-MiniLM-L6-v2"
 
     def __post_init__(self):
         if self.capacity < MIN_CAPACITY:

@@ -28,8 +28,9 @@ from .attribution import speaker, unattributed
 from ..answering import asks_when
 from .evidence import ORDER_AMONG, Evidence, asked_order, in_asked_order, ranked
 from .lexical import asks, bm25, terms
-from .naming import naming_shares, restated, said_words, text_words
+from .naming import TIME_MARKER, naming_shares, restated, said_words, text_words
 from .retrieval_index import RetrievalIndex, middle_layers
+from .sentences import SentenceEncoder, similarities
 from ..ops.rotary import shift_rotary
 
 if TYPE_CHECKING:
@@ -74,6 +75,10 @@ WORD_MATCH_WEIGHT = 1.0
 # score for the question's words (engine/archive/lexical.py), in proportion to the best message's: the words a question
 # shares with its answer, weighed as a search engine weighs them (tuned on LoCoMo's conversations 26 and 41).
 LEXICAL_WEIGHT = 3.0
+# Each block's score gains at most this many standard deviations (of every block's score) for its message's
+# similarity in meaning to the question (engine/archive/sentences.py), in proportion to the most similar message's
+# above the least similar's: a question in other words than its answer.
+SEMANTIC_WEIGHT = 8.0
 # The message after one that asks something scores at least this share of that message's score (above the lowest
 # block's): the reply holds what the question about it asks, while the asking message matches it best.
 REPLY_SHARE = 0.9
@@ -117,13 +122,15 @@ class QueryProbe(Protocol):
 class MessageText(NamedTuple):
     """What the retriever reads of an archived message, once: its words (engine/archive/naming.py), what it says (its
     words, time markers aside), its search terms with their counts (engine/archive/lexical.py), whether it asks, and
-    the speaker it names before its words (engine/archive/attribution.py)."""
+    the speaker it names before its words (engine/archive/attribution.py), and its words as read, time markers aside
+    (what the sentence encoder reads)."""
 
     words: frozenset[str]
     said: frozenset[str]
     terms: Counter
     asks: bool
     speaker: str | None
+    read: str
 
 
 @dataclass
@@ -151,12 +158,17 @@ class Retriever:
 
     archive, cache, adapter: the stream's. probe: asks the memory for a text's queries. find_heads: the model's
     retrieval heads (engine/archive/retrieval_heads.py; None where they cannot be found), asked at the first retrieval.
+    load_encoder: the sentence encoder that weighs what a question means (None: words and attention only), asked at
+    the first retrieval.
     """
 
     def __init__(self, archive: KVArchive, cache: BoundedKVCache, adapter: ModelAdapter, probe: QueryProbe,
-                 find_heads: Callable[[], Tensor | None]):
+                 find_heads: Callable[[], Tensor | None],
+                 load_encoder: Callable[[], SentenceEncoder | None] = lambda: None):
         self.archive, self.cache, self.adapter, self.probe, self.find_heads = archive, cache, adapter, probe, find_heads
+        self.load_encoder = load_encoder
         self._texts: dict[tuple[int, int], MessageText] = {}  # by (message, pieces)
+        self._vectors: dict[str, Tensor] = {}  # the encoder's vector of a message's words as read
         self._day_turns: dict[str, tuple] = {}  # a day's turn: keys as if at position 0, values, positions, indices
 
     @functools.cached_property
@@ -303,8 +315,9 @@ class Retriever:
                 ids = [t for b in sorted(parts, key=lambda b: b.first_seq) for t in self.archive.block_token_ids(b)
                        if t >= 0]
                 text = self.adapter.decode(ids) if ids else ""
+                read = as_read(text)
                 self._texts[key] = MessageText(text_words(text), said_words(text), terms(text), asks(text),
-                                               speaker(as_read(text)))
+                                               speaker(read), " ".join(TIME_MARKER.sub(" ", read).split()))
             texts[message] = self._texts[key]
         self._texts = {key: t for key, t in self._texts.items() if key[0] in pieces}
         return texts
@@ -336,10 +349,31 @@ class Retriever:
         messages = list(texts)
         lexical = dict(zip(messages, bm25(terms(question), [texts[m].terms for m in messages])))
         best = max(lexical.values(), default=0.0)
+        meaning = self.meaning(question, texts)
         added = [WORD_MATCH_WEIGHT * shares.get(b.message, 0.0)
-                 + (LEXICAL_WEIGHT * lexical.get(b.message, 0.0) / best if best > 0 else 0.0) for b in blocks]
+                 + (LEXICAL_WEIGHT * lexical.get(b.message, 0.0) / best if best > 0 else 0.0)
+                 + SEMANTIC_WEIGHT * meaning.get(b.message, 0.0) for b in blocks]
         scores = scores + spread * torch.tensor(added, dtype=scores.dtype, device=scores.device)
         return self.replies_lifted(scores, blocks, texts)
+
+    def meaning(self, question: str, texts: dict[int, MessageText]) -> dict[int, float]:
+        """Each message's similarity in meaning to the question (the encoder's), from 0 for the least similar to 1
+        for the most; empty without an encoder. A message is read once (its vector kept while it is archived)."""
+        encoder = self.load_encoder() if SEMANTIC_WEIGHT > 0 and len(texts) > 1 else None
+        if encoder is None:
+            return {}
+        new = sorted({t.read for t in texts.values()} - self._vectors.keys())
+        if new:
+            self._vectors.update(zip(new, encoder.embed(new)))
+        archived = {t.read for t in self._texts.values()}
+        self._vectors = {read: v for read, v in self._vectors.items() if read in archived}
+        messages = list(texts)
+        alike = similarities(encoder.embed([" ".join(question.split())])[0],
+                             torch.stack([self._vectors[texts[m].read] for m in messages]))
+        low, high = float(alike.min()), float(alike.max())
+        if high - low <= 1e-6:
+            return {}
+        return dict(zip(messages, ((alike - low) / (high - low)).tolist()))
 
     def replies_lifted(self, scores: Tensor, blocks: list[ArchivedBlock], texts: dict[int, MessageText]) -> Tensor:
         """`scores` (of `blocks`) with each message that follows one that asks (in the stream's order, over the

