@@ -336,15 +336,13 @@ def stream_records(adapter, conv: str, setting: str, names: list[str], cache: in
         dump_scores(stream, conv, setting, values["cache_size"], questions, held_turns, Path(args.scores))
         return
     if args.ablation:
-        for record in ablation(stream, conv, values["cache_size"], questions, held_turns):
-            write(record)
+        write(*ablation(stream, conv, values["cache_size"], questions, held_turns))  # one save: its summary is slow
         return
     if args.latency:
         write(latency(stream, conv, values["cache_size"], questions))
         return
     if args.speaker_check:
-        for record in speaker_check(stream, conv, values["cache_size"], questions):
-            write(record)
+        write(*speaker_check(stream, conv, values["cache_size"], questions))
         return
     for name in names:  # the setting's own, then no_archive where the archive's stream serves it too
         if name == "no_archive":
@@ -661,8 +659,8 @@ def main(argv: list[str] | None = None) -> None:
                     if adapter is None:
                         adapter = load_model(args.model, device=args.device, dtype=args.dtype)
 
-                    def write(record: dict) -> None:
-                        records.append(record)
+                    def write(*new: dict) -> None:
+                        records.extend(new)
                         save()
 
                     with torch.inference_mode():
