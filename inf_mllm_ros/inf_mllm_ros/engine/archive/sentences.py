@@ -15,14 +15,12 @@ prepared from the package index on first use (engine/models/embedded_models.py).
 from __future__ import annotations
 
 import functools
-import logging
 import os
+import threading
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
-
-log = logging.getLogger(__name__)
 
 # Tokens of a message read (the encoder was trained on up to 128; longer messages keep their start).
 MAX_TOKENS = 256
@@ -39,19 +37,23 @@ class SentenceEncoder:
         self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
         self.model = AutoModel.from_pretrained(self.folder, dtype=torch.float32).to(device).eval()
         self.device = torch.device(device)
+        # One encoder serves every stream of the process, some on worker threads; a fast tokenizer set to pad and
+        # truncate is not safe to call from two threads at once.
+        self._lock = threading.Lock()
 
     @torch.inference_mode()
     def embed(self, texts: Sequence[str]) -> Tensor:
         """[len(texts), dim] unit vectors (float32, on the CPU): the mean of each text's last hidden states."""
-        out = []
-        for start in range(0, len(texts), BATCH):
-            batch = self.tokenizer(list(texts[start:start + BATCH]), padding=True, truncation=True,
-                                   max_length=MAX_TOKENS, return_tensors="pt").to(self.device)
-            hidden = self.model(**batch).last_hidden_state
-            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-            out.append(torch.nn.functional.normalize(mean, dim=-1).float().cpu())
-        return torch.cat(out) if out else torch.zeros(0, self.model.config.hidden_size)
+        out = [torch.zeros(0, self.model.config.hidden_size)]
+        with self._lock:
+            for start in range(0, len(texts), BATCH):
+                batch = self.tokenizer(list(texts[start:start + BATCH]), padding=True, truncation=True,
+                                       max_length=MAX_TOKENS, return_tensors="pt").to(self.device)
+                hidden = self.model(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+                out.append(torch.nn.functional.normalize(mean, dim=-1).float().cpu())
+        return torch.cat(out)
 
 
 @functools.lru_cache(maxsize=4)
