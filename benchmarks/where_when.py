@@ -624,9 +624,11 @@ def declare(path: Path, args) -> None:
     tuning = [int(s) for s in args.tuning_seeds.split(",")]
     if set(report) & set(tuning):
         raise SystemExit("a seed cannot be both a report and a tuning seed")
+    # A seed that ran as a report seed can only stay one (more seeds declared beside it); never be declared anew.
     ran = {r["seed"] for r in doc.get("records", []) if r["set"] == "report"}
-    if ran & set(report):
-        raise SystemExit(f"seeds {sorted(ran & set(report))} ran as report seeds already: draw new ones")
+    kept = set(doc.get("declared", {}).get("report_seeds", ()))
+    if (ran & set(report)) - kept or (ran & kept) - set(report):
+        raise SystemExit(f"seeds {sorted(ran)} ran as report seeds already: keep them, and draw new ones beside them")
     if "declared" in doc:
         doc.setdefault("declared_before", []).append(doc["declared"])
     state = code_state()
