@@ -135,12 +135,12 @@ def load_conversation(data: Path, name: str, sessions: int | None = None) -> tup
 
 def chosen_questions(questions: list[Question], per_category: int | None, seed: int,
                      categories: tuple[int, ...] = tuple(CATEGORIES),
-                     not_drawn_by: tuple[int, int] | None = None) -> list[Question]:
+                     not_drawn_by: tuple[tuple[int, int], ...] = ()) -> list[Question]:
     """The questions of `categories`: all, or `per_category` of each drawn with `seed`, in the conversation's
-    order; with `not_drawn_by` (per_category, seed), only among those that a draw of every scored category did not
-    take (the questions an earlier run never asked)."""
-    if not_drawn_by is not None:
-        taken = {q.index for q in chosen_questions(questions, *not_drawn_by)}
+    order; with `not_drawn_by` ((per_category, seed), ...), only among those that earlier runs' draws of every scored
+    category did not take (the questions no earlier run asked), each draw made among what the ones before it left."""
+    for draw in not_drawn_by:
+        taken = {q.index for q in chosen_questions(questions, *draw)}
         questions = [q for q in questions if q.index not in taken]
     questions = [q for q in questions if q.category in categories]
     if per_category is None:
@@ -583,8 +583,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="the draw of --per-category")
     p.add_argument("--categories", default=",".join(map(str, CATEGORIES)),
                    help="the categories asked, separated by commas (default all that are scored)")
-    p.add_argument("--not-drawn-by", default="", metavar="PER_CATEGORY,SEED",
-                   help="draw only among the questions that draw did not take (those an earlier run never asked)")
+    p.add_argument("--not-drawn-by", nargs="*", default=[], metavar="PER_CATEGORY,SEED",
+                   help="draw only among the questions those draws did not take, each made among what the ones "
+                        "before it left (the questions earlier runs never asked)")
     p.add_argument("--sessions", type=int, default=None, help="only the first sessions (a smoke run)")
     p.add_argument("--max-new-tokens", type=int, default=0, help="0: the shipped setting")
     p.add_argument("--answer-prompt", default=None, help="said after each question (default: the shipped one)")
@@ -617,13 +618,13 @@ def main(argv: list[str] | None = None) -> None:
     categories = tuple(int(c) for c in args.categories.split(",") if c)
     if set(categories) - set(CATEGORIES):
         p.error(f"--categories: only {sorted(CATEGORIES)} are scored")
-    not_drawn_by = tuple(int(n) for n in args.not_drawn_by.split(",")) if args.not_drawn_by else None
-    if not_drawn_by is not None and len(not_drawn_by) != 2:
-        p.error("--not-drawn-by: PER_CATEGORY,SEED")
+    not_drawn_by = tuple(tuple(int(n) for n in draw.split(",")) for draw in args.not_drawn_by)
+    if any(len(draw) != 2 for draw in not_drawn_by):
+        p.error("--not-drawn-by: PER_CATEGORY,SEED ...")
     if declared is None:
         declared = {"set": args.set, "conversations": convs, "settings": settings, "caches": args.caches,
                     "model": args.model, "dtype": args.dtype, "per_category": args.per_category, "seed": args.seed,
-                    "categories": list(categories), "not_drawn_by": list(not_drawn_by or ()) or None,
+                    "categories": list(categories), "not_drawn_by": [list(d) for d in not_drawn_by] or None,
                     "commit": commit(), **({"note": args.note} if args.note else {}),
                     "declared_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 

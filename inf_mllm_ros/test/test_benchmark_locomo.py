@@ -85,6 +85,11 @@ def test_a_conversation_is_read_in_order_at_its_sessions_dates(name):
     drawn = locomo.chosen_questions(questions, 5, seed=1)
     assert len(drawn) == 5 * len(locomo.CATEGORIES) and drawn == sorted(drawn, key=lambda q: q.index)
     assert drawn != locomo.chosen_questions(questions, 5, seed=2)
+    # Later draws among what earlier runs never asked: each earlier draw made among what the ones before it left.
+    second = locomo.chosen_questions(questions, 5, seed=2, not_drawn_by=((5, 1),))
+    third = locomo.chosen_questions(questions, 5, seed=3, not_drawn_by=((5, 1), (5, 2)))
+    asked = [{q.index for q in d} for d in (drawn, second, third)]
+    assert all(asked) and not (asked[0] & asked[1] or asked[0] & asked[2] or asked[1] & asked[2])
 
 
 def test_the_bootstrap_interval_holds_the_mean_and_narrows_with_more_questions():
