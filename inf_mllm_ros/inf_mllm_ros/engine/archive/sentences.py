@@ -15,12 +15,15 @@ prepared from the package index on first use (engine/models/embedded_models.py).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+
+log = logging.getLogger(__name__)
 
 # Tokens of a message read (the encoder was trained on up to 128; longer messages keep their start).
 MAX_TOKENS = 256
@@ -59,13 +62,19 @@ class SentenceEncoder:
 @functools.lru_cache(maxsize=4)
 def sentence_encoder(name: str, device: str = "cpu") -> SentenceEncoder | None:
     """The encoder `name` names (an embedded one's name or a folder), loaded once per process and shared by every
-    stream; None for "" (off)."""
+    stream; None for "" (off), and where it cannot be had (no network for the embedded one's first download, a
+    folder that is not an encoder): retrieval then weighs attention and words alone, said once in the log, rather
+    than failing every question."""
     if not name:
         return None
+    from ..model_errors import ModelLoadError, ModelUnavailableError
     from ..models.embedded_models import prepare_sentence_encoder
 
-    folder = prepare_sentence_encoder(name) or name
-    return SentenceEncoder(folder, device)
+    try:
+        return SentenceEncoder(prepare_sentence_encoder(name) or name, device)
+    except (ModelLoadError, ModelUnavailableError, OSError, ValueError) as e:
+        log.warning("sentence encoder %r unavailable, retrieval weighs attention and words only: %s", name, e)
+        return None
 
 
 def similarities(question: Tensor, messages: Tensor) -> Tensor:
