@@ -168,7 +168,7 @@ class Retriever:
         self.archive, self.cache, self.adapter, self.probe, self.find_heads = archive, cache, adapter, probe, find_heads
         self.load_encoder = load_encoder
         self._texts: dict[tuple[int, int], MessageText] = {}  # by (message, pieces)
-        self._vectors: dict[str, Tensor] = {}  # the encoder's vector of a message's words as read
+        self._vectors: dict[str, Tensor] = {}  # the encoder's vector of a message's words as read, while archived
         self._day_turns: dict[str, tuple] = {}  # a day's turn: keys as if at position 0, values, positions, indices
 
     @functools.cached_property
@@ -320,6 +320,8 @@ class Retriever:
                                                speaker(read), " ".join(TIME_MARKER.sub(" ", read).split()))
             texts[message] = self._texts[key]
         self._texts = {key: t for key, t in self._texts.items() if key[0] in pieces}
+        reads = {t.read for t in self._texts.values()}
+        self._vectors = {read: v for read, v in self._vectors.items() if read in reads}
         return texts
 
     def question_text(self, ids: Tensor, content: slice) -> str:
@@ -365,8 +367,6 @@ class Retriever:
         new = sorted({t.read for t in texts.values()} - self._vectors.keys())
         if new:
             self._vectors.update(zip(new, encoder.embed(new)))
-        archived = {t.read for t in self._texts.values()}
-        self._vectors = {read: v for read, v in self._vectors.items() if read in archived}
         messages = list(texts)
         alike = similarities(encoder.embed([" ".join(question.split())])[0],
                              torch.stack([self._vectors[texts[m].read] for m in messages]))

