@@ -404,8 +404,8 @@ def dump_scores(stream, conv: str, setting: str, cache: int, questions: list[Que
 
 
 # What each part of retrieval's ranking adds (`--ablation`): attention on the retrieval heads alone, then the word
-# shares, then BM25, then the reply lift, then the sentence encoder's meaning at several weights (shipped: 8). The
-# retriever's weights, by name, for each.
+# shares, then BM25, then the reply lift, then the sentence encoder's meaning at several weights and powers, and the
+# words that ask for the newest or the oldest moment matched as before. The retriever's names, set for each.
 ABLATION = {
     "attention": {"WORD_MATCH_WEIGHT": 0.0, "LEXICAL_WEIGHT": 0.0, "REPLY_SHARE": 0.0, "SEMANTIC_WEIGHT": 0.0},
     "+word_shares": {"LEXICAL_WEIGHT": 0.0, "REPLY_SHARE": 0.0, "SEMANTIC_WEIGHT": 0.0},
@@ -415,6 +415,12 @@ ABLATION = {
     "+meaning_5": {"SEMANTIC_WEIGHT": 5.0},
     "+meaning_12": {"SEMANTIC_WEIGHT": 12.0},
     "+meaning_20": {"SEMANTIC_WEIGHT": 20.0},
+    "meaning_8_power_1": {"SEMANTIC_WEIGHT": 8.0, "MEANING_POWER": 1.0},
+    "meaning_8_power_2": {"SEMANTIC_WEIGHT": 8.0, "MEANING_POWER": 2.0},
+    "meaning_12_power_2": {"SEMANTIC_WEIGHT": 12.0, "MEANING_POWER": 2.0},
+    "meaning_12_power_4": {"SEMANTIC_WEIGHT": 12.0, "MEANING_POWER": 4.0},
+    "meaning_16_power_4": {"SEMANTIC_WEIGHT": 16.0, "MEANING_POWER": 4.0},
+    "order_words_matched": {"without_order": lambda question: question},
     "shipped": {},
 }
 

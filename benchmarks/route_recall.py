@@ -1,78 +1,110 @@
-"""Which sighting a question in other words points to, for each weight of the sentence encoder's share of retrieval's
-ranking: the route bags' narration (bags/route_scenario.py) pushed into one stream in-process, stamped at its times
-on the wall clock, and every question but never-seen asked as a recall (no answer decoded). A question counts where
-the recall's first moment is the asked sighting (its stamp within 2 s), and where it is any sighting of the asked
-thing. Tuning data only (the route seeds through the node, `where_when.py`, are the report).
+"""Which sighting a question in other words points to, for variants of retrieval's ranking: the route bags' narration
+(bags/route_scenario.py) pushed into one stream in-process, stamped at its times on the wall clock, and every
+question but never-seen asked as a recall (no answer decoded). A question counts where the recall's first moment is
+the asked sighting (its stamp within 2 s), and where it is any sighting of the asked thing. Tuning data only (the
+route seeds through the node, `where_when.py`, are the report).
 
-    python benchmarks/run.py route_recall --seeds 0,1,2,200007 --weights 0,5,8,12
+Variants: `shipped`, or parts joined by "+": the retriever's constants set by name ("SEMANTIC_WEIGHT=12"),
+`order_words_matched` (the words that ask for the newest or the oldest moment, "first", "last", matched as the
+question's other words are, as before they were set aside), `same_thing_by_weight` (the sightings of the heaviest
+entry's thing, among which "first" and "last" choose, taken by their weight alone, as before the encoder's likeness).
+
+    python benchmarks/run.py route_recall --seeds 0,1,2,200007 --variants SEMANTIC_WEIGHT=0 SEMANTIC_WEIGHT=8
+    python benchmarks/run.py route_recall --seeds 200015,200016 --questions every --variants shipped order_words_matched
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 
 from common import RESULTS, shown, wilson
 
-SMOKE = ["--model", "smollm2", "--seeds", "0", "--duration", "60", "--weights", "0,8", "--out", "route_recall_smoke.json"]
+SMOKE = ["--model", "smollm2", "--seeds", "0", "--duration", "60", "--variants", "SEMANTIC_WEIGHT=0", "shipped",
+         "--out", "route_recall_smoke.json"]
 STAMP_S = 2.0
 
 
-def run_seed(adapter, seed: int, duration: float, cache: int, weights: list[float]) -> list[dict]:
+@contextlib.contextmanager
+def variant(name: str):
+    """The retriever as the variant `name` has it, for the duration: `shipped`, or its parts joined by "+", each a
+    tweak of TWEAKS or one of the retriever's constants set by name ("SEMANTIC_WEIGHT=12+MEANING_POWER=3")."""
+    from inf_mllm_ros.engine.archive import retriever
+
+    shipped = dict(vars(retriever))
+    same_thing = retriever.Retriever.same_thing
+    try:
+        for part in [] if name == "shipped" else name.split("+"):
+            if part == "order_words_matched":
+                retriever.without_order = lambda question: question
+            elif part == "same_thing_by_weight":
+                retriever.Retriever.same_thing = lambda self, entries, blocks, texts: None
+            elif "=" in part and part.split("=")[0].isupper() and hasattr(retriever, part.split("=")[0]):
+                setattr(retriever, part.split("=")[0], float(part.split("=")[1]))
+            else:
+                raise ValueError(f"unknown variant {part!r}")
+        yield
+    finally:
+        retriever.Retriever.same_thing = same_thing
+        for key, value in shipped.items():
+            if getattr(retriever, key) is not value:
+                setattr(retriever, key, value)
+
+
+def run_seed(adapter, seed: int, duration: float, cache: int, variants: list[str], questions: str) -> list[dict]:
     import torch
 
     from inf_mllm_ros.bags.route_scenario import build_route
-    from inf_mllm_ros.engine.archive import retriever
     from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.settings import DEFAULTS, stream_config
 
-    scenario = build_route(seed, duration)
+    scenario = build_route(seed, duration, questions=questions)
     stream = KVStream(adapter, stream_config(dict(DEFAULTS) | {"cache_size": cache, "clock": "wall"}))
     stream.time_origin = 8 * 3600.0
-    shipped = retriever.SEMANTIC_WEIGHT
     records = []
-    try:
-        with torch.inference_mode():
-            for line in scenario.narration:
-                stream.push_text(line.text, line.time_s)
-            for q in scenario.questions:
-                if q.kind == "never_seen":
-                    continue
-                seen = [s.time_s for s in scenario.sightings_of(q.thing)]
-                record = {"seed": seed, "kind": q.kind, "question": q.question, "thing": q.thing,
-                          "sightings": len(seen), "weights": {}}
-                for weight in weights:
-                    retriever.SEMANTIC_WEIGHT = weight
+    with torch.inference_mode():
+        for line in scenario.narration:
+            stream.push_text(line.text, line.time_s)
+        for q in scenario.questions:
+            if q.kind == "never_seen":
+                continue
+            seen = [s.time_s for s in scenario.sightings_of(q.thing)]
+            record = {"seed": seed, "kind": q.kind, "question": q.question, "thing": q.thing,
+                      "sightings": len(seen), "variants": {}}
+            for name in variants:
+                with variant(name):
                     top = stream.recall(q.question, limit=1)
-                    stamp = top[0].stamp if top else None
-                    record["weights"][str(weight)] = {
-                        "asked": stamp is not None and abs(stamp - q.expected["time_s"]) <= STAMP_S,
-                        "thing": stamp is not None and min(abs(stamp - t) for t in seen) <= STAMP_S,
-                        "top": top[0].text if top else ""}
-                records.append(record)
-    finally:
-        retriever.SEMANTIC_WEIGHT = shipped
+                stamp = top[0].stamp if top else None
+                record["variants"][name] = {
+                    "asked": stamp is not None and abs(stamp - q.expected["time_s"]) <= STAMP_S,
+                    "thing": stamp is not None and min(abs(stamp - t) for t in seen) <= STAMP_S,
+                    "top": top[0].text if top else ""}
+            records.append(record)
     return records
 
 
-def summary(records: list[dict], weights: list[str]) -> dict:
+def summary(records: list[dict], variants: list[str]) -> dict:
     out = {}
-    for weight in weights:
+    for key in variants:
         cells = {}
         for name in ("asked", "thing"):
-            hits = sum(r["weights"][weight][name] for r in records)
+            hits = sum(r["variants"][key][name] for r in records)
             low, high = wilson(hits, len(records))
             cells[name] = {"hits": hits, "n": len(records), "rate": round(hits / max(len(records), 1), 3),
                            "interval": [round(low, 3), round(high, 3)]}
-        out[weight] = cells
+        out[key] = cells
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", default="0,1,2,200007")
-    p.add_argument("--weights", default="0,5,8,12", help="SEMANTIC_WEIGHT values, separated by commas")
+    p.add_argument("--variants", nargs="+", default=["SEMANTIC_WEIGHT=0", "shipped"],
+                   help="variants of retrieval's ranking (see above)")
+    p.add_argument("--questions", default="drawn", choices=("drawn", "every"),
+                   help="the drive's drawn questions, or every kind about every thing seen (as where_when asks)")
     p.add_argument("--duration", type=float, default=300.0)
     p.add_argument("--cache", type=int, default=512)
     p.add_argument("--model", default="onevision-qwen2.5-0.5b")
@@ -85,18 +117,21 @@ def main(argv: list[str] | None = None) -> None:
     from inf_mllm_ros.engine.models.loading import load_model
 
     torch.set_num_threads(args.threads)
-    weights = [float(w) for w in args.weights.split(",")]
+    variants = args.variants
+    for name in variants:
+        with variant(name):
+            pass
     adapter = load_model(args.model, device="cpu", dtype=args.dtype)
     records, started = [], time.monotonic()
-    for seed in (int(s) for s in args.seeds.split(",")):
-        records += run_seed(adapter, seed, args.duration, args.cache, weights)
-        print(f"seed {seed}: {len(records)} questions so far, {time.monotonic() - started:.0f} s", flush=True)
-    result = {"settings": vars(args), "records": records, "summary": summary(records, [str(w) for w in weights])}
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / args.out
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    for weight, cells in result["summary"].items():
-        print(f"weight {weight}: asked sighting {cells['asked']['hits']}/{cells['asked']['n']} "
+    for seed in (int(s) for s in args.seeds.split(",")):
+        records += run_seed(adapter, seed, args.duration, args.cache, variants, args.questions)
+        print(f"seed {seed}: {len(records)} questions so far, {time.monotonic() - started:.0f} s", flush=True)
+        result = {"settings": vars(args), "records": records, "summary": summary(records, variants)}
+        path.write_text(json.dumps(result, indent=1) + "\n")  # after each seed
+    for name, cells in result["summary"].items():
+        print(f"{name}: asked sighting {cells['asked']['hits']}/{cells['asked']['n']} "
               f"{cells['asked']['interval']}, the thing {cells['thing']['hits']}/{cells['thing']['n']}")
     print(f"wrote {shown(path)}")
 

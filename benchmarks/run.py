@@ -48,7 +48,7 @@ BENCHMARKS = {
     "demo_bag": "the demo's answers over the shipped sample bag, with the demo's parameters, as a record",
     "locomo": "LoCoMo's long conversations (written by others) asked at the end: F1, evidence hit@5, against BM25",
     "where_when": "a patrol robot's reports asked about later: what, when (time) and where (evidence's pose)",
-    "route_recall": "the route bags' questions in other words as recalls in-process, per weight of meaning in the ranking",
+    "route_recall": "the route bags' questions in other words as recalls in-process, per variant of the ranking",
     "streams": "several robots' streams on one model, answers decoded in one batch, against one after the other",
     "robots_flood": "two robots on one model in one node over DDS: one robot's flood against the other's questions",
     "summarize": "markdown tables of the recorded results",

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from inf_mllm_ros.engine.models.loading import load_model
-from inf_mllm_ros.engine.archive.evidence import Evidence, asked_order, in_asked_order
+from inf_mllm_ros.engine.archive.evidence import Evidence, asked_order, in_asked_order, without_order
 from inf_mllm_ros.engine.persistence.memory_file import load_memory, save_memory
 from inf_mllm_ros.engine.poses import Pose, PoseHistory, PoseRefusedError, interpolate
 from inf_mllm_ros.engine.runtime.stream import KVStream
@@ -240,6 +240,30 @@ def test_of_moments_weighing_alike_the_asked_one_comes_first_the_rest_as_they_we
     assert in_asked_order(ranked_entries, "", 3) == ranked_entries[:3]
     lone = [entry(500.0, 100.0)] + [entry(float(s), 20.0) for s in (100, 900, 300)]
     assert in_asked_order(lone, "latest", 4) == lone, "nothing else weighs as much: the heaviest stays first"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sightings_told_alike_in_meaning_are_ordered_whatever_their_weight(seed):
+    rng = random.Random(seed)
+    ranked_entries = [entry(float(rng.randrange(1000)), 100.0 - 15 * i + rng.random()) for i in range(5)]
+    same = [True] + [rng.random() < 0.5 for _ in range(4)]
+    same[rng.randrange(3, 5)] = True  # a light sighting in other words is one of them
+    sightings = [e for e, alike in zip(ranked_entries, same) if alike]
+    for order, first in (("latest", max(sightings, key=lambda e: e.stamp)),
+                         ("earliest", min(sightings, key=lambda e: e.stamp))):
+        got = in_asked_order(ranked_entries, order, 5, same)
+        assert got[0] is first and got[1:] == [e for e in ranked_entries if e is not first]
+    alone = [True, False, False, False, False]
+    assert in_asked_order(ranked_entries, "latest", 5, alone) == ranked_entries, "no other sighting: as ranked"
+
+
+@pytest.mark.parametrize("question, left", [
+    ("When did you first pass the cones?", "When did you pass the cones?"),
+    ("Where did you last see the first aid kit?", "Where did you see the first aid kit?"),
+    ("What time did you most recently pass the trolley?", "What time did you pass the trolley?"),
+    ("Where is the latest report?", "Where is the report?"), ("What is on the shelf?", "What is on the shelf?")])
+def test_the_words_that_ask_which_moment_are_not_matched_as_what_is_asked(question, left):
+    assert without_order(question) == left
 
 
 THRICE = "I see the red cone by the charging dock."

@@ -26,7 +26,8 @@ from ..answering import QUOTE_CHARS, Evidence
 ASKS_LATEST = re.compile(r"\b(?:last|latest|newest|most recent(?:ly)?)\b", re.IGNORECASE)
 ASKS_EARLIEST = re.compile(r"\b(?:first(?![- ]aid)|earliest|oldest)\b", re.IGNORECASE)
 # Entries whose weight is at least this share of the heaviest's, above the lightest entry's, are taken as moments of
-# the same thing when a question asks for the newest or the oldest (chosen on the tuning route bags, seeds 0 and 1).
+# the same thing when a question asks for the newest or the oldest (chosen on the tuning route bags, seeds 0 and 1),
+# where the sentence encoder cannot tell (engine/archive/retriever.py: messages alike in meaning to the heaviest's).
 SAME_THING_SHARE = 0.7
 # The entries that share is taken over, however few are asked for: one asked for still comes from the same five.
 ORDER_AMONG = 5
@@ -39,16 +40,28 @@ def asked_order(question: str) -> str:
     return "earliest" if ASKS_EARLIEST.search(question) else ""
 
 
-def in_asked_order(evidence: list[Evidence], order: str, limit: int) -> list[Evidence]:
+def without_order(question: str) -> str:
+    """The question without the words that ask for the newest or the oldest moment: those ask which sighting, not
+    what, so they match no message ("first" would draw "Spotted a first aid kit" to "When did you first pass the
+    cones?")."""
+    return " ".join(ASKS_EARLIEST.sub(" ", ASKS_LATEST.sub(" ", question)).split())
+
+
+def in_asked_order(evidence: list[Evidence], order: str, limit: int,
+                   same_thing: list[bool] | None = None) -> list[Evidence]:
     """The first `limit` of the evidence (ranked, at least ORDER_AMONG long where there are as many) with, where the
-    question asks for the newest or the oldest moment (`order`), that one of the entries weighing about as much as
-    the heaviest (SAME_THING_SHARE) first; the others as they were."""
+    question asks for the newest or the oldest moment (`order`), that one of the entries of the same thing as the
+    heaviest first; the others as they were. `same_thing`: for each entry, whether it tells of the same thing as the
+    heaviest (None: those weighing about as much as the heaviest, SAME_THING_SHARE)."""
     stamped = [e for e in evidence if e.stamp is not None]
     lightest = min((e.weight for e in evidence), default=0.0)
     if not order or len(stamped) < 2 or evidence[0].weight <= lightest:
         return evidence[:limit]
-    bar = lightest + SAME_THING_SHARE * (evidence[0].weight - lightest)
-    alike = [e for e in stamped if e.weight >= bar]
+    if same_thing is not None:
+        alike = [e for e, same in zip(evidence, same_thing) if same and e.stamp is not None]
+    else:
+        bar = lightest + SAME_THING_SHARE * (evidence[0].weight - lightest)
+        alike = [e for e in stamped if e.weight >= bar]
     if not alike:
         return evidence[:limit]
     pick = (max if order == "latest" else min)(alike, key=lambda e: e.stamp)

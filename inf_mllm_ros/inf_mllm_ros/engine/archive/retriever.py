@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .attribution import speaker, unattributed
 from ..answering import asks_when
-from .evidence import ORDER_AMONG, Evidence, asked_order, in_asked_order, ranked
+from .evidence import ORDER_AMONG, Evidence, asked_order, in_asked_order, ranked, without_order
 from .lexical import asks, bm25, terms
 from .naming import TIME_MARKER, naming_shares, restated, said_words, text_words
 from .retrieval_index import RetrievalIndex, middle_layers
@@ -79,6 +79,14 @@ LEXICAL_WEIGHT = 3.0
 # similarity in meaning to the question (engine/archive/sentences.py), in proportion to the most similar message's
 # above the least similar's: a question in other words than its answer.
 SEMANTIC_WEIGHT = 8.0
+# That share is raised to this power: the messages nearly as alike as the best (another thing of the same kind,
+# "a first aid kit" for "the tool kit") fall further behind it than the words a question shares with them lift them.
+MEANING_POWER = 1.0
+# Asked for the newest or the oldest moment, the entries whose messages are at least this alike in meaning to the
+# heaviest's (the encoder's cosine) tell of the same thing: "Passing the orange cart again" and "Looks like an orange
+# push cart left standing" (sightings of one thing: 0.66 or more on the tuning route bags; of two things: 0.6 or more
+# for 1 %). Without the encoder, those about as heavy as the heaviest (engine/archive/evidence.py).
+SAME_THING_LIKENESS = 0.6
 # The message after one that asks something scores at least this share of that message's score (above the lowest
 # block's): the reply holds what the question about it asks, while the asking message matches it best.
 REPLY_SHARE = 0.9
@@ -200,7 +208,7 @@ class Retriever:
         scored = candidates + in_cache
         texts = self.message_texts(scored)
         text = self.question_text(ids, content)
-        words = text_words(text)
+        words = text_words(without_order(text))
         scores = self.matched(self.index(question[0]).scores(question, scored), scored, text, texts)
         out = Retrieval()
         if evidence > 0:
@@ -208,7 +216,7 @@ class Retriever:
             inputs = [i for i, b in enumerate(scored) if b.first_seq >= inputs_from]
             best = ranked([scored[i] for i in inputs], scores[inputs], [held_now[i] for i in inputs], self.quote,
                           max(evidence, ORDER_AMONG))
-            out.evidence = in_asked_order(best, asked_order(text), evidence)
+            out.evidence = in_asked_order(best, asked_order(text), evidence, self.same_thing(best, scored, texts))
             out.unattributed = unattributed(text, best, {t.speaker for t in texts.values() if t.speaker})
         if candidates and budget > 0:
             best = [candidates[i] for i in torch.argsort(scores[: len(candidates)], descending=True)[:NAMING_BEST]]
@@ -342,10 +350,12 @@ class Retriever:
     def matched(self, scores: Tensor, blocks: list[ArchivedBlock], question: str,
                 texts: dict[int, MessageText]) -> Tensor:
         """`scores` (the index's, of `blocks`) with the words added: each block's message's share of the
-        question's words (WORD_MATCH_WEIGHT) and its BM25 score for them (LEXICAL_WEIGHT, in proportion to the
-        best message's); then the message after one that asks lifted to REPLY_SHARE of the asking one's score."""
+        question's words (WORD_MATCH_WEIGHT), its BM25 score for them (LEXICAL_WEIGHT, in proportion to the best
+        message's) and its likeness in meaning (SEMANTIC_WEIGHT), the words that ask for the newest or the oldest
+        moment aside; then the message after one that asks lifted to REPLY_SHARE of the asking one's score."""
         if len(blocks) < 2:
             return scores
+        question = without_order(question)
         spread = scores.std()
         shares = self.naming(text_words(question), texts)
         messages = list(texts)
@@ -373,7 +383,19 @@ class Retriever:
         low, high = float(alike.min()), float(alike.max())
         if high - low <= 1e-6:
             return {}
-        return dict(zip(messages, ((alike - low) / (high - low)).tolist()))
+        return dict(zip(messages, (((alike - low) / (high - low)) ** MEANING_POWER).tolist()))
+
+    def same_thing(self, entries: list[Evidence], blocks: list[ArchivedBlock],
+                   texts: dict[int, MessageText]) -> list[bool] | None:
+        """For each entry (ranked evidence of `blocks`), whether its message tells of the same thing as the
+        heaviest's, by the encoder's likeness of the two (SAME_THING_LIKENESS); None where the encoder has not read
+        the heaviest (none, or a frame)."""
+        message = {b.first_seq: b.message for b in blocks}
+        vectors = [self._vectors.get(texts[message[e.first_seq]].read) if message.get(e.first_seq) in texts else None
+                   for e in entries]
+        if not vectors or vectors[0] is None or not texts[message[entries[0].first_seq]].read:
+            return None
+        return [v is not None and float(v @ vectors[0]) >= SAME_THING_LIKENESS for v in vectors]
 
     def replies_lifted(self, scores: Tensor, blocks: list[ArchivedBlock], texts: dict[int, MessageText]) -> Tensor:
         """`scores` (of `blocks`) with each message that follows one that asks (in the stream's order, over the
@@ -443,8 +465,8 @@ class Retriever:
         texts = self.message_texts(list(self.archive.blocks))  # rarity over the whole memory
         text = self.question_text(ids, content)
         scores = self.matched(self.index(question[0]).scores(question, blocks), blocks, text, texts)
-        return in_asked_order(ranked(blocks, scores, self.held(blocks), self.quote, max(limit, ORDER_AMONG)),
-                              asked_order(text), limit)
+        best = ranked(blocks, scores, self.held(blocks), self.quote, max(limit, ORDER_AMONG))
+        return in_asked_order(best, asked_order(text), limit, self.same_thing(best, blocks, texts))
 
     def held(self, blocks: list[ArchivedBlock]) -> list[bool]:
         """Whether the cache still holds each archived block, whole, in every layer-head."""
