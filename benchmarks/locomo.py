@@ -336,7 +336,8 @@ def stream_records(adapter, conv: str, setting: str, names: list[str], cache: in
         dump_scores(stream, conv, setting, values["cache_size"], questions, held_turns, Path(args.scores))
         return
     if args.ablation:
-        write(*ablation(stream, conv, values["cache_size"], questions, held_turns))  # one save: its summary is slow
+        write(*ablation(stream, conv, values["cache_size"], questions, held_turns,  # one save: its summary is slow
+                        args.ablation_variants))
         return
     if args.latency:
         write(latency(stream, conv, values["cache_size"], questions))
@@ -421,11 +422,15 @@ ABLATION = {
     "meaning_12_power_4": {"SEMANTIC_WEIGHT": 12.0, "MEANING_POWER": 4.0},
     "meaning_16_power_4": {"SEMANTIC_WEIGHT": 16.0, "MEANING_POWER": 4.0},
     "order_words_matched": {"without_order": lambda question: question},
+    "unsaid_alike": {"UNSAID_SEMANTIC_WEIGHT": 8.0, "UNSAID_MEANING_POWER": 1.0},
+    "unsaid_12_power_2": {"UNSAID_SEMANTIC_WEIGHT": 12.0, "UNSAID_MEANING_POWER": 2.0},
+    "unsaid_16_power_4": {"UNSAID_SEMANTIC_WEIGHT": 16.0, "UNSAID_MEANING_POWER": 4.0},
     "shipped": {},
 }
 
 
-def ablation(stream, conv: str, cache: int, questions: list[Question], held_turns) -> list[dict]:
+def ablation(stream, conv: str, cache: int, questions: list[Question], held_turns,
+             variants: list[str] | None = None) -> list[dict]:
     """Each question's five best moments (`recall`, ranked as an answer's evidence is) under each ABLATION variant:
     evidence hit@5 only, no answer."""
     from inf_mllm_ros.engine.archive import retriever
@@ -443,6 +448,8 @@ def ablation(stream, conv: str, cache: int, questions: list[Question], held_turn
     stream.content_queries = content_queries
     try:
         for variant, weights in ABLATION.items():
+            if variants and variant not in variants:
+                continue
             for name, value in shipped.items():
                 setattr(retriever, name, weights.get(name, value))
             for q in questions:
@@ -607,6 +614,8 @@ def main(argv: list[str] | None = None) -> None:
                    "without retrieval (the same questions, the same memory)")
     p.add_argument("--speaker-check", action="store_true", help="only whether the speaker check answers each "
                    "question as not mentioned, at depths 1 to 3, from its evidence (no answers)")
+    p.add_argument("--ablation-variants", nargs="*", default=None, metavar="VARIANT",
+                   help="with --ablation, only these of ABLATION (default: all)")
     p.add_argument("--ablation", action="store_true", help="only evidence hit@5 for each part of retrieval's "
                    "ranking (ABLATION), no answers")
     p.add_argument("--scores", default="", help="only dump each question's attention scores to this folder")

@@ -79,9 +79,17 @@ LEXICAL_WEIGHT = 3.0
 # similarity in meaning to the question (engine/archive/sentences.py), in proportion to the most similar message's
 # above the least similar's: a question in other words than its answer.
 SEMANTIC_WEIGHT = 8.0
-# That share is raised to this power: the messages nearly as alike as the best (another thing of the same kind,
-# "a first aid kit" for "the tool kit") fall further behind it than the words a question shares with them lift them.
+# That share is raised to this power: the messages nearly as alike as the best fall further behind it.
 MEANING_POWER = 1.0
+# A question with a word that no message holds (a thing named in other words than the memory's: "the pylons" for
+# "some yellow cones") weighs meaning by these instead: words cannot find its answer, and the messages nearly as
+# alike as the best (another thing of the same kind, "a first aid kit" for "the tool kit") fall far behind it. Where
+# every word is held somewhere (most of LoCoMo's questions), the encoder's best is often a turn on the same topic
+# and the words find the answer better. Chosen on tuning data (the route's seeds 200015-200020: the asked sighting
+# first for 272 of 335 questions against 247 at 8 and 1; LoCoMo 26 and 41: hit@5 209 of 283 against 213; 16 and 4
+# gave 276 and 207; docs/archive.md).
+UNSAID_SEMANTIC_WEIGHT = 12.0
+UNSAID_MEANING_POWER = 2.0
 # Asked for the newest or the oldest moment, the entries whose messages are at least this alike in meaning to the
 # heaviest's (the encoder's cosine) tell of the same thing: "Passing the orange cart again" and "Looks like an orange
 # push cart left standing" (sightings of one thing: 0.66 or more on the tuning route bags; of two things: 0.6 or more
@@ -361,16 +369,20 @@ class Retriever:
         messages = list(texts)
         lexical = dict(zip(messages, bm25(terms(question), [texts[m].terms for m in messages])))
         best = max(lexical.values(), default=0.0)
-        meaning = self.meaning(question, texts)
+        held = set().union(*(texts[m].terms for m in messages))
+        unsaid = any(word not in held for word in terms(question))
+        weight, power = (UNSAID_SEMANTIC_WEIGHT, UNSAID_MEANING_POWER) if unsaid else (SEMANTIC_WEIGHT, MEANING_POWER)
+        meaning = self.meaning(question, texts, power)
         added = [WORD_MATCH_WEIGHT * shares.get(b.message, 0.0)
                  + (LEXICAL_WEIGHT * lexical.get(b.message, 0.0) / best if best > 0 else 0.0)
-                 + SEMANTIC_WEIGHT * meaning.get(b.message, 0.0) for b in blocks]
+                 + weight * meaning.get(b.message, 0.0) for b in blocks]
         scores = scores + spread * torch.tensor(added, dtype=scores.dtype, device=scores.device)
         return self.replies_lifted(scores, blocks, texts)
 
-    def meaning(self, question: str, texts: dict[int, MessageText]) -> dict[int, float]:
+    def meaning(self, question: str, texts: dict[int, MessageText], power: float = 1.0) -> dict[int, float]:
         """Each message's similarity in meaning to the question (the encoder's), from 0 for the least similar to 1
-        for the most; empty without an encoder. A message is read once (its vector kept while it is archived)."""
+        for the most, raised to `power`; empty without an encoder (or with SEMANTIC_WEIGHT 0). A message is read
+        once (its vector kept while it is archived)."""
         encoder = self.load_encoder() if SEMANTIC_WEIGHT > 0 and len(texts) > 1 else None
         if encoder is None:
             return {}
@@ -383,7 +395,7 @@ class Retriever:
         low, high = float(alike.min()), float(alike.max())
         if high - low <= 1e-6:
             return {}
-        return dict(zip(messages, (((alike - low) / (high - low)) ** MEANING_POWER).tolist()))
+        return dict(zip(messages, (((alike - low) / (high - low)) ** power).tolist()))
 
     def same_thing(self, entries: list[Evidence], blocks: list[ArchivedBlock],
                    texts: dict[int, MessageText]) -> list[bool] | None:
