@@ -330,10 +330,11 @@ def test_a_sighting_asked_in_other_words_is_found_by_what_the_question_means(smo
     """A route's narration (bags/route_scenario.py: each thing said in other words than the questions ask it, "a
     little drone" for "the quadcopter", some seen twice or three times, among filler) into a memory of several caches,
     at three seeds: a sighting of the asked thing is a recall's first moment for far more questions with the sentence
-    encoder than with attention and words alone, and for most of them."""
+    encoder than with attention and words alone, and for most of them; the asked one of its sightings for most."""
     from inf_mllm_ros.bags.route_scenario import build_route
 
     found = {"": 0, "all-MiniLM-L6-v2": 0}
+    sighting = dict(found)  # the asked one of the thing's sightings ("last", "first")
     asked = 0
     for seed in (0, 1, 2):
         scenario = build_route(seed, 150.0)
@@ -348,5 +349,7 @@ def test_a_sighting_asked_in_other_words_is_found_by_what_the_question_means(smo
                 top = stream.recall(q.question, limit=1)
                 seen = [s.time_s for s in scenario.sightings_of(q.thing)]
                 found[encoder] += bool(top) and min(abs(top[0].stamp - t) for t in seen) <= 2.0
-    # Measured: 37 of 65 without the encoder, 52 with it.
+                sighting[encoder] += bool(top) and abs(top[0].stamp - q.expected["time_s"]) <= 2.0
+    # Measured: 40 of 65 without the encoder, 54 with it; the asked sighting 38 and 52.
     assert found["all-MiniLM-L6-v2"] >= found[""] + 6 and found["all-MiniLM-L6-v2"] >= 0.7 * asked, (found, asked)
+    assert sighting["all-MiniLM-L6-v2"] >= 0.7 * asked, (sighting, asked)
