@@ -29,8 +29,9 @@ STAMP_S = 2.0
 
 @contextlib.contextmanager
 def variant(name: str):
-    """The retriever as the variant `name` has it, for the duration: `shipped`, or its parts joined by "+", each a
-    tweak of TWEAKS or one of the retriever's constants set by name ("SEMANTIC_WEIGHT=12+MEANING_POWER=3")."""
+    """The retriever as the variant `name` has it, for the duration: `shipped`, or its parts joined by "+", each
+    `order_words_matched`, `same_thing_by_weight` or one of the retriever's constants set by name
+    ("SEMANTIC_WEIGHT=12+MEANING_POWER=3")."""
     from inf_mllm_ros.engine.archive import retriever
 
     shipped = dict(vars(retriever))
@@ -41,8 +42,9 @@ def variant(name: str):
                 retriever.without_order = lambda question: question
             elif part == "same_thing_by_weight":
                 retriever.Retriever.same_thing = lambda self, entries, blocks, texts: None
-            elif "=" in part and part.split("=")[0].isupper() and hasattr(retriever, part.split("=")[0]):
-                setattr(retriever, part.split("=")[0], float(part.split("=")[1]))
+            elif "=" in part and part.partition("=")[0].isupper() and hasattr(retriever, part.partition("=")[0]):
+                key, _, value = part.partition("=")
+                setattr(retriever, key, float(value))
             else:
                 raise ValueError(f"unknown variant {part!r}")
         yield
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     variants = args.variants
-    for name in variants:
+    for name in variants:  # an unknown variant refused before the model loads
         with variant(name):
             pass
     adapter = load_model(args.model, device="cpu", dtype=args.dtype)

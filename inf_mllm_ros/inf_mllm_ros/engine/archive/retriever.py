@@ -402,10 +402,10 @@ class Retriever:
         """For each entry (ranked evidence of `blocks`), whether its message tells of the same thing as the
         heaviest's, by the encoder's likeness of the two (SAME_THING_LIKENESS); None where the encoder has not read
         the heaviest (none, or a frame)."""
-        message = {b.first_seq: b.message for b in blocks}
-        vectors = [self._vectors.get(texts[message[e.first_seq]].read) if message.get(e.first_seq) in texts else None
-                   for e in entries]
-        if not vectors or vectors[0] is None or not texts[message[entries[0].first_seq]].read:
+        message = {b.first_seq: b.message for b in blocks}  # each entry is one of `blocks`, its message in `texts`
+        reads = [texts[message[e.first_seq]].read for e in entries]
+        vectors = [self._vectors.get(read) if read else None for read in reads]
+        if not vectors or vectors[0] is None:
             return None
         return [v is not None and float(v @ vectors[0]) >= SAME_THING_LIKENESS for v in vectors]
 
