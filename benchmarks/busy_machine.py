@@ -25,7 +25,7 @@ from pathlib import Path
 from common import load_records, machine, write_records
 from inf_mllm_ros.testing.burst import burst_figures, burst_of_callers
 from inf_mllm_ros.testing.cpu_load import busy_cores, cores_less_one
-from inf_mllm_ros.testing.flood import (NODE_PARAMS, SHARED_QUESTION_TOKENS, node_under_flood, reference_flood,
+from inf_mllm_ros.testing.flood import (NODE_PARAMS, QUESTION_TOKENS, node_under_flood, reference_flood,
                                         shared_cpu_figures)
 from inf_mllm_ros.testing.node_process import Driver, NodeProcess, default_domain_id
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--processes", type=int, default=10, help="calling processes in a burst")
     p.add_argument("--clients", type=int, default=10, help="clients in each calling process")
     p.add_argument("--busy", type=int, default=cores_less_one(), help="CPU-bound processes beside")
-    p.add_argument("--question-tokens", type=int, default=SHARED_QUESTION_TOKENS,
+    p.add_argument("--question-tokens", type=int, default=QUESTION_TOKENS,
                    help="the flood question's max_new_tokens, in the node and the reference alike")
     p.add_argument("--label", default="current", help="names the code measured")
     args = p.parse_args(argv)

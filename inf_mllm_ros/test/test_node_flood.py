@@ -2,7 +2,8 @@
 
 Another process (this one, through `testing.node_process.Driver`) publishes 50 texts a second and 320x240 frames at
 5 Hz for 30 s into a fresh node (the small model, one torch thread, cache 256, frame_rate 1: the shipped settings
-otherwise; once more with the default model, in the slow group) and asks a question at 10 s (`testing/flood.py`).
+otherwise; once more with the default model, in the slow group) and asks a question at 10 s, its answer cut at 16
+tokens there and in the reference alike (`testing/flood.py`).
 Counted from the first message, with no warm-up: frames go in at frame_rate (or the pace the engine keeps in one
 process, where that is less) within 50 % in every window after the first 5 s (5 s, or a multiple of 5 s that holds
 two frames at a slower pace), the question's too, and over the whole flood; texts at a pace near the one the same
@@ -22,8 +23,7 @@ from pathlib import Path
 import pytest
 
 from inf_mllm_ros.testing.cpu_load import cores_less_one
-from inf_mllm_ros.testing.flood import (FLOOD_S, FRAME_RATE, MAX_TEXT_DELAY, QUESTION_AT, SHARED_QUESTION_TOKENS,
-                                        WINDOW_S, flood_figures, frames_per_window, node_under_flood, reference_flood,
+from inf_mllm_ros.testing.flood import (FLOOD_S, FRAME_RATE, MAX_TEXT_DELAY, QUESTION_AT, WINDOW_S, flood_figures, frames_per_window, node_under_flood, reference_flood,
                                         reference_pace, shared_cpu_figures)
 
 # Pace is measured: alone, not beside other tests.
@@ -31,6 +31,9 @@ pytestmark = pytest.mark.serial
 
 # The share of the pace in one process below which the test fails, of frames and of texts alike.
 PACE_SHARE = 0.5
+# The seconds the node's answer may take beyond its own time and the jobs it waits for (one process alone): DDS both
+# ways and the executor's threads beside the model's on the node's core.
+ANSWER_EXTRA_S = 1.0
 # The frames a window holds at the expected pace, at the least.
 FRAMES_A_WINDOW = 2
 # On a shared CPU: the seconds the node's answers may take beyond the reference's (medians; docs/node.md, A shared
@@ -53,14 +56,18 @@ def check_flood(model: str, tmp_path: Path) -> None:
     window_s = min(WINDOW_S * math.ceil(FRAMES_A_WINDOW / (rate * WINDOW_S)), FLOOD_S - WINDOW_S)
     windows = frames_per_window(flood["series"], window_s)
     print(f"{model}: in one process {reference['texts_per_s']:.1f} texts/s, {reference['frames_per_s']:.2f} "
-          f"frames/s, an answer in {reference['answer_s']:.2f} s; the node under the flood: frames per {window_s:.0f} s "
+          f"frames/s, an answer in {reference['answer_s']:.2f} s, the longest job {reference['longest_job_s']:.2f} s; the node under the flood: frames per {window_s:.0f} s "
           f"{[n for _, n in windows]} ({flood['series'][-1][1]} in all, {flood['frames_dropped']} dropped), "
           f"{texts_per_s:.1f} texts/s, the question answered after {flood['answered_s']} s")
     answer = flood["answer"]
+    if answer is not None:
+        print(f"the node's answer ({answer.latency:.2f} s in the node): {answer.answer!r}; the reference's: "
+              f"{reference.get('answer')!r}")
     assert answer is not None and answer.success, answer
-    # Its own time, one batch of the texts ahead of it (max_text_delay) and the job in progress (a frame or a
-    # text call, each about the answer's time on this model or less).
-    assert flood["answered_s"] <= 2 * reference["answer_s"] + MAX_TEXT_DELAY + 1.0, (flood["answered_s"], reference)
+    # Its own time, one batch of the texts ahead of it (max_text_delay) and the job in progress (a frame or a text
+    # call: the longest job in one process under the same traffic, each).
+    wait_s = reference["answer_s"] + 2 * reference["longest_job_s"] + MAX_TEXT_DELAY
+    assert flood["answered_s"] <= wait_s + ANSWER_EXTRA_S, (flood["answered_s"], reference)
     assert texts_per_s >= PACE_SHARE * reference["texts_per_s"], (texts_per_s, reference)
     # The pace in every window, the question's too, less what of the question's answer outlasts a frame period: the
     # model answers one job at a time. Frames are whole: a count may fall to the whole number below the share.
@@ -94,7 +101,7 @@ def test_on_a_shared_cpu_the_flood_keeps_the_pace_one_process_keeps_beside_the_s
     busy = cores_less_one()
     reference = reference_flood("smolvlm-smollm2", busy=busy, questions_at=SHARED_QUESTIONS_AT)
     flood = node_under_flood("smolvlm-smollm2", tmp_path, publisher="timers", busy=busy,
-                             question_tokens=SHARED_QUESTION_TOKENS, questions_at=SHARED_QUESTIONS_AT)
+                             questions_at=SHARED_QUESTIONS_AT)
     figures = shared_cpu_figures(reference, flood)
     print(figures)
     assert all(answer is not None and answer.success for answer in flood["answers"]), flood["answers"]

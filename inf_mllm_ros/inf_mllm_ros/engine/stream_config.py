@@ -78,8 +78,8 @@ class StreamConfig:
     # retrieval: an answer with retrieval on pays nothing more for it.
     evidence: int = 5
     # The sentence encoder that weighs how alike in meaning a question and each archived message are, beside attention
-    # and words (engine/archive/sentences.py): an embedded encoder's name or a folder; "" for none. Loaded at the
-    # first retrieval, once per process.
+    # and words (engine/archive/sentences.py): an embedded encoder's name or a folder; "" for none. Loaded with the
+    # model where the archive is on (before the first question), once per process.
     sentence_encoder: str = "all-MiniLM-L6-v2"
 
     def __post_init__(self):

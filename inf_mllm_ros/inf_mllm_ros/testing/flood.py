@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import statistics
+from concurrent.futures import wait as wait_futures
 import threading
 import time
 from contextlib import nullcontext
@@ -37,26 +38,36 @@ REFERENCE_S = 15.0  # the in-process run under the same traffic
 NODE_PARAMS = {"cache_size": 256, "torch_threads": 1, "frame_rate": FRAME_RATE, "stats_period": 0.5,
                "description_period": 0.0}
 MAX_TEXT_DELAY = BY_NAME["max_text_delay"].default
-# On a shared CPU the question's answer is cut at this many tokens in the node and the reference alike: its time then
-# measures the wait and the model's pace, not how long an answer the two memories happen to give (up to 64 tokens,
-# 0.1 to 0.2 s each on a shared core).
-SHARED_QUESTION_TOKENS = 16
+# The question's answer is cut at this many tokens in the node and the reference alike: its time then measures the wait
+# and the model's pace, not how long an answer the two memories happen to give (up to 64 tokens, 0.1 to 0.2 s each on
+# one core: a 64-token answer against the reference's 12 put a run past its bound by the length alone).
+QUESTION_TOKENS = 16
 
 
 def text(n: int) -> str:
     return f"Conveyor {n % 9} moved crate {n} past the scanner."
 
 
-def reference_pace(model: str, stamped: bool = True) -> dict:
+def reference_pace(model: str, stamped: bool = True, question_tokens: int = QUESTION_TOKENS) -> dict:
     """The engine in this process, one torch thread, under the same traffic through the node's frame gate: texts
-    and frames a second, and the answer's own time with nothing waiting. Each input is stamped with its time since
-    the first, as the node stamps it: the model reads the time after every text and frame (about ten tokens more
-    than a short text's own); `stamped` False leaves the time out."""
+    and frames a second, the longest job (a frame or a call of texts: the longest time between two inputs taken while
+    the flood lasts, the model being never idle under it), and the answer's own time (cut at `question_tokens`) once
+    every input has gone in or been refused. Each input is stamped with its time since the first, as the node stamps
+    it: the model reads the time after every text and frame (about ten tokens more than a short text's own);
+    `stamped` False leaves the time out."""
     import torch
 
     threads = torch.get_num_threads()
     engine = StreamingEngine(model, StreamConfig(capacity=NODE_PARAMS["cache_size"]), device="cpu", dtype="float32",
                              frame_period=1.0 / FRAME_RATE, max_text_delay=MAX_TEXT_DELAY, torch_threads=1)
+    taken: list[float] = []  # when each input went in, appended from the worker's thread
+    futures: list = []
+
+    def submitted(future) -> None:
+        futures.append(future)
+        future.add_done_callback(lambda f: taken.append(time.monotonic())
+                                 if not f.cancelled() and f.exception() is None else None)
+
     try:
         engine.wait_ready(300)
         scene, gate = Scene(240, 320), FrameGate(FRAME_RATE)
@@ -67,10 +78,10 @@ def reference_pace(model: str, stamped: bool = True) -> dict:
             stamp = elapsed if stamped else None
             if elapsed >= next_frame:
                 if gate.admit(elapsed):
-                    engine.submit_frame(scene.frame(frames), stamp)
+                    submitted(engine.submit_frame(scene.frame(frames), stamp))
                 frames, next_frame = frames + 1, next_frame + FRAME_EVERY
             while elapsed >= next_text:
-                future = engine.submit_text(text(sent), stamp)
+                submitted(future := engine.submit_text(text(sent), stamp))
                 sent, next_text = sent + 1, next_text + TEXT_EVERY
                 if future.done() and future.exception() is not None and not isinstance(future.exception(),
                                                                                          EngineBusyError):
@@ -78,18 +89,21 @@ def reference_pace(model: str, stamped: bool = True) -> dict:
             time.sleep(0.004)
         stats = engine.stats()
         seconds = time.monotonic() - start
-        while engine.pending["texts"] or engine.pending["frame"]:
-            time.sleep(0.05)
+        # Every input in (or refused): a job still running when the queue is empty would be waited for otherwise.
+        wait_futures(futures, timeout=300)
         asked = time.monotonic()
-        engine.ask(QUESTION, max_new_tokens=BY_NAME["max_new_tokens"].default, timeout=120)
+        answer = engine.ask(QUESTION, max_new_tokens=question_tokens, timeout=120)
+        # While the flood lasts: the texts left when it stops go in after it, in calls no frame bounds.
+        ends = sorted(t for t in taken if t <= start + seconds)
         return {"texts_per_s": stats.texts_ingested / seconds, "frames_per_s": stats.frames_ingested / seconds,
-                "answer_s": time.monotonic() - asked}
+                "longest_job_s": max((b - a for a, b in zip(ends, ends[1:])), default=0.0),
+                "answer_s": time.monotonic() - asked, "answer": answer.text, "answer_tokens": answer.tokens_generated}
     finally:
         engine.close()
         torch.set_num_threads(threads)
 
 
-def reference_flood(model: str, busy: int = 0, question_tokens: int = SHARED_QUESTION_TOKENS,
+def reference_flood(model: str, busy: int = 0, question_tokens: int = QUESTION_TOKENS,
                     questions_at: tuple[float, ...] = (QUESTION_AT,)) -> dict:
     """The engine in this process, one torch thread, under the flood's traffic for the whole flood (FLOOD_S) through
     the node's frame gate, its inputs stamped as the node stamps them, with the question at each of `questions_at`,
@@ -190,7 +204,7 @@ def flood_figures(reference: dict, flood: dict) -> dict:
     return {"frames_per_window": [n for _, n in frames_per_window(flood["series"])], "frames": frames,
             "texts_per_s": texts / elapsed, "question_answered_s": flood["answered_s"],
             "reference_texts_per_s": reference["texts_per_s"], "reference_frames_per_s": reference["frames_per_s"],
-            "reference_answer_s": reference["answer_s"]}
+            "reference_answer_s": reference["answer_s"], "reference_longest_job_s": reference["longest_job_s"]}
 
 
 class _TimerPublisher:
@@ -227,7 +241,8 @@ class _TimerPublisher:
 
 
 def node_under_flood(model: str, tmp_path: Path, domain_id: int | None = None, *, publisher: str = "loop",
-                     busy: int = 0, question_tokens: int = 0, questions_at: tuple[float, ...] = (QUESTION_AT,)) -> dict:
+                     busy: int = 0, question_tokens: int = QUESTION_TOKENS,
+                     questions_at: tuple[float, ...] = (QUESTION_AT,)) -> dict:
     """The flood into a fresh node from this process; the node's figures every half second from the first message.
 
     publisher "loop": published from this thread, the driver spinning the node's executor; "timers": published from

@@ -174,8 +174,8 @@ class Retriever:
 
     archive, cache, adapter: the stream's. probe: asks the memory for a text's queries. find_heads: the model's
     retrieval heads (engine/archive/retrieval_heads.py; None where they cannot be found), asked at the first retrieval.
-    load_encoder: the sentence encoder that weighs what a question means (None: words and attention only), asked at
-    the first retrieval.
+    load_encoder: the sentence encoder that weighs what a question means (None: words and attention only), asked
+    while the model loads (`KVStream.prepare_first_answer`) and at each retrieval.
     """
 
     def __init__(self, archive: KVArchive, cache: BoundedKVCache, adapter: ModelAdapter, probe: QueryProbe,

@@ -888,7 +888,8 @@ class KVStream:
         that the first answer takes the time of any other: the question template and the retriever's reference
         question tokenized; that question through the model after the cache's own with every layer's queries
         taken, as retrieval takes a question's; the static steps made (compiled) over the cache's storage; a scratch
-        retrieval index of the question's own keys, scored with its queries; `tokens` tokens decoded. Then the
+        retrieval index of the question's own keys, scored with its queries; the sentence encoder loaded and run once;
+        `tokens` tokens decoded. Then the
         cache is truncated back and the clock set back: no token added, nothing archived, no policy statistic
         touched, every later answer the same. Only the cache's storage stays made (a stream makes it once, at
         its first input otherwise: `StreamStats.kv_bytes` shows it from now on).
@@ -900,6 +901,7 @@ class KVStream:
         from types import SimpleNamespace
 
         from ..archive.retrieval_index import RetrievalIndex, middle_layers
+        from ..archive.retriever import REFERENCE_QUESTION
 
         times: dict[str, float] = {}
         start = time.monotonic()
@@ -934,6 +936,10 @@ class KVStream:
                 index.write(0, keys)
                 index.scores(queries, [SimpleNamespace(slot=0, length=keys.shape[2])])
                 times["index"] = time.monotonic() - start
+                start = time.monotonic()
+                if (encoder := self.retriever.load_encoder()) is not None:  # loaded once per process, then shared
+                    encoder.embed([REFERENCE_QUESTION])
+                times["sentence_encoder"] = time.monotonic() - start
             start = time.monotonic()
             self._generate(logits, tokens, AnswerTurn(None, None, self._stopped, self._answer_text), keep=False)
             times["decode"] = time.monotonic() - start
