@@ -1,6 +1,6 @@
 """Which sighting a question in other words points to, for variants of retrieval's ranking: the route bags' narration
 (bags/route_scenario.py) pushed into one stream in-process, stamped at its times on the wall clock, and every
-question but never-seen asked as a recall (no answer decoded). A question counts where the recall's first moment is
+question but the did-you-see ones (never_seen, seen_check) asked as a recall (no answer decoded). A question counts where the recall's first moment is
 the asked sighting (its stamp within 2 s), and where it is any sighting of the asked thing. Tuning data only (the
 route seeds through the node, `where_when.py`, are the report).
 
@@ -58,7 +58,7 @@ def variant(name: str):
 def run_seed(adapter, seed: int, duration: float, cache: int, variants: list[str], questions: str) -> list[dict]:
     import torch
 
-    from inf_mllm_ros.bags.route_scenario import build_route
+    from inf_mllm_ros.bags.route_scenario import SEEN_CHECK, build_route
     from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.settings import DEFAULTS, stream_config
 
@@ -70,7 +70,7 @@ def run_seed(adapter, seed: int, duration: float, cache: int, variants: list[str
         for line in scenario.narration:
             stream.push_text(line.text, line.time_s)
         for q in scenario.questions:
-            if q.kind == "never_seen":
+            if q.kind in ("never_seen", SEEN_CHECK):
                 continue
             seen = [s.time_s for s in scenario.sightings_of(q.thing)]
             record = {"seed": seed, "kind": q.kind, "question": q.question, "thing": q.thing,

@@ -10,7 +10,8 @@ through tf2 alone: `map_frame` map, `base_frame` base_link, no pose topic) is st
 `--frames`, so texts and tf by default) and asks every question of the drive at its end (`asked_s` = the bag's
 end) through `~/query`. Then each question's words go to `~/recall`. The questions are the drive's
 (`build_route(..., questions="every")`: every thing seen asked where_last, where_first, when_first, when_last
-and how_long_ago, and never_seen for every thing not seen, those off the route and those not on the floor).
+and how_long_ago, and never_seen for every thing not seen, those off the route and those not on the floor; then
+seen_check, never_seen's questions about every thing seen, its control).
 
 Judged, each on its own (not OR'ed), per kind:
 
@@ -24,7 +25,9 @@ Judged, each on its own (not OR'ed), per kind:
   heaviest evidence's stamp is nearer the asked sighting than any other sighting of that thing, and within 2 s of
   it (`answer_right_sighting`: the same of the answer's time, when_* only);
 - `not_seen`: never_seen: the answer says no ("no", "not", "never", "none", "nothing" or a word ending in "n't")
-  and claims no time (no time of day in it) and does not begin with "yes".
+  and claims no time (no time of day in it) and does not begin with "yes";
+- `said_seen`: seen_check: the answer does not say so of a thing seen (`not_seen` false): beside `not_seen`, what a
+  memory that says "no" more often pays for it.
 
 Beside them: the same of the heaviest evidence that has a stamp (`stamped_*`: an input, where the heaviest is the
 system prompt, which has none), and of the first moment `~/recall` gives (`recall_*`); how often the system prompt
@@ -74,6 +77,8 @@ from pathlib import Path
 
 from common import RESULTS, ROOT, wilson
 
+from inf_mllm_ros.bags.route_scenario import SEEN_CHECK
+
 OUT = "where_when_route.json"
 TUNE_SEEDS = [0, 1, 2]
 REPORT_SEEDS = [200001, 200002, 200003, 200004, 200005, 200006]
@@ -96,7 +101,7 @@ NODE_PARAMS = {"use_sim_time": True, "clock": "wall", "time_zone": "UTC", "frame
 
 # The options of a short run on the small models (run.py --smoke): one bag played twice, a question of three kinds.
 SMOKE = ["--model", "smollm2", "--duration", "40", "--seeds", "0", "--settings", "loop", "--per-kind", "1",
-         "--kinds", "where_first,when_last,never_seen", "--max-new-tokens", "8", "--no-plot"]
+         "--kinds", "where_first,when_last,never_seen,seen_check", "--max-new-tokens", "8", "--no-plot"]
 
 NEGATIVE = re.compile(r"\b(no|not|never|none|nothing|nowhere)\b|n't\b", re.IGNORECASE)
 ELAPSED = re.compile(r"(\d+(?:\.\d+)?)\s*(hours?|hrs?|minutes?|mins?|seconds?|secs?|s)\b", re.IGNORECASE)
@@ -158,7 +163,7 @@ def judged(question, scenario, answer: str, evidence: list, recalled: list, star
             x, y, _ = (float(v) for v in scenario.pose_at(stamp))
             errors.append(math.hypot(pose[0] - x, pose[1] - y))
     out["evidence_pose_error_m"] = round(max(errors), 4) if errors else None  # against the truth at its own stamp
-    if question.kind == "never_seen":
+    if question.kind in ("never_seen", SEEN_CHECK):
         out["not_seen"] = says_not_seen(answer)
         return out
     sightings = scenario.sightings_of(question.thing)
@@ -203,6 +208,9 @@ def scores(record: dict) -> dict:
 
     if kind == "never_seen":
         out["not_seen"] = record["not_seen"]
+        return out
+    if kind == SEEN_CHECK:
+        out["said_seen"] = not record["not_seen"]
         return out
     if kind in ("when_first", "when_last"):
         out["answer_time"] = within(record["answer_time_error_s"], TIME_S)
@@ -522,7 +530,7 @@ def _rate(hits: int, n: int) -> dict:
 def cell(records: list[dict]) -> dict:
     """Each score per kind, and the targets' groupings, of one set, setting and pass."""
     out: dict = {"per_kind": {}}
-    for kind in (*SEEN_KINDS, "never_seen"):
+    for kind in (*SEEN_KINDS, "never_seen", SEEN_CHECK):
         rs = [r for r in records if r["kind"] == kind]
         names = sorted({n for r in rs for n in r["scores"]})
         out["per_kind"][kind] = {n: _rate(sum(bool(r["scores"][n]) for r in rs if n in r["scores"]),
@@ -541,6 +549,7 @@ def cell(records: list[dict]) -> dict:
     out["also"] = {
         "evidence_stamp_within_2s": pooled("evidence_stamp", SEEN_KINDS),
         "how_long_ago_within_10pc_or_5s": pooled("answer_time", ("how_long_ago",)),
+        "seen_check_said_seen": pooled("said_seen", (SEEN_CHECK,)),
         "answer_right_sighting_when": pooled("answer_right_sighting", ("when_first", "when_last")),
         "stamped_evidence_pose_within_1m": pooled("stamped_pose", SEEN_KINDS),
         "stamped_evidence_stamp_within_2s": pooled("stamped_stamp", SEEN_KINDS),

@@ -17,7 +17,7 @@ from inf_mllm_ros.bags.bag_io import iter_messages, open_bag
 from inf_mllm_ros.bags.route_bag import (CAMERA_TOPIC, NARRATION_TOPIC, ODOMETRY_TOPIC, START_NS, TF_STATIC_TOPIC,
                                          TF_TOPIC, main, truth_document, write_route_bag)
 from inf_mllm_ros.bags.route_scenario import (CATALOG, CATALOG_BY_NAME, KINDS, LOCALISER_HZ, ODOM_HZ,
-                                              SIGHT_RADIUS_M, build_route, compose)
+                                              QUESTION_TEMPLATES, SEEN_CHECK, SIGHT_RADIUS_M, build_route, compose)
 from inf_mllm_ros.image_conversion import msg_to_rgb
 
 SEEDS = (0, 1, 2)
@@ -238,13 +238,19 @@ def test_every_question_asks_each_thing_every_kind_and_leaves_the_drive_as_it_wa
     seen = {s.thing for s in every.sightings}
     assert set(every.never_seen) == {k.name for k in CATALOG} - seen
     asked = sorted((q.thing, q.kind) for q in every.questions)
-    assert asked == sorted([(n, k) for n in seen for k in KINDS[:-1]] + [(n, "never_seen") for n in every.never_seen])
+    assert asked == sorted([(n, k) for n in seen for k in (*KINDS[:-1], SEEN_CHECK)]
+                           + [(n, "never_seen") for n in every.never_seen])
+    # The control comes last and asks what never_seen asks, of the things seen.
+    controls = [q for q in every.questions if q.kind == SEEN_CHECK]
+    assert list(every.questions[-len(controls):]) == controls and all(q.expected == {"seen": True} for q in controls)
+    forms = {t.split("{")[0] for t in QUESTION_TEMPLATES["never_seen"]}
+    assert all(any(q.question.startswith(f) for f in forms) for q in controls)
     for q in every.questions:
         assert q.asked_s == DURATION
         assert not any(p in q.question.lower() for p in CATALOG_BY_NAME[q.thing].said if " " in p), q.question
         seen_of = every.sightings_of(q.thing)
-        if q.kind == "never_seen":
-            assert not seen_of and q.expected == {"seen": False}
+        if q.kind in ("never_seen", SEEN_CHECK):
+            assert bool(seen_of) == (q.kind == SEEN_CHECK) and q.expected == {"seen": bool(seen_of)}
             continue
         one = seen_of[-1] if q.kind in ("where_last", "when_last", "how_long_ago") else seen_of[0]
         assert q.expected["time_s"] == one.time_s

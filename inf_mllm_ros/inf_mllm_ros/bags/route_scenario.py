@@ -77,10 +77,14 @@ STOP_DWELL_S = (3.0, 8.0)
 PATH_STEP_M = 0.05
 
 KINDS = ("where_last", "where_first", "when_first", "when_last", "how_long_ago", "never_seen")
+# The control of never_seen, asked in the "every" set alone: the same did-you-see questions about a thing seen, whose
+# answer is yes; without it a memory that answered "no" to everything would score every never_seen right.
+SEEN_CHECK = "seen_check"
 QUESTIONS_PER_BAG = 24
 # Which questions `build_route` asks: "drawn", about QUESTIONS_PER_BAG of every kind; "every", each thing seen asked
 # every kind but never_seen, and never_seen of every catalog thing not seen (those off the route and every one not on
-# the floor), for a benchmark that needs many questions of each kind from few drives.
+# the floor), for a benchmark that needs many questions of each kind from few drives; then a seen_check of each thing
+# seen.
 QUESTION_SETS = ("drawn", "every")
 
 
@@ -725,13 +729,14 @@ QUESTION_TEMPLATES = {
     "never_seen": ("Did you see {aq}?", "Have you come across {aq} on this drive?",
                    "Was there {aq} anywhere on your route?"),
 }
+QUESTION_TEMPLATES[SEEN_CHECK] = QUESTION_TEMPLATES["never_seen"]  # the same questions, of a thing seen
 
 
 def _expected(scenario: RouteScenario, name: str, kind: str) -> dict:
     """The answer a question of `kind` about `name` expects, from the sightings."""
     seen = scenario.sightings_of(name)
-    if kind == "never_seen":
-        return {"seen": False}
+    if kind in ("never_seen", SEEN_CHECK):
+        return {"seen": kind == SEEN_CHECK}
     s = seen[-1] if kind in ("where_last", "when_last", "how_long_ago") else seen[0]
     out = {"time_s": s.time_s, "clock": clock_text(s.time_s)}
     if kind.startswith("where"):
@@ -774,11 +779,13 @@ def _questions(scenario: RouteScenario, rng) -> list[Question]:
 
 def _every_question(scenario: RouteScenario, rng) -> list[Question]:
     """Every thing seen asked every kind but never_seen, and a did-you-see for every thing never seen, in a drawn
-    order."""
+    order; then a did-you-see for every thing seen (SEEN_CHECK), in a drawn order (drawn after the others, which are
+    then what they were before the control was asked)."""
     seen = list(dict.fromkeys(s.thing for s in scenario.sightings))
     chosen = [(n, k) for n in seen for k in KINDS[:-1]] + [(n, "never_seen") for n in scenario.never_seen]
     chosen = [chosen[i] for i in rng.permutation(len(chosen))]
-    return [_ask(scenario, n, k, rng) for n, k in chosen]
+    asked = [_ask(scenario, n, k, rng) for n, k in chosen]
+    return asked + [_ask(scenario, seen[i], SEEN_CHECK, rng) for i in rng.permutation(len(seen))]
 
 
 # --- the scenario ------------------------------------------------------------------------------------------------
