@@ -11,6 +11,12 @@ entry's thing, among which "first" and "last" choose, taken by their weight alon
 
     python benchmarks/run.py route_recall --seeds 0,1,2,200007 --variants SEMANTIC_WEIGHT=0 SEMANTIC_WEIGHT=8
     python benchmarks/run.py route_recall --seeds 200015,200016 --questions every --variants shipped order_words_matched
+
+`--did-you-see` asks the did-you-see questions instead (never_seen, and seen_check, its control, of the "every"
+set), answered by the model (default tokens), each with `check_seen` on and, where it fires, off: never_seen is right where the answer
+says it was not seen, seen_check where it does not (where_when's `says_not_seen`).
+
+    python benchmarks/run.py route_recall --did-you-see --seeds 0,1,2 --out route_recall_did_you_see.json
 """
 
 from __future__ import annotations
@@ -87,6 +93,67 @@ def run_seed(adapter, seed: int, duration: float, cache: int, variants: list[str
     return records
 
 
+def run_did_you_see(adapter, seed: int, duration: float, cache: int) -> list[dict]:
+    """The drive's did-you-see questions (never_seen and seen_check) answered with `check_seen` off and on."""
+    import dataclasses
+
+    import torch
+    from where_when import says_not_seen
+
+    from inf_mllm_ros.bags.route_scenario import SEEN_CHECK, build_route
+    from inf_mllm_ros.engine.archive.existence import NOT_SEEN, thing_terms
+    from inf_mllm_ros.engine.runtime.stream import KVStream
+    from inf_mllm_ros.settings import DEFAULTS, stream_config
+
+    scenario = build_route(seed, duration, questions="every")
+    stream = KVStream(adapter, stream_config(dict(DEFAULTS) | {"cache_size": cache, "clock": "wall"}))
+    stream.time_origin = 8 * 3600.0
+    shipped = stream.config  # check_seen on
+    records = []
+    with torch.inference_mode():
+        for line in scenario.narration:
+            stream.push_text(line.text, line.time_s)
+        for q in scenario.questions:
+            if q.kind not in ("never_seen", SEEN_CHECK):
+                continue
+            # What the check reads, so that its bound can be chosen from the records: the best cosine of any text
+            # to the question, and whether a word of the thing's is held.
+            blocks = list(stream.archive.blocks)
+            texts = stream.retriever.message_texts(blocks)
+            held = set().union(*(t.terms for t in texts.values()))
+            record = {"seed": seed, "kind": q.kind, "question": q.question, "thing": q.thing, "variants": {},
+                      "likeness": round(float(stream.retriever.likeness(q.question, texts).max()), 4),
+                      "thing_word_held": bool(thing_terms(q.question) & held)}
+            # The check changes nothing but the answer where it fires (retrieval and decoding are the same): the
+            # model is asked again only then.
+            answers = {"check_seen": stream.ask(q.question).text}
+            if answers["check_seen"] == NOT_SEEN:
+                stream.config = dataclasses.replace(shipped, check_seen=False)
+                answers["model"] = stream.ask(q.question).text
+                stream.config = shipped
+            else:
+                answers["model"] = answers["check_seen"]
+            for name, answer in answers.items():
+                record["variants"][name] = {"right": says_not_seen(answer) == (q.kind == "never_seen"),
+                                            "answer": answer}
+            records.append(record)
+    return records
+
+
+def did_you_see_summary(records: list[dict]) -> dict:
+    out = {}
+    for name in ("model", "check_seen"):
+        cells = {}
+        for kind in ("never_seen", "seen_check"):
+            rs = [r for r in records if r["kind"] == kind]
+            hits = sum(r["variants"][name]["right"] for r in rs)
+            low, high = wilson(hits, len(rs))
+            cells[kind] = {"hits": hits, "n": len(rs), "rate": round(hits / max(len(rs), 1), 3),
+                           "interval": [round(low, 3), round(high, 3)]}
+        out[name] = cells
+    return out
+
+
 def summary(records: list[dict], variants: list[str]) -> dict:
     out = {}
     for key in variants:
@@ -112,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default="onevision-qwen2.5-0.5b")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--did-you-see", action="store_true",
+                   help="answer the did-you-see questions with check_seen off and on (no variants)")
     p.add_argument("--out", default="route_recall.json")
     args = p.parse_args(argv)
     import torch
@@ -128,10 +197,21 @@ def main(argv: list[str] | None = None) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / args.out
     for seed in (int(s) for s in args.seeds.split(",")):
-        records += run_seed(adapter, seed, args.duration, args.cache, variants, args.questions)
+        if args.did_you_see:
+            records += run_did_you_see(adapter, seed, args.duration, args.cache)
+        else:
+            records += run_seed(adapter, seed, args.duration, args.cache, variants, args.questions)
         print(f"seed {seed}: {len(records)} questions so far, {time.monotonic() - started:.0f} s", flush=True)
-        result = {"settings": vars(args), "records": records, "summary": summary(records, variants)}
+        result = {"settings": vars(args), "records": records,
+                  "summary": did_you_see_summary(records) if args.did_you_see else summary(records, variants)}
         path.write_text(json.dumps(result, indent=1) + "\n")  # after each seed
+    if args.did_you_see:
+        for name, cells in result["summary"].items():
+            print(f"{name}: never seen said not seen {cells['never_seen']['hits']}/{cells['never_seen']['n']} "
+                  f"{cells['never_seen']['interval']}, seen not denied {cells['seen_check']['hits']}/"
+                  f"{cells['seen_check']['n']} {cells['seen_check']['interval']}")
+        print(f"wrote {shown(path)}")
+        return
     for name, cells in result["summary"].items():
         print(f"{name}: asked sighting {cells['asked']['hits']}/{cells['asked']['n']} "
               f"{cells['asked']['interval']}, the thing {cells['thing']['hits']}/{cells['thing']['n']}")

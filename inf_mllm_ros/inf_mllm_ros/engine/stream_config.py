@@ -74,6 +74,9 @@ class StreamConfig:
     # A question that names one of the memory's speakers ("Nate: ...") whose heaviest evidence that speaker never said
     # is answered as not mentioned (engine/archive/attribution.py): the memory holds it of someone else.
     check_speaker: bool = True
+    # A question that asks whether the robot saw a thing (its form: "Did you see ...", "Was there ...") that no archived
+    # text names or is like in meaning is answered as not seen (engine/archive/existence.py), with nothing decoded.
+    check_seen: bool = True
     # The most inputs an answer names as its evidence (engine/archive/evidence.py; 0: none). Scored with the archive's
     # retrieval: an answer with retrieval on pays nothing more for it.
     evidence: int = 5

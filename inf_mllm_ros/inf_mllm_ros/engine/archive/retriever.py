@@ -27,6 +27,7 @@ from torch import Tensor
 from .attribution import speaker, unattributed
 from ..answering import asks_when
 from .evidence import ORDER_AMONG, Evidence, asked_order, in_asked_order, ranked, without_order
+from .existence import NOT_SEEN_LIKENESS, asks_if_seen, thing_terms
 from .lexical import asks, bm25, terms
 from .naming import TIME_MARKER, naming_shares, restated, said_words, text_words
 from .retrieval_index import RetrievalIndex, middle_layers
@@ -151,12 +152,14 @@ class MessageText(NamedTuple):
 
 @dataclass
 class Retrieval:
-    """What one question got from the archive: the blocks placed before it (in placing order), its evidence, and the
-    speaker it asks of where none of its heaviest evidence is theirs (engine/archive/attribution.py; "" otherwise)."""
+    """What one question got from the archive: the blocks placed before it (in placing order), its evidence, the
+    speaker it asks of where none of its heaviest evidence is theirs (engine/archive/attribution.py; "" otherwise),
+    and whether it asks if a thing was seen that nothing in memory names or is like (engine/archive/existence.py)."""
 
     placed: list = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)
     unattributed: str = ""
+    unseen: bool = False
 
 
 def best_last(chosen: list) -> list:
@@ -218,7 +221,7 @@ class Retriever:
         text = self.question_text(ids, content)
         words = text_words(without_order(text))
         scores = self.matched(self.index(question[0]).scores(question, scored), scored, text, texts)
-        out = Retrieval()
+        out = Retrieval(unseen=self.unseen(text, scored, texts))
         if evidence > 0:
             held_now = [False] * len(candidates) + [True] * len(in_cache)
             inputs = [i for i, b in enumerate(scored) if b.first_seq >= inputs_from]
@@ -379,23 +382,41 @@ class Retriever:
         scores = scores + spread * torch.tensor(added, dtype=scores.dtype, device=scores.device)
         return self.replies_lifted(scores, blocks, texts)
 
+    def likeness(self, question: str, texts: dict[int, MessageText]) -> Tensor | None:
+        """Each message's cosine to the question, the encoder's (in the order of `texts`); None without an encoder.
+        A message is read once (its vector kept while it is archived)."""
+        encoder = self.load_encoder()
+        if encoder is None:
+            return None
+        new = sorted({t.read for t in texts.values()} - self._vectors.keys())
+        if new:
+            self._vectors.update(zip(new, encoder.embed(new)))
+        return similarities(encoder.embed([" ".join(question.split())])[0],
+                            torch.stack([self._vectors[t.read] for t in texts.values()]))
+
     def meaning(self, question: str, texts: dict[int, MessageText], power: float = 1.0) -> dict[int, float]:
         """Each message's similarity in meaning to the question (the encoder's), from 0 for the least similar to 1
         for the most, raised to `power`; empty without an encoder (or with SEMANTIC_WEIGHT 0). A message is read
         once (its vector kept while it is archived)."""
-        encoder = self.load_encoder() if SEMANTIC_WEIGHT > 0 and len(texts) > 1 else None
-        if encoder is None:
+        alike = self.likeness(question, texts) if SEMANTIC_WEIGHT > 0 and len(texts) > 1 else None
+        if alike is None:
             return {}
-        new = sorted({t.read for t in texts.values()} - self._vectors.keys())
-        if new:
-            self._vectors.update(zip(new, encoder.embed(new)))
         messages = list(texts)
-        alike = similarities(encoder.embed([" ".join(question.split())])[0],
-                             torch.stack([self._vectors[texts[m].read] for m in messages]))
         low, high = float(alike.min()), float(alike.max())
         if high - low <= 1e-6:
             return {}
         return dict(zip(messages, (((alike - low) / (high - low)) ** power).tolist()))
+
+    def unseen(self, question: str, blocks: list[ArchivedBlock], texts: dict[int, MessageText]) -> bool:
+        """Whether the question asks if a thing was seen that no text of `blocks` names (none of the question's words
+        but its form's held by any) or is like in meaning (every cosine below NOT_SEEN_LIKENESS); False where the
+        blocks hold a frame (what a camera saw has no words) or the encoder cannot judge."""
+        if not asks_if_seen(question) or not texts or any(b.frame for b in blocks):
+            return False
+        if thing_terms(question) & set().union(*(t.terms for t in texts.values())):
+            return False
+        alike = self.likeness(question, texts)
+        return alike is not None and float(alike.max()) < NOT_SEEN_LIKENESS
 
     def same_thing(self, entries: list[Evidence], blocks: list[ArchivedBlock],
                    texts: dict[int, MessageText]) -> list[bool] | None:

@@ -44,6 +44,7 @@ from ..memory.ingest_step import StaticIngester
 from ..memory.policies import make_policy
 from ..stream_config import RECONFIGURABLE, StreamConfig
 from ..archive.attribution import not_mentioned
+from ..archive.existence import NOT_SEEN
 from ..archive.evidence import Evidence
 from ..poses import Pose
 from ..archive.retrieval_heads import retrieval_heads
@@ -762,12 +763,21 @@ class KVStream:
         tokens, retrieval = self._answer_tokens(ids, max_new, keep, turn, content if retrieve else None)
         return self._answer(tokens, retrieval, max_new, keep, start)
 
+    def _checked(self, retrieval: Retrieval) -> str:
+        """The answer a check gives in the model's place, or "": not mentioned where the memory holds what is asked
+        of someone else (`check_speaker`), not seen where nothing in memory is like what a did-you-see asks about
+        (`check_seen`)."""
+        if self.config.check_speaker and retrieval.unattributed:
+            return not_mentioned(retrieval.unattributed)
+        if self.config.check_seen and retrieval.unseen:
+            return NOT_SEEN
+        return ""
+
     def _answer(self, tokens: list[int], retrieval: Retrieval, max_new: int, keep: bool, start: float) -> Answer:
         # Only the headroom ends an answer before max_new without its stop token (a cancel or stop raises).
         cut = not keep and len(tokens) < max_new and bool(tokens) and tokens[-1] not in self._stop_ids
-        said_by_another = self.config.check_speaker and retrieval.unattributed
         return Answer(
-            text=not_mentioned(retrieval.unattributed) if said_by_another else self._answer_text(tokens),
+            text=self._checked(retrieval) or self._answer_text(tokens),
             tokens_generated=len(tokens),
             latency=time.monotonic() - start,
             tokens_seen=self.tokens_seen,
@@ -840,8 +850,8 @@ class KVStream:
                 retrieval = yield from self.retriever.retrieve_steps(
                     ids, retrieve, budget, self.config.evidence, spare=room - max_new - budget,
                     inputs_from=self.inputs_from)
-                if self.config.check_speaker and retrieval.unattributed:
-                    max_new = 0  # answered as not mentioned (`_answer`): nothing to decode
+                if self._checked(retrieval):
+                    max_new = 0  # answered by a check (`_answer`): nothing to decode
             logits = yield from self.place_steps(self.adapter.text_prompt(ids))
         except BaseException:
             self._restore(snapshot)

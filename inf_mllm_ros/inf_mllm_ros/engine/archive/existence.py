@@ -1,0 +1,53 @@
+"""Did you see it? A question that asks whether the robot saw or passed a thing at all, whose thing no text in memory
+names or is like, answered as not seen.
+
+Asked "Did you see a forklift?" of a memory that holds no forklift, a small model says "Yes" about as often as not:
+the retrieved lines are about other things, and it answers from them. A thing seen is told in words (a narration, an
+operator's report) that hold the asked name or come near it in meaning; one never seen is neither. So where the
+question has that form, none of its words but the form's is held by any archived text, and no text is as alike to it
+in meaning as NOT_SEEN_LIKENESS (the sentence encoder's cosine), the answer is NOT_SEEN with nothing decoded. A
+memory that holds frames is left to the model: what a camera saw has no words to compare.
+
+Chosen on the route bags' tuning seeds (0-2, 200007, 200015-200020; their every-question set, whose did-you-see
+questions are asked of things seen too), the 0.5B default answering in-process (benchmarks/route_recall.py
+--did-you-see, results/route_recall_did_you_see.json): of 122 questions about things never seen, the model alone says
+not seen to 35, with the check at 0.4 to 101; of 118 about things seen, the model alone says seen to 92, with the
+check to 81 (it fires on 11: things the encoder does not bridge, "a dolly" for "a sack truck", "a stepladder" for "an
+aluminium ladder"). 0.35 gave 80 and 83; 0.42, 102 and 73; 0.45, 105 and 70 (docs/archive.md).
+"""
+
+from __future__ import annotations
+
+import re
+
+from .lexical import terms
+
+# The question's form: asked of the robot whether it saw, passed or came across something, or whether there was one.
+ASKS_IF_SEEN = re.compile(
+    r"^\s*(?:(?:did|have|had)\s+(?:you|we)\s+(?:ever\s+|already\s+)?"
+    r"(?:see|seen|spot|spotted|notice|noticed|pass|passed|come\s+across|came\s+across|encounter|encountered|"
+    r"find|found|run\s+into|ran\s+into)\b"
+    r"|(?:was|were|is|are)\s+there\b)",
+    re.IGNORECASE)
+# The form's own words, and those that say on which outing ("anywhere on your route", "on this drive"): a question
+# whose other words no text holds names its thing in none of them. ("Keeping to the route" names no thing.)
+FORM_WORDS = frozenset(terms("see seen spot spotted notice noticed pass passed come came across encounter encountered "
+                             "find found run ran into ever already anywhere there today tonight route drive trip "
+                             "patrol tour round lap shift mission way"))
+# Below this cosine (the sentence encoder's) between the question and every archived text, nothing in memory is like
+# what it asks about.
+NOT_SEEN_LIKENESS = 0.4
+NOT_SEEN = "No: nothing in memory names it or is like it."
+
+
+def asks_if_seen(question: str) -> bool:
+    """Whether the question asks if the robot saw (passed, came across) something, or whether there was one."""
+    return bool(ASKS_IF_SEEN.match(question))
+
+
+def thing_terms(question: str) -> set[str]:
+    """The question's search terms but its form's: what it asks about ("forklift", "drive")."""
+    return set(terms(question)) - FORM_WORDS
+
+
+__all__ = ["ASKS_IF_SEEN", "FORM_WORDS", "NOT_SEEN", "NOT_SEEN_LIKENESS", "asks_if_seen", "thing_terms"]
