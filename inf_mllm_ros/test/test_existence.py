@@ -41,6 +41,12 @@ def test_other_questions_are_not_taken_for_one(question):
     assert not asks_if_seen(question)
 
 
+@pytest.mark.parametrize("question", ["Did you see anything?", "Was there anything unusual on your route?",
+                                      "Did you see someone at the door?", "Have you passed anybody?"])
+def test_a_question_that_names_no_thing_has_no_words_to_check(question):
+    assert asks_if_seen(question) and thing_terms(question) == set()
+
+
 @pytest.fixture(scope="module")
 def smollm2():
     return load_prepared("smollm2")
@@ -93,5 +99,6 @@ def test_the_check_off_or_a_memory_with_frames_leaves_every_answer_to_the_model(
     retriever, blocks = stream.retriever, list(stream.archive.blocks)
     texts = retriever.message_texts(blocks)
     assert all(retriever.unseen(q, blocks, texts) for q in fired)
+    assert not retriever.unseen("Did you see anything unusual?", blocks, texts)  # no thing named: the model's
     framed = [dataclasses.replace(blocks[0], frame=True)] + blocks[1:]
     assert not any(retriever.unseen(q, framed, texts) for q in fired)

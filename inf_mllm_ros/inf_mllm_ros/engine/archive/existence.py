@@ -38,6 +38,8 @@ FORM_WORDS = frozenset(terms("see seen spot spotted notice noticed pass passed c
 # what it asks about.
 NOT_SEEN_LIKENESS = 0.4
 NOT_SEEN = "No: nothing in memory names it or is like it."
+# A question with one of these names no thing ("Did you see anything unusual?"): it is left to the model.
+UNNAMED = re.compile(r"\b(?:any|some|every|no)(?:thing|one|body)\b", re.IGNORECASE)
 
 
 def asks_if_seen(question: str) -> bool:
@@ -46,8 +48,9 @@ def asks_if_seen(question: str) -> bool:
 
 
 def thing_terms(question: str) -> set[str]:
-    """The question's search terms but its form's: what it asks about ("forklift", "drive")."""
-    return set(terms(question)) - FORM_WORDS
+    """The question's search terms but its form's: what it asks about ("forklift" of "Did you see a forklift on
+    this drive?"); none where it names no thing ("anything", "someone")."""
+    return set() if UNNAMED.search(question) else set(terms(question)) - FORM_WORDS
 
 
-__all__ = ["ASKS_IF_SEEN", "FORM_WORDS", "NOT_SEEN", "NOT_SEEN_LIKENESS", "asks_if_seen", "thing_terms"]
+__all__ = ["ASKS_IF_SEEN", "FORM_WORDS", "NOT_SEEN", "NOT_SEEN_LIKENESS", "UNNAMED", "asks_if_seen", "thing_terms"]

@@ -409,11 +409,12 @@ class Retriever:
 
     def unseen(self, question: str, blocks: list[ArchivedBlock], texts: dict[int, MessageText]) -> bool:
         """Whether the question asks if a thing was seen that no text of `blocks` names (none of the question's words
-        but its form's held by any) or is like in meaning (every cosine below NOT_SEEN_LIKENESS); False where the
-        blocks hold a frame (what a camera saw has no words) or the encoder cannot judge."""
-        if not asks_if_seen(question) or not texts or any(b.frame for b in blocks):
+        but its form's held by any) or is like in meaning (every cosine below NOT_SEEN_LIKENESS); False where it
+        names no thing, where the blocks hold a frame (what a camera saw has no words) or the encoder cannot judge."""
+        thing = thing_terms(question)
+        if not asks_if_seen(question) or not thing or not texts or any(b.frame for b in blocks):
             return False
-        if thing_terms(question) & set().union(*(t.terms for t in texts.values())):
+        if thing & set().union(*(t.terms for t in texts.values())):
             return False
         alike = self.likeness(question, texts)
         return alike is not None and float(alike.max()) < NOT_SEEN_LIKENESS
