@@ -40,7 +40,8 @@ node, the questions asked after each pass (the replay run twice back to back, ea
 the jump back in time that `--loop` makes at its end; `--loop` itself plays on without end and asks in its first
 pass only), with the node's refused inputs (`~/cache_stats` inputs_rejected) and pose clearings (/diagnostics
 pose_history_cleared) after each pass. `no_when_prompt`: the shipped settings with `when_prompt` "" (a question that
-asks when told the answer prompt, as before the when prompt existed).
+asks when told the answer prompt, as before the when prompt existed). `no_check_seen`: the shipped settings with
+`check_seen` off (every did-you-see question answered by the model, as before the check existed).
 
 Seeds are declared before they run: `--declare` writes the report and tuning seeds, the commit, the date and the
 settings into the results file (`declared`), to be committed before the first report run; a report run whose
@@ -84,7 +85,8 @@ TUNE_SEEDS = [0, 1, 2]
 REPORT_SEEDS = [200001, 200002, 200003, 200004, 200005, 200006]
 FULL_CACHE = 8192  # a 300 s bag's texts are about 3,000 tokens
 SETTINGS = {"archive": {}, "no_archive": {"archive_size": 0}, "full": {"cache_size": FULL_CACHE}, "loop": {},
-            "no_when_prompt": {"when_prompt": ""}}  # the shipped settings, questions that ask when told the answer prompt
+            "no_when_prompt": {"when_prompt": ""},  # the shipped settings, questions that ask when told the answer prompt
+            "no_check_seen": {"check_seen": False}}  # the shipped settings, every did-you-see left to the model
 PASSES = {"loop": 2}
 SEEN_KINDS = ("where_last", "where_first", "when_first", "when_last", "how_long_ago")
 FIRST_LAST_KINDS = ("where_last", "where_first", "when_first", "when_last")
