@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from inf_mllm_ros.bags.route_scenario import SEEN_CHECK, build_route
-from inf_mllm_ros.engine.archive.existence import NOT_SEEN, asks_if_seen, thing_terms
+from inf_mllm_ros.engine.archive.existence import NOT_SEEN, asks_if_seen, thing_terms, thing_words
 from inf_mllm_ros.engine.archive.lexical import terms
 from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
@@ -31,6 +31,18 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def test_a_question_that_asks_whether_a_thing_was_seen_and_the_words_that_name_it(question, thing):
     assert asks_if_seen(question)
     assert thing_terms(question) == thing
+
+
+@pytest.mark.parametrize("question, words", [
+    ("Did you see a forklift?", "forklift"),
+    ("Have you come across a medical kit on this drive?", "medical kit"),
+    ("Was there any pylons anywhere on your route?", "pylons"),
+    ("Did you see the Red Ladder near dock 3?", "red ladder near dock 3"),
+    ("Did you see anything?", ""),
+])
+def test_the_words_that_name_the_thing_are_what_the_encoder_compares(question, words):
+    # The form's words ("anywhere on your route") are like any robot's narration: they stay out of the comparison.
+    assert thing_words(question) == words
 
 
 @pytest.mark.parametrize("question", [
