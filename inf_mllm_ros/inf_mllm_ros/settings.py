@@ -146,9 +146,9 @@ PARAMETERS = (
           "answer, which would give the other's words as theirs. Needs evidence > 0.", engine_field="check_speaker"),
     Param("check_seen", StreamConfig.check_seen, "A question that asks whether the robot saw a thing ('Did you see a "
           "forklift?', 'Was there ...?') that no text in memory names or is like in meaning (the sentence encoder's "
-          "cosine below 0.4) is answered 'No: nothing in memory names it or is like it.' instead of the model's "
-          "answer, which says yes about as often as not. A memory that holds frames is left to the model. Needs the "
-          "archive and the sentence encoder.", engine_field="check_seen"),
+          "cosine to the words that name the thing below 0.4) is answered 'No: nothing in memory names it or is "
+          "like it.' instead of the model's answer, which says yes about as often as not. A memory that holds frames "
+          "is left to the model. Needs the archive and the sentence encoder.", engine_field="check_seen"),
     Param("evidence", StreamConfig.evidence, "The most inputs an answer names as its evidence (stamp, kind, cache or "
           "archive, pose, text, weight), heaviest first; 0: none.", low=0, high=64, engine_field="evidence"),
     Param("sentence_encoder", StreamConfig.sentence_encoder, "The sentence encoder that weighs how alike in meaning a "
