@@ -41,7 +41,8 @@ the jump back in time that `--loop` makes at its end; `--loop` itself plays on w
 pass only), with the node's refused inputs (`~/cache_stats` inputs_rejected) and pose clearings (/diagnostics
 pose_history_cleared) after each pass. `no_when_prompt`: the shipped settings with `when_prompt` "" (a question that
 asks when told the answer prompt, as before the when prompt existed). `no_check_seen`: the shipped settings with
-`check_seen` off (every did-you-see question answered by the model, as before the check existed).
+`check_seen` off (every did-you-see question answered by the model, as before the check existed). `no_time_note`:
+the shipped settings with `time_note` off (nothing restated after a question that asks when or how long ago).
 
 Seeds are declared before they run: `--declare` writes the report and tuning seeds, the commit, the date and the
 settings into the results file (`declared`), to be committed before the first report run; a report run whose
@@ -86,7 +87,8 @@ REPORT_SEEDS = [200001, 200002, 200003, 200004, 200005, 200006]
 FULL_CACHE = 8192  # a 300 s bag's texts are about 3,000 tokens
 SETTINGS = {"archive": {}, "no_archive": {"archive_size": 0}, "full": {"cache_size": FULL_CACHE}, "loop": {},
             "no_when_prompt": {"when_prompt": ""},  # the shipped settings, questions that ask when told the answer prompt
-            "no_check_seen": {"check_seen": False}}  # the shipped settings, every did-you-see left to the model
+            "no_check_seen": {"check_seen": False},  # the shipped settings, every did-you-see left to the model
+            "no_time_note": {"time_note": False}}  # the shipped settings, no moment restated after a when question
 PASSES = {"loop": 2}
 SEEN_KINDS = ("where_last", "where_first", "when_first", "when_last", "how_long_ago")
 FIRST_LAST_KINDS = ("where_last", "where_first", "when_first", "when_last")

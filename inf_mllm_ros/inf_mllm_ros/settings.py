@@ -149,6 +149,12 @@ PARAMETERS = (
           "cosine to the words that name the thing below 0.4) is answered 'No: nothing in memory names it or is "
           "like it.' instead of the model's answer, which says yes about as often as not. A memory that holds frames "
           "is left to the model. Needs the archive and the sentence encoder.", engine_field="check_seen"),
+    Param("time_note", StreamConfig.time_note, "After a question that asks when ('When did you last see the cart?', "
+          "'At what time ...') or how long ago ('How long ago ...', 'How many seconds ago ...'), its heaviest stamped "
+          "evidence is restated for the model with its time as the memory's markers say it, or the time since it "
+          "('(Memory: A blue barrel here. [08:04:38])', '[87 seconds ago]', counted from the query's time): the "
+          "model copies the moment instead of another line's, and need not subtract times. Needs evidence > 0.",
+          engine_field="time_note"),
     Param("evidence", StreamConfig.evidence, "The most inputs an answer names as its evidence (stamp, kind, cache or "
           "archive, pose, text, weight), heaviest first; 0: none.", low=0, high=64, engine_field="evidence"),
     Param("sentence_encoder", StreamConfig.sentence_encoder, "The sentence encoder that weighs how alike in meaning a "

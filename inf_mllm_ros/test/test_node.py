@@ -918,7 +918,7 @@ class StandInEngine:
     def stats(self):
         return None
 
-    def submit_ask(self, question, *, max_new_tokens=None, keep_in_memory=False, on_token=None, cancel=None):
+    def submit_ask(self, question, *, max_new_tokens=None, keep_in_memory=False, on_token=None, cancel=None, asked_at=None):
         return self.answer()
 
     def submit_describe(self, prompt=None, *, max_new_tokens=None):

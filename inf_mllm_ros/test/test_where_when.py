@@ -7,6 +7,7 @@ of several caches, at several seeds and offsets."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -151,6 +152,65 @@ def test_the_planted_moment_is_an_answers_heaviest_evidence_and_a_recalls_first(
     near = stream.recall("red cone", near=(offset + 1.0, 0.0, 3.0))
     assert near[0].stamp == float(offset) and all(abs(e.pose.x - offset - 1.0) <= 3.0 for e in near)
     assert stream.recall("red cone", near=(offset + 50.0, 40.0, 2.0)) == []
+
+
+@pytest.mark.parametrize("seed, offset", PLANTED)
+def test_a_when_or_how_long_question_is_told_its_heaviest_evidences_moment_after_its_words(planted, seed, offset):
+    stream = planted(seed, offset)
+    placed = []
+    place_steps = stream.place_steps  # the question goes in last, after what retrieval placed: its ids are kept here
+    stream.place_steps = lambda prompt: placed.append(prompt.token_ids) or place_steps(prompt)
+    before = (stream.cache.fill, stream.tokens_seen)
+    try:
+        when = stream.ask("When did you see the red cone?", max_new_tokens=2)
+        asked_at = offset + 13.0 + 7 * seed  # the question's own time, later than any input
+        ago = stream.ask("How many seconds ago did you see the red cone?", max_new_tokens=2, asked_at=asked_at)
+        where = stream.ask("Where is the red cone?", max_new_tokens=2)
+        stream.config = dataclasses.replace(stream.config, time_note=False)
+        off = stream.ask("When did you see the red cone?", max_new_tokens=2)
+    finally:
+        stream.config = dataclasses.replace(stream.config, time_note=True)
+        del stream.place_steps
+    assert (stream.cache.fill, stream.tokens_seen) == before, "the note is said for one answer, never kept"
+    for answer in (when, ago):
+        assert answer.evidence[0].stamp == float(offset)
+    marker = stream.marker_clock(float(offset))
+    assert when.time_note == f" (Memory: The red cone is next to the charging dock. [{marker}])"
+    assert ago.time_note == f" (Memory: The red cone is next to the charging dock. [{asked_at - offset:.0f} seconds ago])"
+    assert where.time_note == "" and off.time_note == ""
+    # Said to the model right after the question's words, before the when prompt; not said where there is none.
+    said = [stream.adapter.decode(ids.tolist()) for ids in placed[-4:]]
+    assert f"When did you see the red cone?{when.time_note} {stream.config.when_prompt}" in said[0]
+    assert f"How many seconds ago did you see the red cone?{ago.time_note} " in said[1]
+    assert "(Memory:" not in said[2] and "(Memory:" not in said[3]
+
+
+@pytest.mark.parametrize("question, note", [
+    ("When did you last see the cart?", " (Memory: A blue cart here. [0:01:40.0])"),
+    ("At what time did the door turn red?", " (Memory: A blue cart here. [0:01:40.0])"),
+    ("How long ago did you see the cart?", " (Memory: A blue cart here. [35 seconds ago])"),
+    ("How many minutes ago did you pass the cart?", " (Memory: A blue cart here. [35 seconds ago])"),
+    ("how long has it been since you saw the cart?", " (Memory: A blue cart here. [35 seconds ago])"),
+    ("Where did you see the cart?", ""),
+    ("How many carts did you see?", ""),
+])
+def test_the_time_note_restates_the_heaviest_stamped_evidence_for_when_and_how_long_only(question, note):
+    from inf_mllm_ros.engine.answering import time_note
+    from inf_mllm_ros.engine.models.chat import MarkerClock
+
+    system = Evidence(None, "text", "cache", None, "You are a robot.", 9.0, 0)  # unstamped: never the one said
+    cart = Evidence(100.0, "text", "archive", None, "A blue cart here. [0:01:40.0]", 5.0, 40)
+    assert time_note(question, [system, cart], MarkerClock(), 135.0) == note
+    assert time_note(question, [system], MarkerClock(), 135.0) == ""
+
+
+@pytest.mark.parametrize("seconds, said", [(0.4, "0 seconds"), (87.3, "87 seconds"), (599, "599 seconds"),
+                                           (600, "10 minutes"), (5400, "90 minutes"), (7200, "2 hours"),
+                                           (90000, "25 hours"), (172800, "2 days"), (-3.0, "0 seconds")])
+def test_a_span_is_said_in_the_unit_an_answer_uses(seconds, said):
+    from inf_mllm_ros.engine.answering import said_elapsed
+
+    assert said_elapsed(seconds) == said
 
 
 THINGS = ["ladder", "toolbox", "helmet", "bucket", "tarp", "hose", "broom", "crate", "drum", "mop", "glove",

@@ -29,6 +29,28 @@ def asks_when(question: str) -> bool:
     return ASKS_WHEN.match(question) is not None
 
 
+# A question that asks how long ago (English): "How long ago did you see the cart?", "How many seconds ago ...?", "How
+# long has it been since ...?". Its answer is the time between the moment and the question.
+ASKS_HOW_LONG = re.compile(r"^\W*how\s+(?:long|many\s+(?:seconds|minutes|hours|days|weeks))\b", re.IGNORECASE)
+
+
+def asks_how_long(question: str) -> bool:
+    """Whether a question asks how long ago something happened."""
+    return ASKS_HOW_LONG.match(question) is not None
+
+
+def said_elapsed(seconds: float) -> str:
+    """A span of time as an answer says it: seconds up to 10 minutes, minutes up to 2 hours, then hours, then days."""
+    seconds = max(seconds, 0.0)
+    if seconds < 600:
+        return f"{seconds:.0f} seconds"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} minutes"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f} hours"
+    return f"{seconds / 86400:.0f} days"
+
+
 @dataclass
 class Evidence:
     """One input an answer rests on, or a moment a recall found."""
@@ -41,6 +63,28 @@ class Evidence:
     weight: float  # how much the question points to it (its retrieval score; higher: more)
     first_seq: int  # the stream index of its first token
     camera: str = ""  # the camera a frame came from, where the robot has several
+
+
+# A time marker at the end of a quoted text: the note says the moment as the memory says it now.
+_TRAILING_MARKER = re.compile(r"\s*\[[^\[\]]*\]\s*$")
+
+
+def time_note(question: str, evidence: list[Evidence], clock: Callable[[float], str], asked_at: float | None) -> str:
+    """What follows the words of a question that asks when or how long ago (StreamConfig.time_note): its heaviest
+    stamped evidence restated, with its moment as a marker says it now ("[08:01:15]"; `clock`: the stream's marker
+    clock) or the time since it ("[224 seconds ago]", from `asked_at`). A 0.5B model asked when wrote the time of
+    another line than the heaviest evidence's in 69 of 117 of its wrong answers on route drives, and cannot subtract
+    times for "how long ago"; said so next to the question, it copies it (docs/archive.md). "" for other questions,
+    or where no evidence has a stamp."""
+    how_long = asks_how_long(question)
+    if not (how_long or asks_when(question)):
+        return ""
+    heaviest = next((e for e in evidence if e.stamp is not None), None)
+    if heaviest is None or (how_long and asked_at is None):
+        return ""
+    said = f"{said_elapsed(asked_at - heaviest.stamp)} ago" if how_long else clock(heaviest.stamp)
+    what = _TRAILING_MARKER.sub("", heaviest.text) or f"{heaviest.camera} camera frame".strip()
+    return f" (Memory: {what} [{said}])"
 
 
 DEFAULT_DESCRIPTION_PROMPT = "Describe briefly what the robot sees and what happened most recently."
@@ -65,6 +109,8 @@ class Answer:
     retrieved_stamps: list = field(default_factory=list)
     # The inputs the question pointed to most, heaviest first (engine/archive/evidence.py).
     evidence: list[Evidence] = field(default_factory=list)
+    # Said to the model after the question's words: its heaviest evidence's moment (`time_note`); "" where none was.
+    time_note: str = ""
 
 
 class StreamStoppedError(RuntimeError):
@@ -89,10 +135,22 @@ class Question:
     keep_in_memory: bool = False
     on_token: TokenCallback | None = None
     cancel: threading.Event | None = None
+    asked_at: float | None = None  # the stream time it was asked at (None: the newest input's)
 
     def options(self) -> dict:
         return dict(max_new_tokens=self.max_new_tokens, keep_in_memory=self.keep_in_memory, on_token=self.on_token,
-                    cancel=self.cancel)
+                    cancel=self.cancel, asked_at=self.asked_at)
+
+
+@dataclass(frozen=True)
+class AskedTime:
+    """A question's words and the stream time it was asked at (None: not given), for its time note."""
+
+    question: str
+    at: float | None = None
+
+    def at_or(self, default: float | None) -> float | None:
+        return self.at if self.at is not None else default
 
 
 @dataclass

@@ -47,6 +47,10 @@ class StreamConfig:
     # gold date level (0.58, 0.56); "Answer with the date only." gave 0.48 but 0.49 (a date made up for "last week"),
     # "Answer with a short phrase, not a whole sentence." 0.38 and 0.54 (docs/benchmarks.md). "": answer_prompt.
     when_prompt: str = "Answer with when only, as the memory says it."
+    # After the words of a question that asks when or how long ago, its heaviest stamped evidence restated with its
+    # moment, or the time since it (engine/answering.py `time_note`): the model copies the moment next to the
+    # question where it would write another line's, and cannot subtract times itself.
+    time_note: bool = True
     max_frame_pixels: int | None = None  # bound on a frame's resolution before the vision tower
     max_text_chars: int | None = None  # longest text, question or recall text taken, in characters (None: any)
     scoring_backend: str = "auto"

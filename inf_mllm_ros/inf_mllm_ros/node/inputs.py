@@ -280,6 +280,12 @@ class Inputs:
                 engine.time_origin = self.stream_clock.origin
         return seconds
 
+    def now_stream_time(self) -> float | None:
+        """The node clock's now in stream time (a question's time, for "how long ago"); None before the first input."""
+        with self._clock_lock:
+            origin = self.stream_clock.origin
+        return None if origin is None else stamp_seconds(None, self.ros.get_clock().now().nanoseconds) - origin
+
     def restart_clock(self, origin: float | None) -> None:
         """Times go on from this caller's time of stream time 0 (a restored memory's), or from the next input."""
         with self._clock_lock:

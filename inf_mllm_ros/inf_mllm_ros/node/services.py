@@ -162,7 +162,7 @@ class Services:
         timeout = self.param("query_timeout")
         try:
             future = engine.submit_ask(question, max_new_tokens=max_new, keep_in_memory=request.keep_in_memory,
-                                       on_token=on_token, cancel=cancel)
+                                       on_token=on_token, cancel=cancel, asked_at=self.inputs.now_stream_time())
         except EngineNotReadyError as exc:
             return self._query_failed(response, str(exc))
         deadline = time.monotonic() + timeout

@@ -154,12 +154,14 @@ class MessageText(NamedTuple):
 class Retrieval:
     """What one question got from the archive: the blocks placed before it (in placing order), its evidence, the
     speaker it asks of where none of its heaviest evidence is theirs (engine/archive/attribution.py; "" otherwise),
-    and whether it asks if a thing was seen that nothing in memory names or is like (engine/archive/existence.py)."""
+    whether it asks if a thing was seen that nothing in memory names or is like (engine/archive/existence.py), and the
+    time note said after its words (engine/answering.py `time_note`; "" where none was)."""
 
     placed: list = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)
     unattributed: str = ""
     unseen: bool = False
+    time_note: str = ""
 
 
 def best_last(chosen: list) -> list:

@@ -172,15 +172,16 @@ class StreamingEngine:
         return job.future
 
     def submit_ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
-                   on_token=None, cancel: threading.Event | None = None) -> Future:
-        """Queue a question; `on_token` and `cancel` as in KVStream.ask (on_token runs on the worker thread)."""
+                   on_token=None, cancel: threading.Event | None = None, asked_at: float | None = None) -> Future:
+        """Queue a question; `on_token`, `cancel` and `asked_at` as in KVStream.ask (on_token runs on the worker
+        thread)."""
         try:
             question = checked_text(question, "question", self._board.settings.max_text_chars)
         except TextRefused as exc:
             with self._board.lock:
                 self.counters.queries_failed += 1
             return _failed(exc)
-        asked = Question(question, max_new_tokens, keep_in_memory, on_token, cancel)
+        asked = Question(question, max_new_tokens, keep_in_memory, on_token, cancel, asked_at)
         # The question rides on the job as well: on a shared model it may go in beside others' (model_bench.py).
         return self._submit_query(lambda s: s.ask(asked.text, **asked.options()), question=asked)
 

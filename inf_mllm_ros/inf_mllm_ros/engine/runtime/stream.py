@@ -29,9 +29,11 @@ from ..answering import (
     Answer,
     AnswerCancelledError,
     AnswerTurn,
+    AskedTime,
     StreamStoppedError,
     TokenCallback,
     asks_when,
+    time_note,
 )
 from ..archive.archive import ForwardRecording, KVArchive, Turn
 from ..ops.attention import CACHE_ARGUMENT
@@ -588,30 +590,35 @@ class KVStream:
 
     # --- questions -----------------------------------------------------------------------------------
     def ask(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
-            on_token: TokenCallback | None = None, cancel: threading.Event | None = None) -> Answer:
+            on_token: TokenCallback | None = None, cancel: threading.Event | None = None,
+            asked_at: float | None = None) -> Answer:
         """Answer greedily from what is in memory. Without keep_in_memory the cache is left as it was.
 
         on_token gets the answer so far after each token. Setting `cancel` stops the answer at the next token
         with AnswerCancelledError and leaves the memory as it was, also with keep_in_memory (the question
         and answer are kept only once the answer is complete), unless the question is too long for the
         headroom and has to be pushed into the memory before the answer: it then stays, with the answer so
-        far and its turn closed.
+        far and its turn closed. `asked_at`: the stream time the question was asked at, for "how long ago" (None: the
+        newest input's).
         """
         question = self.check_text(question, "question")
         return self._exchange(self.question_parts(question), max_new_tokens, keep_in_memory,
-                              AnswerTurn(on_token, cancel, self._stopped, self._answer_text), retrieve=True)
+                              AnswerTurn(on_token, cancel, self._stopped, self._answer_text),
+                              asked=AskedTime(question, asked_at))
 
     def open_answer(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
-                    on_token: TokenCallback | None = None, cancel: threading.Event | None = None) -> OpenAnswer | None:
+                    on_token: TokenCallback | None = None, cancel: threading.Event | None = None,
+                    asked_at: float | None = None) -> OpenAnswer | None:
         """`ask` up to its decoding: the question (with what it retrieves) in the headroom and its last logits, for a
         decoding done elsewhere (several streams' answers in one batch) and `close_answer` after it; the same answer
         as `ask`. None where the answer cannot be decoded apart from the memory (kept, and the headroom has no room
         for the question and the whole answer: it goes into the memory as it decodes): `ask` it then."""
         return self.run_steps(self.answer_steps(question, max_new_tokens=max_new_tokens, keep_in_memory=keep_in_memory,
-                                                on_token=on_token, cancel=cancel))
+                                                on_token=on_token, cancel=cancel, asked_at=asked_at))
 
     def answer_steps(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
-                     on_token: TokenCallback | None = None, cancel: threading.Event | None = None) -> Steps:
+                     on_token: TokenCallback | None = None, cancel: threading.Event | None = None,
+                     asked_at: float | None = None) -> Steps:
         """`open_answer` as steps (its two forwards: the question's queries for retrieval, the question placed), for
         several streams' questions to go through the model together (engine/runtime/pool.py)."""
         question = self.check_text(question, "question")
@@ -621,7 +628,8 @@ class KVStream:
         ids, content = self.question_ids(self.question_parts(question))
         if keep_in_memory and self.cache.slots - self.cache.fill - ids.numel() < asked:
             return None
-        logits, max_new, snapshot, retrieval = yield from self._open_unkept_steps(ids, asked, content)
+        logits, max_new, snapshot, retrieval = yield from self._open_unkept_steps(
+            ids, asked, content, AskedTime(question, asked_at))
         return OpenAnswer(ids, logits, max_new, asked, keep_in_memory,
                           AnswerTurn(on_token, cancel, self._stopped, self._answer_text), retrieval, snapshot, started)
 
@@ -755,12 +763,14 @@ class KVStream:
         return self.adapter.decode([t for t in tokens if t not in self._stop_ids]).strip()
 
     def _exchange(self, question_parts: tuple[str, str, str], max_new_tokens: int | None, keep: bool,
-                  turn: AnswerTurn, *, retrieve: bool = False) -> Answer:
+                  turn: AnswerTurn, *, asked: AskedTime | None = None) -> Answer:
+        """An answer; `asked`: the question's words and time, to retrieve from the archive with (None: the cache
+        alone)."""
         start = time.monotonic()
         self._ensure_started()
         max_new = max_new_tokens or self.config.max_new_tokens
         ids, content = self.question_ids(question_parts)
-        tokens, retrieval = self._answer_tokens(ids, max_new, keep, turn, content if retrieve else None)
+        tokens, retrieval = self._answer_tokens(ids, max_new, keep, turn, content if asked else None, asked)
         return self._answer(tokens, retrieval, max_new, keep, start)
 
     def _checked(self, retrieval: Retrieval) -> str:
@@ -788,10 +798,11 @@ class KVStream:
             retrieved_tokens=sum(b.length for b in retrieval.placed),
             retrieved_stamps=[b.stamp for b in retrieval.placed],
             evidence=retrieval.evidence,
+            time_note=retrieval.time_note,
         )
 
     def _answer_tokens(self, ids: Tensor, max_new: int, keep: bool, turn: AnswerTurn,
-                       retrieve: slice | None = None) -> tuple[list[int], Retrieval]:
+                       retrieve: slice | None = None, asked: AskedTime | None = None) -> tuple[list[int], Retrieval]:
         """The answer's tokens and what was retrieved for it; `retrieve`: where the question's own words are, to
         retrieve from the archive with (None: the cache alone)."""
         # Room in the headroom for the question and the whole answer.
@@ -801,7 +812,7 @@ class KVStream:
         if keep and fits:
             # Answer as if not kept, then keep question and answer as one prompt: a cancelled answer
             # leaves the memory as it was. What was retrieved for it is not kept: it is in the archive already.
-            tokens, retrieval = self._answer_tokens(ids, max_new, False, turn, retrieve)
+            tokens, retrieval = self._answer_tokens(ids, max_new, False, turn, retrieve, asked)
             self._keep_exchange(ids, tokens)
             return tokens, retrieval
         if keep:
@@ -820,18 +831,20 @@ class KVStream:
             if tail_ids.numel():
                 self._push(self.adapter.text_prompt(tail_ids))
             return tokens, retrieval
-        logits, max_new, snapshot, retrieval = self._open_unkept(ids, max_new, retrieve)
+        logits, max_new, snapshot, retrieval = self._open_unkept(ids, max_new, retrieve, asked)
         try:
             tokens = self._generate(logits, max_new, turn, keep=False)
         finally:
             self._restore(snapshot)
         return tokens, retrieval
 
-    def _open_unkept(self, ids: Tensor, max_new: int, retrieve: slice | None) -> tuple[Tensor, int, tuple, Retrieval]:
+    def _open_unkept(self, ids: Tensor, max_new: int, retrieve: slice | None,
+                     asked: AskedTime | None = None) -> tuple[Tensor, int, tuple, Retrieval]:
         """An answer not kept, up to its decoding (`_open_unkept_steps`), run here."""
-        return self.run_steps(self._open_unkept_steps(ids, max_new, retrieve))
+        return self.run_steps(self._open_unkept_steps(ids, max_new, retrieve, asked))
 
-    def _open_unkept_steps(self, ids: Tensor, max_new: int, retrieve: slice | None) -> Steps:
+    def _open_unkept_steps(self, ids: Tensor, max_new: int, retrieve: slice | None,
+                           asked: AskedTime | None = None) -> Steps:
         """An answer not kept, up to its decoding: what it retrieves and the question in the headroom. Its value: the
         question's last logits, the most tokens the headroom leaves room for, the snapshot to go back to and the
         retrieval. ValueError where the question does not fit; on any failure the cache is as it was."""
@@ -852,11 +865,27 @@ class KVStream:
                     inputs_from=self.inputs_from)
                 if self._checked(retrieval):
                     max_new = 0  # answered by a check (`_answer`): nothing to decode
+                ids = self._with_time_note(ids, retrieve, asked, retrieval, max_new)
             logits = yield from self.place_steps(self.adapter.text_prompt(ids))
         except BaseException:
             self._restore(snapshot)
             raise
         return logits, max_new, snapshot, retrieval
+
+    def _with_time_note(self, ids: Tensor, words: slice, asked: AskedTime | None, retrieval: Retrieval,
+                        max_new: int) -> Tensor:
+        """The question's ids with its time note (`time_note`) after its words, where the config has it and the
+        headroom has room for it beside the retrieved blocks and the whole answer."""
+        if not self.config.time_note or asked is None:
+            return ids
+        note = time_note(asked.question, retrieval.evidence, self.marker_clock, asked.at_or(self.newest_stamp))
+        if not note:
+            return ids
+        note_ids = self.adapter.tokenize(note).to(ids.device)
+        if self.cache.slots - self.cache.fill - ids.numel() - note_ids.numel() < max(max_new, 1):
+            return ids
+        retrieval.time_note = note
+        return torch.cat([ids[: words.stop], note_ids, ids[words.stop:]])
 
     def _restore(self, snapshot: tuple) -> None:
         self.cache.truncate(snapshot[0], snapshot[1])
