@@ -22,8 +22,9 @@ not kept in memory. Scored as LoCoMo scores:
 
 Settings side by side in one run: `archive` (as shipped), `no_archive` (the cache alone), `streaming_archive`
 (StreamingLLM with the archive), `full` (a cache that holds the whole conversation: the ceiling) and `bm25`
-(BM25 over the turns, `bm25s`, the question as its query: evidence hit@5 only, no answer). Intervals: a percentile
-bootstrap over questions.
+(BM25 over the turns, `bm25s`, the question as its query: evidence hit@5 only, no answer); `no_time_note` (as
+shipped but `time_note` off: nothing restated after a question that asks when; with `--memories` it answers from the
+memory `archive` saved). Intervals: a percentile bootstrap over questions.
 
     python benchmarks/run.py locomo --set tuning                        # conversations 26 and 41
     python benchmarks/run.py locomo --set report --resume               # 42-44, going on where a run stopped
@@ -63,7 +64,10 @@ SETTINGS = {
     "streaming_archive": {"eviction_policy": "streaming_llm"},
     "full": {"cache_size": FULL_CACHE, "eviction_policy": "streaming_llm", "retrieve_tokens": 0, "archive_size": 65536},
     "bm25": None,  # retrieval only: no stream
+    "no_time_note": {"time_note": False},  # as shipped, nothing restated after a question that asks when
 }
+# Settings that change only how a question is answered: with --memories they take the memory the shipped one saved.
+SAME_MEMORY = {"no_time_note": "archive"}
 TURN_SPACING_S = 30.0
 EVIDENCE_K = 5
 MONTHS = {name.lower(): i for i, name in enumerate(
@@ -307,7 +311,8 @@ def stream_records(adapter, conv: str, setting: str, names: list[str], cache: in
         stream.reconfigure(when_prompt=args.when_prompt)
     stream.time_origin = origin
     started = time.monotonic()
-    memory = Path(args.memories) / f"{conv}_{setting}_{values['cache_size']}.mem" if args.memories else None
+    memory = (Path(args.memories) / f"{conv}_{SAME_MEMORY.get(setting, setting)}_{values['cache_size']}.mem"
+              if args.memories else None)
     if memory is not None and memory.exists():
         from inf_mllm_ros.engine.persistence.memory_file import load_memory
 

@@ -17,6 +17,14 @@ set), answered by the model (default tokens), each with `check_seen` on and, whe
 says it was not seen, seen_check where it does not (where_when's `says_not_seen`).
 
     python benchmarks/run.py route_recall --did-you-see --seeds 0,1,2 --out route_recall_did_you_see.json
+
+`--times` asks the questions whose answer is a moment (when_first, when_last, how_long_ago, of the "every" set), each
+answered by the model (default tokens) with `time_note` on and off, asked at the drive's end (`asked_at`): when_first
+and when_last are right where the answer's first time of day is the asked sighting's within 2 s, how_long_ago where
+the time it says (where_when's `elapsed_seconds`) is within 10 % or 5 s; `top` where the heaviest evidence is the asked
+sighting.
+
+    python benchmarks/run.py route_recall --times --seeds 0,1,2,3 --out route_recall_times.json
 """
 
 from __future__ import annotations
@@ -140,6 +148,69 @@ def run_did_you_see(adapter, seed: int, duration: float, cache: int) -> list[dic
     return records
 
 
+def run_times(adapter, seed: int, duration: float, cache: int) -> list[dict]:
+    """The drive's when and how-long questions answered with `time_note` on and off."""
+    import dataclasses
+
+    import torch
+    from where_when import ELAPSED_S, ELAPSED_SHARE, TIME_S, elapsed_seconds
+
+    from inf_mllm_ros.bags.route_scenario import build_route
+    from inf_mllm_ros.bags.stream_inputs import times_of_day
+    from inf_mllm_ros.bags.warehouse_layout import SHIFT_START
+    from inf_mllm_ros.engine.runtime.stream import KVStream
+    from inf_mllm_ros.settings import DEFAULTS, stream_config
+
+    scenario = build_route(seed, duration, questions="every")
+    stream = KVStream(adapter, stream_config(dict(DEFAULTS) | {"cache_size": cache, "clock": "wall"}))
+    # As the node keeps it: stream time 0 at the first input, on the bag's date (a marker says the date where it
+    # changes, so the first one does).
+    first = scenario.narration[0].time_s
+    stream.time_origin = SHIFT_START.timestamp() + first
+    midnight = SHIFT_START.hour * 3600 + SHIFT_START.minute * 60 + SHIFT_START.second
+    shipped = stream.config  # time_note on
+    records = []
+    with torch.inference_mode():
+        for line in scenario.narration:
+            stream.push_text(line.text, line.time_s - first)
+        for q in scenario.questions:
+            if q.kind not in ("when_first", "when_last", "how_long_ago"):
+                continue
+            record = {"seed": seed, "kind": q.kind, "question": q.question, "thing": q.thing, "expected": q.expected,
+                      "variants": {}}
+            for name, config in (("time_note", shipped), ("no_time_note", dataclasses.replace(shipped, time_note=False))):
+                stream.config = config
+                answer = stream.ask(q.question, asked_at=q.asked_s - first)
+                if q.kind == "how_long_ago":
+                    said = elapsed_seconds(answer.text, midnight + q.asked_s)
+                    expected = q.expected["seconds"]
+                    right = said is not None and abs(said - expected) <= max(ELAPSED_S, ELAPSED_SHARE * expected)
+                else:
+                    written = times_of_day(answer.text)
+                    right = bool(written) and abs(written[0] - midnight - q.expected["time_s"]) <= TIME_S
+                top = next((e.stamp + first for e in answer.evidence if e.stamp is not None), None)
+                record["variants"][name] = {"right": right, "answer": answer.text, "note": answer.time_note,
+                                            "top": top is not None and abs(top - q.expected["time_s"]) <= STAMP_S}
+            stream.config = shipped
+            records.append(record)
+    return records
+
+
+def times_summary(records: list[dict]) -> dict:
+    out = {}
+    for name in ("time_note", "no_time_note"):
+        cells = {}
+        for kind in ("when_first", "when_last", "how_long_ago", "all"):
+            rs = [r for r in records if kind in ("all", r["kind"])]
+            for score in ("right", "top"):
+                hits = sum(r["variants"][name][score] for r in rs)
+                low, high = wilson(hits, len(rs))
+                cells[f"{kind}/{score}"] = {"hits": hits, "n": len(rs), "rate": round(hits / max(len(rs), 1), 3),
+                                            "interval": [round(low, 3), round(high, 3)]}
+        out[name] = cells
+    return out
+
+
 def did_you_see_summary(records: list[dict]) -> dict:
     out = {}
     for name in ("model", "check_seen"):
@@ -181,6 +252,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--did-you-see", action="store_true",
                    help="answer the did-you-see questions with check_seen off and on (no variants)")
+    p.add_argument("--times", action="store_true",
+                   help="answer the when and how-long questions with time_note on and off (no variants)")
     p.add_argument("--out", default="route_recall.json")
     args = p.parse_args(argv)
     import torch
@@ -199,12 +272,20 @@ def main(argv: list[str] | None = None) -> None:
     for seed in (int(s) for s in args.seeds.split(",")):
         if args.did_you_see:
             records += run_did_you_see(adapter, seed, args.duration, args.cache)
+        elif args.times:
+            records += run_times(adapter, seed, args.duration, args.cache)
         else:
             records += run_seed(adapter, seed, args.duration, args.cache, variants, args.questions)
         print(f"seed {seed}: {len(records)} questions so far, {time.monotonic() - started:.0f} s", flush=True)
         result = {"settings": vars(args), "records": records,
-                  "summary": did_you_see_summary(records) if args.did_you_see else summary(records, variants)}
+                  "summary": (did_you_see_summary(records) if args.did_you_see else times_summary(records)
+                              if args.times else summary(records, variants))}
         path.write_text(json.dumps(result, indent=1) + "\n")  # after each seed
+    if args.times:
+        for name, cells in result["summary"].items():
+            print(f"{name}: " + ", ".join(f"{k} {c['hits']}/{c['n']}" for k, c in cells.items()))
+        print(f"wrote {shown(path)}")
+        return
     if args.did_you_see:
         for name, cells in result["summary"].items():
             print(f"{name}: never seen said not seen {cells['never_seen']['hits']}/{cells['never_seen']['n']} "

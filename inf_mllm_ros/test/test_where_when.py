@@ -175,7 +175,7 @@ def test_a_when_or_how_long_question_is_told_its_heaviest_evidences_moment_after
     for answer in (when, ago):
         assert answer.evidence[0].stamp == float(offset)
     marker = stream.marker_clock(float(offset))
-    assert when.time_note == f" (Memory: The red cone is next to the charging dock. [{marker}])"
+    assert when.time_note == f" (Memory: The red cone is next to the charging dock. [{marker}]; when: {marker})"
     assert ago.time_note == f" (Memory: The red cone is next to the charging dock. [{asked_at - offset:.0f} seconds ago])"
     assert where.time_note == "" and off.time_note == ""
     # Said to the model right after the question's words, before the when prompt; not said where there is none.
@@ -186,8 +186,8 @@ def test_a_when_or_how_long_question_is_told_its_heaviest_evidences_moment_after
 
 
 @pytest.mark.parametrize("question, note", [
-    ("When did you last see the cart?", " (Memory: A blue cart here. [0:01:40.0])"),
-    ("At what time did the door turn red?", " (Memory: A blue cart here. [0:01:40.0])"),
+    ("When did you last see the cart?", " (Memory: A blue cart here. [0:01:40.0]; when: 0:01:40.0)"),
+    ("At what time did the door turn red?", " (Memory: A blue cart here. [0:01:40.0]; when: 0:01:40.0)"),
     ("How long ago did you see the cart?", " (Memory: A blue cart here. [35 seconds ago])"),
     ("How many minutes ago did you pass the cart?", " (Memory: A blue cart here. [35 seconds ago])"),
     ("how long has it been since you saw the cart?", " (Memory: A blue cart here. [35 seconds ago])"),
@@ -202,6 +202,10 @@ def test_the_time_note_restates_the_heaviest_stamped_evidence_for_when_and_how_l
     cart = Evidence(100.0, "text", "archive", None, "A blue cart here. [0:01:40.0]", 5.0, 40)
     assert time_note(question, [system, cart], MarkerClock(), 135.0) == note
     assert time_note(question, [system], MarkerClock(), 135.0) == ""
+    # Words that say a date of their own are restated with their marker alone: they tell of that date.
+    told = Evidence(100.0, "text", "archive", None, "Gina: I opened my store yesterday (7 May 2023). [0:01:40.0]", 5, 40)
+    said = time_note(question, [told], MarkerClock(), 135.0)
+    assert "when:" not in said and (said == "" or "yesterday (7 May 2023). [" in said)
 
 
 @pytest.mark.parametrize("seconds, said", [(0.4, "0 seconds"), (87.3, "87 seconds"), (599, "599 seconds"),

@@ -67,24 +67,32 @@ class Evidence:
 
 # A time marker at the end of a quoted text: the note says the moment as the memory says it now.
 _TRAILING_MARKER = re.compile(r"\s*\[[^\[\]]*\]\s*$")
+# A date the words say of their own, as a text's relative dates are resolved (engine/date_words.py): "yesterday (7 May
+# 2023)", "last month (April 2023)". What they tell of happened then, not when they were said.
+_OWN_DATE = re.compile(r"\([^()]*\b\d{4}\)")
 
 
 def time_note(question: str, evidence: list[Evidence], clock: Callable[[float], str], asked_at: float | None) -> str:
     """What follows the words of a question that asks when or how long ago (StreamConfig.time_note): its heaviest
-    stamped evidence restated, with its moment as a marker says it now ("[08:01:15]"; `clock`: the stream's marker
-    clock) or the time since it ("[224 seconds ago]", from `asked_at`). A 0.5B model asked when wrote the time of
-    another line than the heaviest evidence's in 69 of 117 of its wrong answers on route drives, and cannot subtract
-    times for "how long ago"; said so next to the question, it copies it (docs/archive.md). "" for other questions,
-    or where no evidence has a stamp."""
+    stamped evidence restated with its moment as a marker says it now, "(Memory: A blue barrel here. [08:04:38];
+    when: 08:04:38)", or the time since it, "(Memory: A blue barrel here. [87 seconds ago])" (from `asked_at`). Asked
+    when, the 0.5B default model wrote the time of another line than the heaviest evidence's, or a date for "When was
+    the last time ...?"; it cannot subtract times for "how long ago"; said next to the question, it copies the moment
+    (docs/archive.md, "When, said next to the question"). Words that say a date of their own ("yesterday (7 May
+    2023)") are restated without the "when:", whose moment is when they were said. "" for other questions, or where
+    no evidence has a stamp."""
     how_long = asks_how_long(question)
     if not (how_long or asks_when(question)):
         return ""
     heaviest = next((e for e in evidence if e.stamp is not None), None)
     if heaviest is None or (how_long and asked_at is None):
         return ""
-    said = f"{said_elapsed(asked_at - heaviest.stamp)} ago" if how_long else clock(heaviest.stamp)
     what = _TRAILING_MARKER.sub("", heaviest.text) or f"{heaviest.camera} camera frame".strip()
-    return f" (Memory: {what} [{said}])"
+    if how_long:
+        return f" (Memory: {what} [{said_elapsed(asked_at - heaviest.stamp)} ago])"
+    moment = clock(heaviest.stamp)
+    when = "" if _OWN_DATE.search(what) else f"; when: {moment}"
+    return f" (Memory: {what} [{moment}]{when})"
 
 
 DEFAULT_DESCRIPTION_PROMPT = "Describe briefly what the robot sees and what happened most recently."
