@@ -193,6 +193,8 @@ def test_a_when_or_how_long_question_is_told_its_heaviest_evidences_moment_after
     ("how long has it been since you saw the cart?", " (Memory: A blue cart here. [35 seconds ago])"),
     ("Where did you see the cart?", ""),
     ("How many carts did you see?", ""),
+    ("How many weeks passed between the cart and the crate?", ""),
+    ("How long did you stay next to the cart?", ""),
 ])
 def test_the_time_note_restates_the_heaviest_stamped_evidence_for_when_and_how_long_only(question, note):
     from inf_mllm_ros.engine.answering import time_note

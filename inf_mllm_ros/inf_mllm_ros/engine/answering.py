@@ -30,8 +30,10 @@ def asks_when(question: str) -> bool:
 
 
 # A question that asks how long ago (English): "How long ago did you see the cart?", "How many seconds ago ...?", "How
-# long has it been since ...?". Its answer is the time between the moment and the question.
-ASKS_HOW_LONG = re.compile(r"^\W*how\s+(?:long|many\s+(?:seconds|minutes|hours|days|weeks))\b", re.IGNORECASE)
+# long has it been since ...?". Its answer is the time between the moment and the question; "How many weeks passed
+# between ...?" and "How long did you stay ...?" ask another span.
+ASKS_HOW_LONG = re.compile(r"^\W*how\s+(?:long|many\s+(?:seconds|minutes|hours|days|weeks|months|years))\b"
+                           r"(?=.*\b(?:ago|since)\b)", re.IGNORECASE)
 
 
 def asks_how_long(question: str) -> bool:

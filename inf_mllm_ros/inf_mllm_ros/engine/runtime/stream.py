@@ -804,7 +804,7 @@ class KVStream:
     def _answer_tokens(self, ids: Tensor, max_new: int, keep: bool, turn: AnswerTurn,
                        retrieve: slice | None = None, asked: AskedTime | None = None) -> tuple[list[int], Retrieval]:
         """The answer's tokens and what was retrieved for it; `retrieve`: where the question's own words are, to
-        retrieve from the archive with (None: the cache alone)."""
+        retrieve from the archive with (None: the cache alone); `asked`: its words and time, for its time note."""
         # Room in the headroom for the question and the whole answer.
         fits = self.cache.slots - self.cache.fill - ids.numel() >= max_new
         closing = self.closing_ids
@@ -876,7 +876,7 @@ class KVStream:
                         max_new: int) -> Tensor:
         """The question's ids with its time note (`time_note`) after its words, where the config has it and the
         headroom has room for it beside the retrieved blocks and the whole answer."""
-        if not self.config.time_note or asked is None:
+        if not self.config.time_note or asked is None or max_new < 1:
             return ids
         note = time_note(asked.question, retrieval.evidence, self.marker_clock, asked.at_or(self.newest_stamp))
         if not note:
