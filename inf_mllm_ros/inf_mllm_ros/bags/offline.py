@@ -202,7 +202,9 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
             return {k: s[k] for k in STATS_FIELDS} | memory_now()
 
         def answer(q: Question, bag_time: float) -> None:
-            ans = stream.ask(q.question, max_new_tokens=config.max_new_tokens)
+            # Asked at its own bag time, in stream time (how long ago counts from it), once the clock has started.
+            asked_at = None if clock.origin is None else bag.start_ns / 1e9 + q.time_s - clock.origin
+            ans = stream.ask(q.question, max_new_tokens=config.max_new_tokens, asked_at=asked_at)
             record = {"type": "answer", "bag_time": bag_time, "time_s": q.time_s, "question": q.question,
                       "expected": q.expected, "needs_vision": q.needs_vision, "kind": q.kind, "answer": ans.text,
                       "correct": q.matches(ans.text), "retrieved_tokens": ans.retrieved_tokens,
@@ -216,7 +218,7 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
                 # The same question from the cache alone, for the report (the memory is unchanged by either).
                 budget = stream.reconfigure(retrieve_tokens=0)
                 try:
-                    alone = stream.ask(q.question, max_new_tokens=config.max_new_tokens)
+                    alone = stream.ask(q.question, max_new_tokens=config.max_new_tokens, asked_at=asked_at)
                 finally:
                     stream.reconfigure(**budget)
                 record.update(answer_without_archive=alone.text, correct_without_archive=q.matches(alone.text))
