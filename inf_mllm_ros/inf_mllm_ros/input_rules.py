@@ -43,6 +43,11 @@ class StreamClock:
             self.origin = seconds
         return seconds - self.origin
 
+    def time_of(self, seconds: float) -> float | None:
+        """A moment (in `stamp_seconds`' seconds: a question's time) in stream time without starting the clock; None
+        before the first input."""
+        return None if self.origin is None else seconds - self.origin
+
 
 def text_message(text: Any, max_text_chars: int) -> CheckedText:
     """A text message as the node and the bag tools take it from a topic: the one text rule (engine/text_rules.py,

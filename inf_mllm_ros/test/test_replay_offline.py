@@ -242,6 +242,11 @@ def test_stream_clock_and_questions_follow_the_node(short_bag) -> None:
     stamps = [clock(m.msg.header.stamp if m.msgtype.startswith("sensor_msgs") else None, m.timestamp_ns)
               for m in items]
     assert stamps == pytest.approx([0.0, 0.0, 2.0, 4.0, 5.0])  # from the first input, as the node stamps
+    # A question's moment in stream time, which starts no clock: how long ago counts from it.
+    origin = clock.origin
+    assert StreamClock().time_of(origin + 7.25) is None
+    assert [clock.time_of(origin + s) for s in (0.0, 7.25, 3600.0)] == pytest.approx([0.0, 7.25, 3600.0])
+    assert clock.origin == origin
     # As a node resolves its inputs: in its namespace, and nowhere else.
     assert [input_kind(t) for t in ("text", "/text", "/robot1/text", "image/compressed", "/a/image", "/tf",
                                     "text/pinned")] == ["text", "text", None, "image/compressed", None, None,

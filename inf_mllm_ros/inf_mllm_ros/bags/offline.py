@@ -203,7 +203,7 @@ def run_offline(bag_path: str | Path, questions: Sequence[Question], settings: d
 
         def answer(q: Question, bag_time: float) -> None:
             # Asked at its own bag time, in stream time (how long ago counts from it), once the clock has started.
-            asked_at = None if clock.origin is None else bag.start_ns / 1e9 + q.time_s - clock.origin
+            asked_at = clock.time_of(bag.start_ns / 1e9 + q.time_s)
             ans = stream.ask(q.question, max_new_tokens=config.max_new_tokens, asked_at=asked_at)
             record = {"type": "answer", "bag_time": bag_time, "time_s": q.time_s, "question": q.question,
                       "expected": q.expected, "needs_vision": q.needs_vision, "kind": q.kind, "answer": ans.text,

@@ -152,17 +152,6 @@ class Question:
                     cancel=self.cancel, asked_at=self.asked_at)
 
 
-@dataclass(frozen=True)
-class AskedTime:
-    """A question's words and the stream time it was asked at (None: not given), for its time note."""
-
-    question: str
-    at: float | None = None
-
-    def at_or(self, default: float | None) -> float | None:
-        return self.at if self.at is not None else default
-
-
 @dataclass
 class AnswerTurn:
     """One answer's own state: whom to tell the answer so far (`on_token`), the caller's `cancel`, and whether the

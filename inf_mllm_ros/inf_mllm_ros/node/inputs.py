@@ -283,8 +283,7 @@ class Inputs:
     def now_stream_time(self) -> float | None:
         """The node clock's now in stream time (a question's time, for "how long ago"); None before the first input."""
         with self._clock_lock:
-            origin = self.stream_clock.origin
-        return None if origin is None else stamp_seconds(None, self.ros.get_clock().now().nanoseconds) - origin
+            return self.stream_clock.time_of(stamp_seconds(None, self.ros.get_clock().now().nanoseconds))
 
     def restart_clock(self, origin: float | None) -> None:
         """Times go on from this caller's time of stream time 0 (a restored memory's), or from the next input."""

@@ -29,7 +29,7 @@ from ..answering import (
     Answer,
     AnswerCancelledError,
     AnswerTurn,
-    AskedTime,
+    Question,
     StreamStoppedError,
     TokenCallback,
     asks_when,
@@ -604,7 +604,7 @@ class KVStream:
         question = self.check_text(question, "question")
         return self._exchange(self.question_parts(question), max_new_tokens, keep_in_memory,
                               AnswerTurn(on_token, cancel, self._stopped, self._answer_text),
-                              asked=AskedTime(question, asked_at))
+                              asked=Question(question, asked_at=asked_at))
 
     def open_answer(self, question: str, *, max_new_tokens: int | None = None, keep_in_memory: bool = False,
                     on_token: TokenCallback | None = None, cancel: threading.Event | None = None,
@@ -629,7 +629,7 @@ class KVStream:
         if keep_in_memory and self.cache.slots - self.cache.fill - ids.numel() < asked:
             return None
         logits, max_new, snapshot, retrieval = yield from self._open_unkept_steps(
-            ids, asked, content, AskedTime(question, asked_at))
+            ids, asked, content, Question(question, asked_at=asked_at))
         return OpenAnswer(ids, logits, max_new, asked, keep_in_memory,
                           AnswerTurn(on_token, cancel, self._stopped, self._answer_text), retrieval, snapshot, started)
 
@@ -763,7 +763,7 @@ class KVStream:
         return self.adapter.decode([t for t in tokens if t not in self._stop_ids]).strip()
 
     def _exchange(self, question_parts: tuple[str, str, str], max_new_tokens: int | None, keep: bool,
-                  turn: AnswerTurn, *, asked: AskedTime | None = None) -> Answer:
+                  turn: AnswerTurn, *, asked: Question | None = None) -> Answer:
         """An answer; `asked`: the question's words and time, to retrieve from the archive with (None: the cache
         alone)."""
         start = time.monotonic()
@@ -802,7 +802,7 @@ class KVStream:
         )
 
     def _answer_tokens(self, ids: Tensor, max_new: int, keep: bool, turn: AnswerTurn,
-                       retrieve: slice | None = None, asked: AskedTime | None = None) -> tuple[list[int], Retrieval]:
+                       retrieve: slice | None = None, asked: Question | None = None) -> tuple[list[int], Retrieval]:
         """The answer's tokens and what was retrieved for it; `retrieve`: where the question's own words are, to
         retrieve from the archive with (None: the cache alone); `asked`: its words and time, for its time note."""
         # Room in the headroom for the question and the whole answer.
@@ -839,12 +839,12 @@ class KVStream:
         return tokens, retrieval
 
     def _open_unkept(self, ids: Tensor, max_new: int, retrieve: slice | None,
-                     asked: AskedTime | None = None) -> tuple[Tensor, int, tuple, Retrieval]:
+                     asked: Question | None = None) -> tuple[Tensor, int, tuple, Retrieval]:
         """An answer not kept, up to its decoding (`_open_unkept_steps`), run here."""
         return self.run_steps(self._open_unkept_steps(ids, max_new, retrieve, asked))
 
     def _open_unkept_steps(self, ids: Tensor, max_new: int, retrieve: slice | None,
-                           asked: AskedTime | None = None) -> Steps:
+                           asked: Question | None = None) -> Steps:
         """An answer not kept, up to its decoding: what it retrieves and the question in the headroom. Its value: the
         question's last logits, the most tokens the headroom leaves room for, the snapshot to go back to and the
         retrieval. ValueError where the question does not fit; on any failure the cache is as it was."""
@@ -872,13 +872,14 @@ class KVStream:
             raise
         return logits, max_new, snapshot, retrieval
 
-    def _with_time_note(self, ids: Tensor, words: slice, asked: AskedTime | None, retrieval: Retrieval,
+    def _with_time_note(self, ids: Tensor, words: slice, asked: Question | None, retrieval: Retrieval,
                         max_new: int) -> Tensor:
         """The question's ids with its time note (`time_note`) after its words, where the config has it and the
         headroom has room for it beside the retrieved blocks and the whole answer."""
         if not self.config.time_note or asked is None or max_new < 1:
             return ids
-        note = time_note(asked.question, retrieval.evidence, self.marker_clock, asked.at_or(self.newest_stamp))
+        at = asked.asked_at if asked.asked_at is not None else self.newest_stamp
+        note = time_note(asked.text, retrieval.evidence, self.marker_clock, at)
         if not note:
             return ids
         note_ids = self.adapter.tokenize(note).to(ids.device)
