@@ -153,7 +153,7 @@ def run_times(adapter, seed: int, duration: float, cache: int) -> list[dict]:
     import dataclasses
 
     import torch
-    from where_when import ELAPSED_S, ELAPSED_SHARE, TIME_S, elapsed_seconds
+    from where_when import TIME_S, elapsed_bound, elapsed_seconds
 
     from inf_mllm_ros.bags.route_scenario import build_route
     from inf_mllm_ros.bags.stream_inputs import times_of_day
@@ -184,7 +184,7 @@ def run_times(adapter, seed: int, duration: float, cache: int) -> list[dict]:
                 if q.kind == "how_long_ago":
                     said = elapsed_seconds(answer.text, midnight + q.asked_s)
                     expected = q.expected["seconds"]
-                    right = said is not None and abs(said - expected) <= max(ELAPSED_S, ELAPSED_SHARE * expected)
+                    right = said is not None and abs(said - expected) <= elapsed_bound(expected)
                 else:
                     written = times_of_day(answer.text)
                     right = bool(written) and abs(written[0] - midnight - q.expected["time_s"]) <= TIME_S

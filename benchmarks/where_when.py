@@ -134,6 +134,11 @@ def elapsed_seconds(answer: str, asked_clock_s: float) -> float | None:
     return asked_clock_s - written[0] if written else None
 
 
+def elapsed_bound(expected_s: float) -> float:
+    """How far an answer's "how long ago" may be from the truth and count: 10 % of it, or 5 s."""
+    return max(ELAPSED_S, ELAPSED_SHARE * expected_s)
+
+
 def nearest_sighting(stamp: float | None, sightings) -> int | None:
     """The index (in `sightings`) of the sighting nearest a stamp."""
     if stamp is None or not sightings:
@@ -219,7 +224,7 @@ def scores(record: dict) -> dict:
     if kind in ("when_first", "when_last"):
         out["answer_time"] = within(record["answer_time_error_s"], TIME_S)
     if kind == "how_long_ago":
-        bound = max(ELAPSED_S, ELAPSED_SHARE * record["expected"]["seconds"])
+        bound = elapsed_bound(record["expected"]["seconds"])
         out["answer_time"] = within(record["answer_elapsed_error_s"], bound)
     out["evidence_stamp"] = within(record["evidence_stamp_error_s"], STAMP_S)
     out["evidence_pose"] = within(record["evidence_distance_m"], POSE_M)
