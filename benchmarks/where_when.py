@@ -257,7 +257,8 @@ class Caller:
 
         from inf_mllm_interfaces.msg import CacheStats
         from inf_mllm_interfaces.srv import Recall
-        from inf_mllm_ros.node.poses import TF_STATIC_QOS, TFMessage
+        from inf_mllm_ros.node.poses import TFMessage
+        from inf_mllm_ros.node.transform_listener import TF_STATIC_QOS
 
         self._rclpy, self._Recall, self._Clock = rclpy, Recall, Clock
         self.context = rclpy.Context()

@@ -170,10 +170,26 @@ def test_inputs_are_kept_where_the_corrected_robot_was_and_the_markers_reach_a_l
     node.check_alive()
 
 
-@pytest.mark.parametrize("held_s", [2.0, 4.5])
+def test_transforms_are_taken_by_a_node_of_their_own_named_after_the_memory(robot):
+    """/tf is taken on a thread and node of its own (node/transform_listener.py), in the memory's namespace, named
+    after it: the process's `__node:=memory` renames the memory's node alone."""
+    probe, _, node = robot
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        names = probe.node.get_node_names_and_namespaces()
+        if ("memory_transforms", NAMESPACE) in names:
+            break
+        time.sleep(0.2)
+    assert ("memory_transforms", NAMESPACE) in names, names
+    assert names.count(("memory", NAMESPACE)) == 1, names
+    node.check_alive()
+
+
+@pytest.mark.parametrize("held_s", [2.0, 4.5, 9.0])
 def test_an_input_that_comes_right_after_a_burst_of_transforms_waits_for_them_and_has_its_pose(robot, held_s):
-    """A burst of /tf (held back, then sent at once) is taken one message a turn, while the text sent right after it
-    is taken at once: it waits for the transforms of its stamp and is kept where the robot was, not without a pose."""
+    """A burst of /tf (held back, then sent at once: 9 s is about 200 messages, as a route bag replayed in lockstep
+    sends between two narration lines) is taken one message a turn, while the text sent right after it is taken at
+    once: it waits for the transforms of its stamp and is kept where the robot was, not without a pose."""
     probe, driver, node = robot
     thing = f"a {random.Random(held_s).choice(['blue', 'green', 'white'])} ladder {int(held_s * 10)}"
     before = probe.stats.last.texts_ingested

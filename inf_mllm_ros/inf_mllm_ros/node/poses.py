@@ -1,6 +1,7 @@
 """The robot's pose from tf2 and the pose topic, and evidence as messages.
 
-`PoseInput` belongs to the node (node/lifecycle.py): it takes `/tf` and `/tf_static` (tf2_msgs/TFMessage) and,
+`PoseInput` belongs to the node (node/lifecycle.py): it takes `/tf` and `/tf_static` (tf2_msgs/TFMessage, on a
+thread of their own: node/transform_listener.py) and,
 with `pose_topic` set, that topic once its type is known (nav_msgs/Odometry, geometry_msgs/PoseStamped or
 geometry_msgs/PoseWithCovarianceStamped, read from the graph, so that one parameter serves every robot), keeps
 them in a `RobotPoses` (robot_poses.py) and gives the robot's pose at an input's stamp: its `base_frame` in the
@@ -19,7 +20,7 @@ from geometry_msgs.msg import Point, PoseStamped, PoseWithCovarianceStamped, Qua
 from geometry_msgs.msg import Pose as PoseMsg
 from nav_msgs.msg import Odometry
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
-from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from inf_mllm_interfaces.msg import Evidence as EvidenceMsg
 
@@ -27,6 +28,7 @@ from ..engine.api import Evidence
 from ..engine.poses import Pose, PoseRefusedError
 from ..input_rules import POSE_MESSAGE_TYPES, pose_message, stamp_seconds, transform_message
 from ..robot_poses import RobotPoses
+from .transform_listener import TransformListener
 
 try:  # a robot's ROS has it; scripts/setup.sh builds its TFMessage where the ROS 2 wheels lack it
     from tf2_msgs.msg import TFMessage
@@ -36,19 +38,15 @@ except ImportError:  # pragma: no cover - without it, poses come from the pose t
 POSE_TYPES = dict(zip(POSE_MESSAGE_TYPES, (Odometry, PoseStamped, PoseWithCovarianceStamped)))
 # Best effort takes a reliable publisher's poses too; a robot's odometry comes at tens of Hz.
 POSE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=50, reliability=ReliabilityPolicy.BEST_EFFORT)
-# As tf2's listener takes them: /tf deep enough for many frames at tens of Hz, /tf_static latched.
-TF_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100, reliability=ReliabilityPolicy.BEST_EFFORT)
-TF_STATIC_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100, reliability=ReliabilityPolicy.RELIABLE,
-                           durability=DurabilityPolicy.TRANSIENT_LOCAL)
 # Seconds between looks at the graph for the pose topic's type while it is not published yet.
 DISCOVERY_PERIOD = 1.0
 # The longest an input waits for the transforms of its stamp where they have not come in yet, as tf2's message
 # filter holds a message until its transform is there: /tf comes in bursts (a bag replayed in lockstep, a link that
-# caught up), and the executor takes one message of a subscription per turn, so an input that came after a burst
-# was looked up before the burst was in (the route bags through the node: 12 of the 65 narration texts among the
-# answers' evidence had a pose; a route bag read in its order gives each of its 53 one). A wait that ends without
+# caught up), and an input that came right after a burst can be looked up before the burst is in (the route bags
+# through the node, /tf on the node's executor: 12 of the 65 narration texts among the answers' evidence had a pose;
+# a route bag read in its order gives each of its 53 one). A wait that ends without
 # them is not made again until a lookup through tf2 succeeds (a stopped localiser would hold up every input).
-TRANSFORM_WAIT_S = 1.0
+TRANSFORM_WAIT_S = 3.0
 
 
 class PoseInput:
@@ -70,7 +68,7 @@ class PoseInput:
         self._transforms_in = threading.Condition(self._lock)  # notified with each /tf message kept
         self._wait_for_transforms = True  # false after a wait that ended without them, until a lookup succeeds
         self._subscription = None
-        self._tf_subscriptions: list = []
+        self._transforms = TransformListener(node, TFMessage, self._on_transforms)  # on a thread of its own
         self._timer = None
         self._wrong_type_said = False
 
@@ -88,14 +86,8 @@ class PoseInput:
     def start(self) -> None:
         """Take tf2's frames, and subscribe to the pose topic now where its type is known, else look again every
         DISCOVERY_PERIOD seconds."""
-        if self.poses.map_frame and TFMessage is not None and not self._tf_subscriptions:
-            group = MutuallyExclusiveCallbackGroup()  # a group of their own, as each input has (node/inputs.py)
-            self._tf_subscriptions = [
-                self._node.create_subscription(TFMessage, "/tf", lambda m: self._on_transforms(m, False), TF_QOS,
-                                               callback_group=group),
-                self._node.create_subscription(TFMessage, "/tf_static", lambda m: self._on_transforms(m, True),
-                                               TF_STATIC_QOS, callback_group=group),
-            ]
+        if self.poses.map_frame and TFMessage is not None:
+            self._transforms.start()
         if not self.topic or self._subscription is not None:
             return
         if not self._subscribe() and self._timer is None:
@@ -106,10 +98,8 @@ class PoseInput:
                                 (self._timer, self._node.destroy_timer)):
             if handle is not None:
                 destroy(handle)
-        for sub in self._tf_subscriptions:
-            self._node.destroy_subscription(sub)
+        self._transforms.stop()
         self._subscription = self._timer = None
-        self._tf_subscriptions = []
 
     def clear(self) -> None:
         """Forget the poses (a reset of the memory)."""
