@@ -54,6 +54,8 @@ def variant(name: str):
         for part in [] if name == "shipped" else name.split("+"):
             if part == "order_words_matched":
                 retriever.without_order = lambda question: question
+            elif part == "meaning_of_thing":
+                retriever.meaning_words = lambda question: retriever.thing_words(question) or question
             elif part == "same_thing_by_weight":
                 retriever.Retriever.same_thing = lambda self, entries, blocks, texts: None
             elif "=" in part and part.partition("=")[0].isupper() and hasattr(retriever, part.partition("=")[0]):

@@ -287,7 +287,10 @@ def entry(stamp: float | None, weight: float) -> Evidence:
     ("Where did you last see the cart?", "latest"), ("What time did you most recently pass the tyres?", "latest"),
     ("When was the most recent time you saw it?", "latest"), ("When did you first pass the ladder?", "earliest"),
     ("Where is the first aid kit?", ""), ("When did you last see the first-aid box?", "latest"),
-    ("Where is the red cone?", ""), ("What happened at the dock earliest?", "earliest")])
+    ("Where is the red cone?", ""), ("What happened at the dock earliest?", "earliest"),
+    ("How long ago did you see the trolley?", "latest"), ("How long has it been since you saw the cart?", "latest"),
+    ("How many seconds ago did you first pass the drum?", "earliest"),
+    ("How long did you spend at the dock?", ""), ("How many weeks passed between the two visits?", "")])
 def test_a_question_asks_for_the_newest_or_the_oldest_moment_or_neither(question, order):
     assert asked_order(question) == order
 

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..answering import QUOTE_CHARS, Evidence
+from ..answering import QUOTE_CHARS, Evidence, asks_how_long
 
 # Words that ask for the newest or the oldest moment of several (English). "first" as in "first aid" asks nothing.
 ASKS_LATEST = re.compile(r"\b(?:last|latest|newest|most recent(?:ly)?)\b", re.IGNORECASE)
@@ -34,10 +34,14 @@ ORDER_AMONG = 5
 
 
 def asked_order(question: str) -> str:
-    """"latest", "earliest", or "" where the question asks for neither (the latest wins where it says both)."""
+    """"latest", "earliest", or "" where the question asks for neither (the latest wins where it says both). A
+    question that asks how long ago ("How long ago did you see the cart?") asks for the latest unless it says
+    otherwise: the time since a thing was seen is counted from its last sighting."""
     if ASKS_LATEST.search(question):
         return "latest"
-    return "earliest" if ASKS_EARLIEST.search(question) else ""
+    if ASKS_EARLIEST.search(question):
+        return "earliest"
+    return "latest" if asks_how_long(question) else ""
 
 
 def without_order(question: str) -> str:
