@@ -430,15 +430,8 @@ ABLATION = {
     "unsaid_alike": {"UNSAID_SEMANTIC_WEIGHT": 8.0, "UNSAID_MEANING_POWER": 1.0},
     "unsaid_12_power_2": {"UNSAID_SEMANTIC_WEIGHT": 12.0, "UNSAID_MEANING_POWER": 2.0},
     "unsaid_16_power_4": {"UNSAID_SEMANTIC_WEIGHT": 16.0, "UNSAID_MEANING_POWER": 4.0},
-    "meaning_of_thing": {"meaning_words": lambda question: _thing_or_question(question)},
     "shipped": {},
 }
-
-
-def _thing_or_question(question: str) -> str:
-    from inf_mllm_ros.engine.archive.existence import thing_words
-
-    return thing_words(question) or question
 
 
 def ablation(stream, conv: str, cache: int, questions: list[Question], held_turns,

@@ -7,7 +7,8 @@ route seeds through the node, `where_when.py`, are the report).
 Variants: `shipped`, or parts joined by "+": the retriever's constants set by name ("SEMANTIC_WEIGHT=12"),
 `order_words_matched` (the words that ask for the newest or the oldest moment, "first", "last", matched as the
 question's other words are, as before they were set aside), `same_thing_by_weight` (the sightings of the heaviest
-entry's thing, among which "first" and "last" choose, taken by their weight alone, as before the encoder's likeness).
+entry's thing, among which "first" and "last" choose, taken by their weight alone, as before the encoder's likeness),
+`meaning_of_thing` (the encoder reads only the words that name the question's thing, `existence.thing_words`).
 
     python benchmarks/run.py route_recall --seeds 0,1,2,200007 --variants SEMANTIC_WEIGHT=0 SEMANTIC_WEIGHT=8
     python benchmarks/run.py route_recall --seeds 200015,200016 --questions every --variants shipped order_words_matched
@@ -44,18 +45,19 @@ STAMP_S = 2.0
 @contextlib.contextmanager
 def variant(name: str):
     """The retriever as the variant `name` has it, for the duration: `shipped`, or its parts joined by "+", each
-    `order_words_matched`, `same_thing_by_weight` or one of the retriever's constants set by name
+    `order_words_matched`, `same_thing_by_weight`, `meaning_of_thing` or one of the retriever's constants set by name
     ("SEMANTIC_WEIGHT=12+MEANING_POWER=3")."""
     from inf_mllm_ros.engine.archive import retriever
 
     shipped = dict(vars(retriever))
-    same_thing = retriever.Retriever.same_thing
+    same_thing, meaning = retriever.Retriever.same_thing, retriever.Retriever.meaning
     try:
         for part in [] if name == "shipped" else name.split("+"):
             if part == "order_words_matched":
                 retriever.without_order = lambda question: question
             elif part == "meaning_of_thing":
-                retriever.meaning_words = lambda question: retriever.thing_words(question) or question
+                retriever.Retriever.meaning = lambda self, question, texts, power=1.0: meaning(
+                    self, retriever.thing_words(question) or question, texts, power)
             elif part == "same_thing_by_weight":
                 retriever.Retriever.same_thing = lambda self, entries, blocks, texts: None
             elif "=" in part and part.partition("=")[0].isupper() and hasattr(retriever, part.partition("=")[0]):
@@ -65,7 +67,7 @@ def variant(name: str):
                 raise ValueError(f"unknown variant {part!r}")
         yield
     finally:
-        retriever.Retriever.same_thing = same_thing
+        retriever.Retriever.same_thing, retriever.Retriever.meaning = same_thing, meaning
         for key, value in shipped.items():
             if getattr(retriever, key) is not value:
                 setattr(retriever, key, value)

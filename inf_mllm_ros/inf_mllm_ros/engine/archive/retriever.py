@@ -105,11 +105,6 @@ DAY_TURNS_KEPT = 64
 ROLE_LINE = re.compile(r"\n(?:user|assistant|system)\n")
 
 
-def meaning_words(question: str) -> str:
-    """What the sentence encoder reads of a question for its likeness to each message."""
-    return question
-
-
 def as_read(decoded: str) -> str:
     """A message's decoded tokens as its words: the chat template's role names taken out, spaces made single."""
     return " ".join(ROLE_LINE.sub("\n", "\n" + decoded).split())
@@ -382,7 +377,7 @@ class Retriever:
         held = set().union(*(texts[m].terms for m in messages))
         unsaid = any(word not in held for word in terms(question))
         weight, power = (UNSAID_SEMANTIC_WEIGHT, UNSAID_MEANING_POWER) if unsaid else (SEMANTIC_WEIGHT, MEANING_POWER)
-        meaning = self.meaning(meaning_words(question), texts, power)
+        meaning = self.meaning(question, texts, power)
         added = [WORD_MATCH_WEIGHT * shares.get(b.message, 0.0)
                  + (LEXICAL_WEIGHT * lexical.get(b.message, 0.0) / best if best > 0 else 0.0)
                  + weight * meaning.get(b.message, 0.0) for b in blocks]
