@@ -27,6 +27,7 @@ QUERY_RESPONSE = {
     "latency": "float",
     "retrieved_tokens": "uint32",
     "evidence": "sequence<inf_mllm_interfaces/Evidence>",
+    "time_note": "string",
 }
 EVIDENCE = {
     "stamp": "builtin_interfaces/Time",

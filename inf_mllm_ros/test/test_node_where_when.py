@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import os
+import random
+import re
 import threading
 import time
 
@@ -93,7 +95,7 @@ def test_answers_and_recalls_name_the_moment_and_the_place(robot):
     for i in range(24):
         text = PLANTED if i == 6 else FILLER[i % len(FILLER)]
         if i == 6:
-            sent["x"] = driver.x()
+            sent["x"], sent["at"] = driver.x(), time.monotonic()
         probe.text.publish(String(data=text))
         time.sleep(0.3)
     rgb = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
@@ -118,6 +120,17 @@ def test_answers_and_recalls_name_the_moment_and_the_place(robot):
     here = probe.call(probe.recall, Recall.Request(text="red cone", x=sent["x"], y=0.0, radius=0.6), timeout=120)
     assert here.success and "red cone" in here.moments[0].text
     assert all(abs(m.pose.position.x - sent["x"]) <= 0.6 for m in here.moments)
+    # How long ago, counted from the query's time on the node's clock: the moment the model is told (time_note).
+    wait_s = random.Random(os.getpid()).uniform(2.0, 6.0)
+    time.sleep(wait_s)
+    asked = probe.call(probe.query, Query.Request(question="How long ago did you see the red cone?"), timeout=180)
+    elapsed = time.monotonic() - sent["at"]
+    assert asked.success and "red cone" in asked.evidence[0].text, asked
+    said = re.search(r"\[(\d+) seconds? ago\]", asked.time_note)
+    assert "red cone" in asked.time_note and said, asked.time_note
+    assert abs(int(said.group(1)) - elapsed) <= 2.0 + asked.latency, (asked.time_note, elapsed, wait_s)
+    assert response.time_note == "", "a question that asks where is told nothing again"
+
     far = probe.call(probe.recall, Recall.Request(text="red cone", x=1e4, y=0.0, radius=1.0), timeout=120)
     assert far.success and far.moments == []
     for request, reason in [(Recall.Request(text=" "), "empty"), (Recall.Request(text="cone", radius=-1.0), "radius"),

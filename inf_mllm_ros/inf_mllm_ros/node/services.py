@@ -210,6 +210,7 @@ class Services:
         response.cache_fill = answer.cache_fill
         response.retrieved_tokens = answer.retrieved_tokens
         response.evidence = evidence_msgs(answer.evidence, self.inputs.ros_time, self.inputs.pose_frame)
+        response.time_note = answer.time_note
         self.markers.answered(answer.evidence, self.inputs.pose_frame, self.inputs.ros_time)
         response.latency = time.monotonic() - start
         return response
