@@ -68,7 +68,7 @@ RELIABLE = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 
 class NodeProcess:
     def __init__(self, repo_root: Path, env: dict, tmp: Path, params: dict = PARAMS, name: str = NODE,
-                 namespace: str = NAMESPACE):
+                 namespace: str = NAMESPACE, remaps: tuple[str, ...] = ()):
         exe = repo_root / "install" / "inf_mllm_ros" / "lib" / "inf_mllm_ros" / "inf_mllm_node"
         if not exe.exists():
             pytest.fail(f"{exe} is missing: run scripts/setup.sh")
@@ -79,7 +79,7 @@ class NodeProcess:
         env = dict(env, PYTHONUNBUFFERED="1", RCUTILS_LOGGING_BUFFERED_STREAM="0", RCUTILS_COLORIZED_OUTPUT="0")
         self.proc = subprocess.Popen(
             [str(exe), "--ros-args", "--params-file", str(params_file), "-r", f"__node:={name}",
-             "-r", f"__ns:={namespace}"],
+             "-r", f"__ns:={namespace}", *(arg for remap in remaps for arg in ("-r", remap))],
             stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def log(self) -> str:

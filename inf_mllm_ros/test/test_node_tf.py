@@ -1,5 +1,6 @@
-"""Poses through tf2 across processes over DDS: a robot whose odometry drifts (`odom -> base_link` on /tf) and whose
-localiser corrects it (`map -> odom`), without a pose topic. Answers and recalls name where the robot truly was
+"""Poses through tf2 across processes over DDS: a robot whose odometry drifts (`odom -> base_link` on its tf topic) and
+whose localiser corrects it (`map -> odom`), without a pose topic. The robot's tf topics are in its namespace, remapped
+for the node as a robot among several is launched (`-r /tf:=tf -r /tf_static:=tf_static`). Answers and recalls name where the robot truly was
 (not where its odometry says), the markers of the last answer reach an RViz that subscribes after it, a jump back
 in time clears the poses and is reported with no pose refused, and a reset clears them too."""
 
@@ -28,6 +29,7 @@ from test_node import REPO_ROOT, NodeProcess
 
 NAMESPACE = "/tf_robot"
 FQN = f"{NAMESPACE}/memory"
+TF, TF_STATIC = f"{NAMESPACE}/tf", f"{NAMESPACE}/tf_static"
 RELIABLE = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 LATCHED = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.RELIABLE,
                      durability=DurabilityPolicy.TRANSIENT_LOCAL)
@@ -53,7 +55,7 @@ class Robot:
 
     def __init__(self, probe: RosProbe):
         self.node = probe.node
-        self.tf = probe.node.create_publisher(TFMessage, "/tf", QoSProfile(depth=100))
+        self.tf = probe.node.create_publisher(TFMessage, TF, QoSProfile(depth=100))
         self.start = time.monotonic()
         self.back = 0.0
         self._held: list | None = None
@@ -104,7 +106,7 @@ class Robot:
 @pytest.fixture(scope="module")
 def robot(tmp_path_factory):
     node = NodeProcess(REPO_ROOT, dict(os.environ), tmp_path_factory.mktemp("tf"), name="memory",
-                       namespace=NAMESPACE,
+                       namespace=NAMESPACE, remaps=("/tf:=tf", "/tf_static:=tf_static"),
                        params={"model": SMALL_MODEL, "cache_size": 128, "chunk_size": 32, "max_new_tokens": 8,
                                "description_period": 0.0, "stats_period": 0.5, "pose_tolerance": 0.5})
     probe = RosProbe("tf_probe", alive=node.check_alive)
@@ -114,7 +116,7 @@ def robot(tmp_path_factory):
     probe.query = probe.node.create_client(Query, f"{FQN}/query")
     probe.recall = probe.node.create_client(Recall, f"{FQN}/recall")
     probe.reset = probe.node.create_client(Trigger, f"{FQN}/reset")
-    static = probe.node.create_publisher(TFMessage, "/tf_static", LATCHED)
+    static = probe.node.create_publisher(TFMessage, TF_STATIC, LATCHED)
     static.publish(TFMessage(transforms=[transform("base_link", "camera_link", probe.node.get_clock().now().to_msg(),
                                                    0.3)]))
     probe.stats.wait(lambda m: m.model_ready, timeout=180, what="model_ready")
