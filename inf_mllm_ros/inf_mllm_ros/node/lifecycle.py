@@ -330,6 +330,9 @@ class InfMLLMNode(LifecycleNode):
         services = getattr(self, "service_handlers", None)  # absent if the constructor failed before it
         if services is not None:
             services.destroy()
+        inputs = getattr(self, "inputs", None)
+        if inputs is not None:  # a node shut down while active: its inputs' threads end before the process does
+            inputs.unsubscribe()
         super().destroy_node()
 
     def _say_error(self, message: str) -> None:

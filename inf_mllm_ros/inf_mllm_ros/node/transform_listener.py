@@ -31,6 +31,8 @@ TF_STATIC_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100, reliabili
                            durability=DurabilityPolicy.TRANSIENT_LOCAL)
 # Seconds `stop` waits for the listener's thread to end.
 STOP_TIMEOUT_S = 5.0
+# The longest the thread waits for a message before it looks whether it is to stop.
+SPIN_PERIOD_S = 0.1
 
 
 def resolved_name(node, topic: str) -> str:
@@ -51,6 +53,7 @@ class TransformListener:
         self._listener = None
         self._executor: SingleThreadedExecutor | None = None
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
     @property
     def running(self) -> bool:
@@ -72,21 +75,26 @@ class TransformListener:
         executor = SingleThreadedExecutor(context=context)
         executor.add_node(listener)
         self._listener, self._executor = listener, executor
+        self._stop.clear()
         self._thread = threading.Thread(target=self._spin, args=(executor,), name="inf_mllm_transforms", daemon=True)
         self._thread.start()
 
     def _spin(self, executor: SingleThreadedExecutor) -> None:
         try:
-            executor.spin()
+            while not self._stop.is_set() and self._node.context.ok():
+                executor.spin_once(timeout_sec=SPIN_PERIOD_S)
         except (ExternalShutdownException, ShutdownException):
             pass
         except Exception as exc:  # noqa: BLE001 - said, not lost: inputs then get the pose topic's poses only
             self._node.get_logger().error(f"transforms are no longer taken: {exc!r}")
 
     def stop(self) -> None:
+        """Stop taking transforms: the thread ends before its executor and node go, so that nothing is destroyed
+        under a wait in progress (a node shut down while active, then the process, would otherwise race it)."""
         if self._listener is None:
             return
-        self._executor.shutdown(timeout_sec=STOP_TIMEOUT_S)
+        self._stop.set()
         self._thread.join(STOP_TIMEOUT_S)
+        self._executor.shutdown(timeout_sec=0)
         self._listener.destroy_node()
         self._listener = self._executor = self._thread = None
