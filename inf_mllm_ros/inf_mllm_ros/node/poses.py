@@ -42,9 +42,9 @@ POSE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=50, reliability=Rel
 DISCOVERY_PERIOD = 1.0
 # The longest an input waits for the transforms of its stamp where they have not come in yet, as tf2's message
 # filter holds a message until its transform is there: /tf comes in bursts (a bag replayed in lockstep, a link that
-# caught up), and an input that came right after a burst can be looked up before the burst is in (the route bags
-# through the node, /tf on the node's executor: 12 of the 65 narration texts among the answers' evidence had a pose;
-# a route bag read in its order gives each of its 53 one). A wait that ends without
+# caught up), and an input that came right after a burst can be looked up before the burst is in. On route bags in
+# lockstep on 2 busy cores, the waits that succeeded took up to 1.5 s with /tf on its own thread (up to 2.7 s on the
+# node's executor); at 1 s, 9 of 162 evidence lines had no pose. A wait that ends without
 # them is not made again until a lookup through tf2 succeeds (a stopped localiser would hold up every input).
 TRANSFORM_WAIT_S = 3.0
 

@@ -56,10 +56,6 @@ class TransformListener:
         self._stop = threading.Event()
 
     @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    @property
     def node_name(self) -> str:
         return f"{self._node.get_name()}_transforms"
 
