@@ -13,6 +13,9 @@ entry's thing, among which "first" and "last" choose, taken by their weight alon
     python benchmarks/run.py route_recall --seeds 0,1,2,200007 --variants SEMANTIC_WEIGHT=0 SEMANTIC_WEIGHT=8
     python benchmarks/run.py route_recall --seeds 200015,200016 --questions every --variants shipped order_words_matched
 
+`--names said` asks the same questions in the narration's words ("the pallet jack", not "the pump truck"): what is
+left to miss where the vocabulary is not.
+
 `--did-you-see` asks the did-you-see questions instead (never_seen, and seen_check, its control, of the "every"
 set), answered by the model (default tokens), each with `check_seen` on and, where it fires, off: never_seen is right where the answer
 says it was not seen, seen_check where it does not (where_when's `says_not_seen`).
@@ -73,14 +76,15 @@ def variant(name: str):
                 setattr(retriever, key, value)
 
 
-def run_seed(adapter, seed: int, duration: float, cache: int, variants: list[str], questions: str) -> list[dict]:
+def run_seed(adapter, seed: int, duration: float, cache: int, variants: list[str], questions: str,
+             names: str = "asked") -> list[dict]:
     import torch
 
     from inf_mllm_ros.bags.route_scenario import SEEN_CHECK, build_route
     from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.settings import DEFAULTS, stream_config
 
-    scenario = build_route(seed, duration, questions=questions)
+    scenario = build_route(seed, duration, questions=questions, names=names)
     stream = KVStream(adapter, stream_config(dict(DEFAULTS) | {"cache_size": cache, "clock": "wall"}))
     stream.time_origin = 8 * 3600.0
     records = []
@@ -91,7 +95,7 @@ def run_seed(adapter, seed: int, duration: float, cache: int, variants: list[str
             if q.kind in ("never_seen", SEEN_CHECK):
                 continue
             seen = [s.time_s for s in scenario.sightings_of(q.thing)]
-            record = {"seed": seed, "kind": q.kind, "question": q.question, "thing": q.thing,
+            record = {"seed": seed, "kind": q.kind, "question": q.question, "thing": q.thing, "names": names,
                       "sightings": len(seen), "variants": {}}
             for name in variants:
                 with variant(name):
@@ -249,6 +253,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="variants of retrieval's ranking (see above)")
     p.add_argument("--questions", default="drawn", choices=("drawn", "every"),
                    help="the drive's drawn questions, or every kind about every thing seen (as where_when asks)")
+    p.add_argument("--names", default="asked", choices=("asked", "said"),
+                   help="the questions' own names of things (other words), or the narration's")
     p.add_argument("--duration", type=float, default=300.0)
     p.add_argument("--cache", type=int, default=512)
     p.add_argument("--model", default="onevision-qwen2.5-0.5b")
@@ -279,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.times:
             records += run_times(adapter, seed, args.duration, args.cache)
         else:
-            records += run_seed(adapter, seed, args.duration, args.cache, variants, args.questions)
+            records += run_seed(adapter, seed, args.duration, args.cache, variants, args.questions, args.names)
         print(f"seed {seed}: {len(records)} questions so far, {time.monotonic() - started:.0f} s", flush=True)
         result = {"settings": vars(args), "records": records,
                   "summary": (did_you_see_summary(records) if args.did_you_see else times_summary(records)

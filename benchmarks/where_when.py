@@ -44,6 +44,9 @@ asks when told the answer prompt, as before the when prompt existed). `no_check_
 `check_seen` off (every did-you-see question answered by the model, as before the check existed). `no_time_note`:
 the shipped settings with `time_note` off (nothing restated after a question that asks when or how long ago).
 
+`--names said` asks the same questions in the narration's words ("the pallet jack", not "the pump truck"; a
+diagnostic, never the report): what is left to miss where the vocabulary is not.
+
 Seeds are declared before they run: `--declare` writes the report and tuning seeds, the commit, the date and the
 settings into the results file (`declared`), to be committed before the first report run; a report run whose
 misses lead to a change makes its seeds tuning seeds (declare again, with new report seeds).
@@ -424,7 +427,7 @@ def run_bag(seed: int, setting: str, args, set_name: str, state: dict) -> tuple[
     from inf_mllm_ros.bags.route_bag import START_NS, write_route_bag
     from inf_mllm_ros.bags.route_scenario import build_route
 
-    scenario = build_route(seed, args.duration, questions="every")
+    scenario = build_route(seed, args.duration, questions="every", names=args.names)
     questions = chosen_questions(scenario, args.per_kind, args.kinds)
     cache = FULL_CACHE if setting == "full" else args.cache
     params = NODE_PARAMS | {"model": args.model, "device": args.device, "dtype": args.dtype, "cache_size": cache,
@@ -476,7 +479,7 @@ def run_bag(seed: int, setting: str, args, set_name: str, state: dict) -> tuple[
                 caller.tick_clock(end_ns + int(1.5e9))
                 after = caller.counters()
                 bag = {"seed": seed, "set": set_name, "setting": setting, "pass": run_pass, "model": args.model,
-                       "cache": cache, "duration_s": args.duration, "frames": args.frames, **state,
+                       "cache": cache, "duration_s": args.duration, "frames": args.frames, "names": args.names, **state,
                        "questions": len(questions), "write_s": round(written_s, 1), "replay_s": round(replay_s, 1),
                        "messages_played": _played(replay_log), "tf_static_received": caller.tf_static,
                        "counters_before": before, "counters": after,
@@ -488,7 +491,7 @@ def run_bag(seed: int, setting: str, args, set_name: str, state: dict) -> tuple[
                     if a["question"] != q.question:
                         raise RuntimeError(f"answers out of order: {a['question']!r} for {q.question!r}")
                     record = {"seed": seed, "set": set_name, "setting": setting, "pass": run_pass,
-                              "model": args.model, "cache": cache, "frames": args.frames, "kind": q.kind,
+                              "model": args.model, "cache": cache, "frames": args.frames, "names": args.names, "kind": q.kind,
                               "thing": q.thing, "question": q.question, "expected": q.expected,
                               "asked_s": q.asked_s, "success": a["success"], "answer": a["answer"],
                               "message": a["message"], "ask_s": round(a["latency"], 3),
@@ -680,6 +683,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--per-kind", type=int, default=0, help="ask only the first N questions of each kind (0: all)")
     p.add_argument("--kinds", default="", help="ask only these kinds, separated by commas (default: every kind)")
     p.add_argument("--seeds", default="tune", help="tune, report, or seeds separated by commas")
+    p.add_argument("--names", default="asked", choices=("asked", "said"),
+                   help="the questions' own names of things (other words than the narration's), or the narration's")
     p.add_argument("--settings", default="archive,no_archive,full", help="of: " + ", ".join(SETTINGS))
     p.add_argument("--threads", type=int, default=2, help="the node's torch_threads")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds for one input or one answer")

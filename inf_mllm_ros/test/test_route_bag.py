@@ -260,6 +260,22 @@ def test_every_question_asks_each_thing_every_kind_and_leaves_the_drive_as_it_wa
         build_route(seed, DURATION, questions="some")
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("questions", ["drawn", "every"])
+def test_questions_in_the_narrations_words_ask_the_same_of_the_same_things(seed: int, questions: str) -> None:
+    asked = build_route(seed, DURATION, questions=questions)
+    said = build_route(seed, DURATION, questions=questions, names="said")
+    assert (said.sightings, said.narration) == (asked.sightings, asked.narration)
+    assert [(q.thing, q.kind, q.expected) for q in said.questions] == [(q.thing, q.kind, q.expected)
+                                                                       for q in asked.questions]
+    for a, s in zip(asked.questions, said.questions):
+        kind = CATALOG_BY_NAME[s.thing]
+        assert kind.said[0] in s.question, s.question
+        assert not any(n in s.question for n in kind.asked if n not in kind.said[0]), s.question
+        assert a.question != s.question or kind.said[0] in kind.asked  # "forklift" is asked as it is said
+    with pytest.raises(ValueError, match="names"):
+        build_route(seed, DURATION, names="other")
+
 # --- determinism and the command line ------------------------------------------------------------------------
 
 def test_the_same_seed_gives_the_same_truth_and_another_seed_another() -> None:

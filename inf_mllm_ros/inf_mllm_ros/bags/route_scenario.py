@@ -38,6 +38,7 @@ __all__ = [
     "LOCALISER_HZ",
     "LOCALISER_SIGMA_M",
     "ODOM_HZ",
+    "QUESTION_NAMES",
     "QUESTION_SETS",
     "SIGHT_RADIUS_M",
     "LocaliserTrack",
@@ -86,6 +87,10 @@ QUESTIONS_PER_BAG = 24
 # the floor), for a benchmark that needs many questions of each kind from few drives; then a seen_check of each thing
 # seen.
 QUESTION_SETS = ("drawn", "every")
+# Which names the questions give a thing: "asked", their own (other words than the narration's: "pump truck" for
+# the "pallet jack"), or "said", the narration's first (the same questions in the narration's words, which tells a
+# miss of the vocabulary from a miss of everything else).
+QUESTION_NAMES = ("asked", "said")
 
 
 # --- what can stand on the floor -------------------------------------------------------------------------------
@@ -746,17 +751,19 @@ def _expected(scenario: RouteScenario, name: str, kind: str) -> dict:
     return out
 
 
-def _ask(scenario: RouteScenario, name: str, kind: str, rng) -> Question:
+def _ask(scenario: RouteScenario, name: str, kind: str, rng, names: str = "asked") -> Question:
     thing = CATALOG_BY_NAME[name]
-    q = str(rng.choice(thing.asked))
+    q = str(rng.choice(thing.asked))  # drawn with either names, so that the rest of the draws stay as they are
     plural = thing.asked_plural
+    if names == "said":
+        q, plural = thing.said[0], thing.said_plural
     text = str(rng.choice(QUESTION_TEMPLATES[kind])).format(
         q=q, aq=_article(q, plural).replace("some ", "any ", 1), was="were" if plural else "was",
         it="them" if plural else "it")
     return Question(text, kind, name, scenario.duration, _expected(scenario, name, kind))
 
 
-def _questions(scenario: RouteScenario, rng) -> list[Question]:
+def _questions(scenario: RouteScenario, rng, names: str) -> list[Question]:
     """About `QUESTIONS_PER_BAG` questions: where-first and where-last for things seen more than once (the moved
     ones first), a did-you-see for each thing never seen, then the other kinds in turn, so that each is asked."""
     seen = list(dict.fromkeys(s.thing for s in scenario.sightings))
@@ -774,34 +781,37 @@ def _questions(scenario: RouteScenario, rng) -> list[Question]:
                 pool.remove(pick)
                 chosen.append(pick)
     chosen = [chosen[i] for i in rng.permutation(len(chosen))]
-    return [_ask(scenario, n, k, rng) for n, k in chosen]
+    return [_ask(scenario, n, k, rng, names) for n, k in chosen]
 
 
-def _every_question(scenario: RouteScenario, rng) -> list[Question]:
+def _every_question(scenario: RouteScenario, rng, names: str) -> list[Question]:
     """Every thing seen asked every kind but never_seen, and a did-you-see for every thing never seen, in a drawn
     order; then a did-you-see for every thing seen (SEEN_CHECK), in a drawn order (drawn after the others, which are
     then what they were before the control was asked)."""
     seen = list(dict.fromkeys(s.thing for s in scenario.sightings))
     chosen = [(n, k) for n in seen for k in KINDS[:-1]] + [(n, "never_seen") for n in scenario.never_seen]
     chosen = [chosen[i] for i in rng.permutation(len(chosen))]
-    asked = [_ask(scenario, n, k, rng) for n, k in chosen]
-    return asked + [_ask(scenario, seen[i], SEEN_CHECK, rng) for i in rng.permutation(len(seen))]
+    asked = [_ask(scenario, n, k, rng, names) for n, k in chosen]
+    return asked + [_ask(scenario, seen[i], SEEN_CHECK, rng, names) for i in rng.permutation(len(seen))]
 
 
 # --- the scenario ------------------------------------------------------------------------------------------------
 
-def build_route(seed: int, duration: float = 300.0, questions: str = "drawn") -> RouteScenario:
+def build_route(seed: int, duration: float = 300.0, questions: str = "drawn", names: str = "asked") -> RouteScenario:
     """The whole drive for `seed`: route, things, sightings, narration and questions.
 
     The same seed and duration give the same drive; the floor and route depend on the seed alone, the things are
     placed along the part of the route that `duration` reaches. `questions` (one of `QUESTION_SETS`) changes the
     questions alone: with "every", `absent` holds every catalog thing not on the floor, so that each is asked
-    about; the drive, what is seen and said, is the same.
+    about; the drive, what is seen and said, is the same. `names` (one of `QUESTION_NAMES`) changes the questions'
+    names of things alone.
     """
     if duration < 30.0:
         raise ValueError(f"duration must be at least 30 s, got {duration}")
     if questions not in QUESTION_SETS:
         raise ValueError(f"questions must be one of {QUESTION_SETS}, got {questions!r}")
+    if names not in QUESTION_NAMES:
+        raise ValueError(f"names must be one of {QUESTION_NAMES}, got {names!r}")
     waypoints, places, racks, floor = _floor_plan(np.random.default_rng([seed, 1]))
     route = _build_route(waypoints, places, duration, np.random.default_rng([seed, 2]))
     things, absent = _place_things(route, racks, floor, duration, np.random.default_rng([seed, 3]))
@@ -814,9 +824,9 @@ def build_route(seed: int, duration: float = 300.0, questions: str = "drawn") ->
     if questions == "every":
         floor = {th.name for th in things}
         scenario.absent = absent + tuple(k.name for k in CATALOG if k.name not in floor and k.name not in absent)
-        scenario.questions = tuple(_every_question(scenario, np.random.default_rng([seed, 6])))
+        scenario.questions = tuple(_every_question(scenario, np.random.default_rng([seed, 6]), names))
     else:
-        scenario.questions = tuple(_questions(scenario, np.random.default_rng([seed, 6])))
+        scenario.questions = tuple(_questions(scenario, np.random.default_rng([seed, 6]), names))
     return scenario
 
 
