@@ -411,7 +411,8 @@ def dump_scores(stream, conv: str, setting: str, cache: int, questions: list[Que
 
 # What each part of retrieval's ranking adds (`--ablation`): attention on the retrieval heads alone, then the word
 # shares, then BM25, then the reply lift, then the sentence encoder's meaning at several weights and powers, and the
-# words that ask for the newest or the oldest moment matched as before. The retriever's names, set for each.
+# words that ask for the newest or the oldest moment matched as before, and a name's held half matched beside a word no
+# message holds (`false_friends`). The retriever's names, set for each.
 ABLATION = {
     "attention": {"WORD_MATCH_WEIGHT": 0.0, "LEXICAL_WEIGHT": 0.0, "REPLY_SHARE": 0.0, "SEMANTIC_WEIGHT": 0.0},
     "+word_shares": {"LEXICAL_WEIGHT": 0.0, "REPLY_SHARE": 0.0, "SEMANTIC_WEIGHT": 0.0},
@@ -430,6 +431,7 @@ ABLATION = {
     "unsaid_alike": {"UNSAID_SEMANTIC_WEIGHT": 8.0, "UNSAID_MEANING_POWER": 1.0},
     "unsaid_12_power_2": {"UNSAID_SEMANTIC_WEIGHT": 12.0, "UNSAID_MEANING_POWER": 2.0},
     "unsaid_16_power_4": {"UNSAID_SEMANTIC_WEIGHT": 16.0, "UNSAID_MEANING_POWER": 4.0},
+    "false_friends_matched": {"false_friends": lambda question, held: set()},
     "shipped": {},
 }
 

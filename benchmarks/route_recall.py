@@ -54,6 +54,7 @@ def variant(name: str):
 
     shipped = dict(vars(retriever))
     same_thing, meaning = retriever.Retriever.same_thing, retriever.Retriever.meaning
+    friends = retriever.false_friends
     try:
         for part in [] if name == "shipped" else name.split("+"):
             if part == "order_words_matched":
@@ -61,6 +62,8 @@ def variant(name: str):
             elif part == "meaning_of_thing":
                 retriever.Retriever.meaning = lambda self, question, texts, power=1.0: meaning(
                     self, retriever.thing_words(question) or question, texts, power)
+            elif part == "false_friends_matched":
+                retriever.false_friends = lambda question, held: set()
             elif part == "same_thing_by_weight":
                 retriever.Retriever.same_thing = lambda self, entries, blocks, texts: None
             elif "=" in part and part.partition("=")[0].isupper() and hasattr(retriever, part.partition("=")[0]):
@@ -71,6 +74,7 @@ def variant(name: str):
         yield
     finally:
         retriever.Retriever.same_thing, retriever.Retriever.meaning = same_thing, meaning
+        retriever.false_friends = friends
         for key, value in shipped.items():
             if getattr(retriever, key) is not value:
                 setattr(retriever, key, value)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from inf_mllm_ros.engine.archive.lexical import asks, bm25, stem, terms
+from inf_mllm_ros.engine.archive.lexical import asks, bm25, false_friends, stem, terms
 from inf_mllm_ros.engine.models.loading import load_model
 from inf_mllm_ros.engine.runtime.stream import KVStream
 from inf_mllm_ros.engine.stream_config import StreamConfig
@@ -39,6 +39,26 @@ def test_a_rare_word_outweighs_a_common_one_and_a_short_message_a_long_one():
     scores = bm25(terms("Where is the ladder near the crate?"), filler + [rare, common, long_rare])
     assert scores[-3] > scores[-1] > max(scores[:-3] + [scores[-2]])
     assert bm25(terms("what?"), filler) == [0.0] * len(filler)  # no searchable word: no score
+
+
+HELD = set(terms("Spotted a hand truck. Coming past a pallet jack. A sack truck here. Passing a push cart. "
+                 "A wet floor sign, a yellow caution sign. A cable reel."))
+
+
+@pytest.mark.parametrize("question, friends", [
+    ("Where was the pump truck when you first came across it?", {"truck"}),  # a pump truck is no hand truck
+    ("When was the last time you saw the sack barrow?", {"sack"}),
+    ("Where did you last see the push bike?", {"push"}),
+    ("Did you see a fork-truck anywhere on your route?", {"truck"}),
+    ("How long ago did you see the Caution Board?", {"caution"}),
+    ("Have you come across a pallet truck on this drive?", set()),  # every word of the name is held
+    ("Where did you last see the hand truck?", set()),
+    ("Did you see a dolly?", set()),  # no word of the name is held: nothing to set aside
+    ("What did Melanie paint recently?", set()),  # no article: no name
+    ("Where is the cable reel near the pump?", set()),  # "pump" stands in a name of its own, not "reel"'s
+])
+def test_a_names_held_half_beside_a_word_no_message_holds_is_a_false_friend(question, friends):
+    assert false_friends(question, HELD) == friends
 
 
 def test_a_message_asks_where_it_holds_a_question_mark():

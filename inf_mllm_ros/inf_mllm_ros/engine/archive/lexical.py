@@ -16,6 +16,7 @@ the message after one that asks score as high as it does.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Sequence
 
@@ -43,6 +44,27 @@ def terms(text: str) -> Counter:
     return Counter(stem(w) for w in WORD.findall(TIME_MARKER.sub(" ", text).lower()) if w not in FUNCTION_WORDS)
 
 
+# What a question names after an article ("the pump truck", "a sack barrow"): its words up to the next function word
+# or word of place ("the cable reel near the door").
+NAME_ENDS = FUNCTION_WORDS - {"a", "an", "the"} | {"near", "next", "beside", "behind", "inside", "outside", "across",
+                                                   "along", "around", "against", "beyond", "past", "left", "right"}
+NAMED = re.compile(r"\b(?:a|an|the|any|some)\s+((?:\w+[\s-]+)*?\w+)(?=\s+(?:%s)\b|\s*[?.!,;:]|\s*$)"
+                   % "|".join(sorted(NAME_ENDS)), re.IGNORECASE)
+
+
+def false_friends(question: str, held: set[str]) -> set[str]:
+    """The question's terms that stand in a name beside a word no message holds: "truck" of "the pump truck" where
+    the memory says "pallet jack" and "hand truck". The memory names that thing in other words, and the held word
+    alone names another thing (a "hand truck" is no "pump truck"): matched, it outweighs the one the encoder finds
+    like in meaning. `held`: the terms of every message."""
+    out: set[str] = set()
+    for name in NAMED.finditer(question):
+        words = {stem(w) for w in WORD.findall(name.group(1).lower()) if w not in FUNCTION_WORDS}
+        if words - held:
+            out |= words & held
+    return out
+
+
 def asks(text: str) -> bool:
     """Whether a message asks something (a question mark in its words)."""
     return "?" in text
@@ -65,4 +87,4 @@ def bm25(question: Counter, messages: Sequence[Counter]) -> list[float]:
     return scores
 
 
-__all__ = ["asks", "bm25", "stem", "terms"]
+__all__ = ["asks", "bm25", "false_friends", "stem", "terms"]

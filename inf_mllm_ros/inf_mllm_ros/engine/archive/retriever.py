@@ -28,7 +28,7 @@ from .attribution import speaker, unattributed
 from ..answering import asks_when
 from .evidence import ORDER_AMONG, Evidence, asked_order, in_asked_order, ranked, without_order
 from .existence import NOT_SEEN_LIKENESS, asks_if_seen, thing_terms, thing_words
-from .lexical import asks, bm25, terms
+from .lexical import asks, bm25, false_friends, stem, terms
 from .naming import TIME_MARKER, naming_shares, restated, said_words, text_words
 from .retrieval_index import RetrievalIndex, middle_layers
 from .sentences import SentenceEncoder, similarities
@@ -370,11 +370,13 @@ class Retriever:
             return scores
         question = without_order(question)
         spread = scores.std()
-        shares = self.naming(text_words(question), texts)
         messages = list(texts)
-        lexical = dict(zip(messages, bm25(terms(question), [texts[m].terms for m in messages])))
-        best = max(lexical.values(), default=0.0)
         held = set().union(*(texts[m].terms for m in messages))
+        friends = false_friends(question, held)  # matched by words, a name's held half finds another thing
+        shares = self.naming(frozenset(w for w in text_words(question) if stem(w) not in friends), texts)
+        asked = Counter({t: n for t, n in terms(question).items() if t not in friends})
+        lexical = dict(zip(messages, bm25(asked, [texts[m].terms for m in messages])))
+        best = max(lexical.values(), default=0.0)
         unsaid = any(word not in held for word in terms(question))
         weight, power = (UNSAID_SEMANTIC_WEIGHT, UNSAID_MEANING_POWER) if unsaid else (SEMANTIC_WEIGHT, MEANING_POWER)
         meaning = self.meaning(question, texts, power)
