@@ -18,7 +18,8 @@ left to miss where the vocabulary is not.
 
 `--did-you-see` asks the did-you-see questions instead (never_seen, and seen_check, its control, of the "every"
 set), answered by the model (default tokens), each with `check_seen` on and, where it fires, off: never_seen is right where the answer
-says it was not seen, seen_check where it does not (where_when's `says_not_seen`).
+says it was not seen, seen_check where it does not (where_when's `says_not_seen`); and the check as it was before a
+name's held half stopped holding the thing (`false_friends_matched`, from the same answers).
 
     python benchmarks/run.py route_recall --did-you-see --seeds 0,1,2 --out route_recall_did_you_see.json
 
@@ -122,6 +123,7 @@ def run_did_you_see(adapter, seed: int, duration: float, cache: int) -> list[dic
 
     from inf_mllm_ros.bags.route_scenario import SEEN_CHECK, build_route
     from inf_mllm_ros.engine.archive.existence import NOT_SEEN, thing_terms
+    from inf_mllm_ros.engine.archive.lexical import false_friends
     from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.settings import DEFAULTS, stream_config
 
@@ -143,7 +145,10 @@ def run_did_you_see(adapter, seed: int, duration: float, cache: int) -> list[dic
             held = set().union(*(t.terms for t in texts.values()))
             record = {"seed": seed, "kind": q.kind, "question": q.question, "thing": q.thing, "variants": {},
                       "likeness": round(float(stream.retriever.likeness(q.question, texts).max()), 4),
-                      "thing_word_held": bool(thing_terms(q.question) & held)}
+                      "thing_word_held": bool(thing_terms(q.question) & held),
+                      # held but for a name's held half beside a word none holds (lexical.false_friends)
+                      "thing_word_held_whole": bool((thing_terms(q.question) - false_friends(q.question, held))
+                                                    & held)}
             # The check changes nothing but the answer where it fires (retrieval and decoding are the same): the
             # model is asked again only then.
             answers = {"check_seen": stream.ask(q.question).text}
@@ -224,12 +229,20 @@ def times_summary(records: list[dict]) -> dict:
 
 
 def did_you_see_summary(records: list[dict]) -> dict:
+    """The model alone, the check as shipped, and the check as it was before a name's held half stopped holding the
+    thing (`false_friends_matched`: where that half alone is held, the check did not fire and the model answered)."""
+
+    def right(r: dict, name: str) -> bool:
+        if name == "false_friends_matched":
+            name = "model" if r.get("thing_word_held") and not r.get("thing_word_held_whole") else "check_seen"
+        return r["variants"][name]["right"]
+
     out = {}
-    for name in ("model", "check_seen"):
+    for name in ("model", "check_seen", "false_friends_matched"):
         cells = {}
         for kind in ("never_seen", "seen_check"):
             rs = [r for r in records if r["kind"] == kind]
-            hits = sum(r["variants"][name]["right"] for r in rs)
+            hits = sum(right(r, name) for r in rs)
             low, high = wilson(hits, len(rs))
             cells[kind] = {"hits": hits, "n": len(rs), "rate": round(hits / max(len(rs), 1), 3),
                            "interval": [round(low, 3), round(high, 3)]}

@@ -413,13 +413,14 @@ class Retriever:
 
     def unseen(self, question: str, blocks: list[ArchivedBlock], texts: dict[int, MessageText]) -> bool:
         """Whether the question asks if a thing was seen that no text of `blocks` names (none of the question's words
-        but its form's held by any) or is like in meaning (every cosine to the words that name the thing below
-        NOT_SEEN_LIKENESS); False where it names no thing, where the blocks hold a frame (what a camera saw has no
-        words) or the encoder cannot judge."""
+        but its form's held by any, nor but a name's held half beside a word none holds: `false_friends`) or is like
+        in meaning (every cosine to the words that name the thing below NOT_SEEN_LIKENESS); False where it names no
+        thing, where the blocks hold a frame (what a camera saw has no words) or the encoder cannot judge."""
         thing = thing_terms(question)
         if not asks_if_seen(question) or not thing or not texts or any(b.frame for b in blocks):
             return False
-        if thing & set().union(*(t.terms for t in texts.values())):
+        held = set().union(*(t.terms for t in texts.values()))
+        if (thing - false_friends(question, held)) & held:  # "work" of "a work platform" names no thing held
             return False
         alike = self.likeness(thing_words(question), texts)
         return alike is not None and float(alike.max()) < NOT_SEEN_LIKENESS
