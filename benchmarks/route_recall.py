@@ -122,8 +122,7 @@ def run_did_you_see(adapter, seed: int, duration: float, cache: int) -> list[dic
     from where_when import says_not_seen
 
     from inf_mllm_ros.bags.route_scenario import SEEN_CHECK, build_route
-    from inf_mllm_ros.engine.archive.existence import NOT_SEEN, thing_terms
-    from inf_mllm_ros.engine.archive.lexical import false_friends
+    from inf_mllm_ros.engine.archive.existence import NOT_SEEN, thing_held, thing_terms
     from inf_mllm_ros.engine.runtime.stream import KVStream
     from inf_mllm_ros.settings import DEFAULTS, stream_config
 
@@ -146,9 +145,8 @@ def run_did_you_see(adapter, seed: int, duration: float, cache: int) -> list[dic
             record = {"seed": seed, "kind": q.kind, "question": q.question, "thing": q.thing, "variants": {},
                       "likeness": round(float(stream.retriever.likeness(q.question, texts).max()), 4),
                       "thing_word_held": bool(thing_terms(q.question) & held),
-                      # held but for a name's held half beside a word none holds (lexical.false_friends)
-                      "thing_word_held_whole": bool((thing_terms(q.question) - false_friends(q.question, held))
-                                                    & held)}
+                      # as the check reads it: a name's held half beside a word none holds aside
+                      "thing_word_held_whole": thing_held(q.question, held)}
             # The check changes nothing but the answer where it fires (retrieval and decoding are the same): the
             # model is asked again only then.
             answers = {"check_seen": stream.ask(q.question).text}

@@ -479,8 +479,8 @@ def run_bag(seed: int, setting: str, args, set_name: str, state: dict) -> tuple[
                 caller.tick_clock(end_ns + int(1.5e9))
                 after = caller.counters()
                 bag = {"seed": seed, "set": set_name, "setting": setting, "pass": run_pass, "model": args.model,
-                       "cache": cache, "duration_s": args.duration, "frames": args.frames, "names": args.names, **state,
-                       "questions": len(questions), "write_s": round(written_s, 1), "replay_s": round(replay_s, 1),
+                       "cache": cache, "duration_s": args.duration, "frames": args.frames, "names": args.names,
+                       **state, "questions": len(questions), "write_s": round(written_s, 1), "replay_s": round(replay_s, 1),
                        "messages_played": _played(replay_log), "tf_static_received": caller.tf_static,
                        "counters_before": before, "counters": after,
                        "inputs_rejected_in_pass": (after.get("inputs_rejected", 0) - before.get("inputs_rejected", 0)),
@@ -491,8 +491,8 @@ def run_bag(seed: int, setting: str, args, set_name: str, state: dict) -> tuple[
                     if a["question"] != q.question:
                         raise RuntimeError(f"answers out of order: {a['question']!r} for {q.question!r}")
                     record = {"seed": seed, "set": set_name, "setting": setting, "pass": run_pass,
-                              "model": args.model, "cache": cache, "frames": args.frames, "names": args.names, "kind": q.kind,
-                              "thing": q.thing, "question": q.question, "expected": q.expected,
+                              "model": args.model, "cache": cache, "frames": args.frames, "names": args.names,
+                              "kind": q.kind, "thing": q.thing, "question": q.question, "expected": q.expected,
                               "asked_s": q.asked_s, "success": a["success"], "answer": a["answer"],
                               "message": a["message"], "ask_s": round(a["latency"], 3),
                               "recall_s": round(seconds, 4), "evidence": a["evidence"][:3],

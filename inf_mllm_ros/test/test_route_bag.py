@@ -276,6 +276,7 @@ def test_questions_in_the_narrations_words_ask_the_same_of_the_same_things(seed:
     with pytest.raises(ValueError, match="names"):
         build_route(seed, DURATION, names="other")
 
+
 # --- determinism and the command line ------------------------------------------------------------------------
 
 def test_the_same_seed_gives_the_same_truth_and_another_seed_another() -> None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 
-from .lexical import terms
+from .lexical import false_friends, terms
 from .naming import WORD
 
 # The question's form: asked of the robot whether it saw, passed or came across something, or whether there was one.
@@ -65,6 +65,13 @@ def thing_terms(question: str) -> set[str]:
     return set() if UNNAMED.search(question) else set(terms(question)) - FORM_WORDS
 
 
+def thing_held(question: str, held: set[str]) -> bool:
+    """Whether a word of the question's thing is held by some text (`held`: the terms of every text), but for a
+    name's held half beside a word none holds ("work" of "a work platform" after "Working the route":
+    lexical.false_friends)."""
+    return bool((thing_terms(question) - false_friends(question, held)) & held)
+
+
 def thing_words(question: str) -> str:
     """The question's words that name what it asks about, in its order ("medical kit" of "Did you see a medical kit
     on this drive?"); "" where it names no thing."""
@@ -72,5 +79,6 @@ def thing_words(question: str) -> str:
     return " ".join(w for w in WORD.findall(question.lower()) if set(terms(w)) & thing)
 
 
-__all__ = ["ASKS_IF_SEEN", "FORM_WORDS", "NOT_SEEN", "NOT_SEEN_LIKENESS", "UNNAMED", "asks_if_seen", "thing_terms",
+__all__ = ["ASKS_IF_SEEN", "FORM_WORDS", "NOT_SEEN", "NOT_SEEN_LIKENESS", "UNNAMED", "asks_if_seen", "thing_held",
+           "thing_terms",
            "thing_words"]

@@ -27,7 +27,7 @@ from torch import Tensor
 from .attribution import speaker, unattributed
 from ..answering import asks_when
 from .evidence import ORDER_AMONG, Evidence, asked_order, in_asked_order, ranked, without_order
-from .existence import NOT_SEEN_LIKENESS, asks_if_seen, thing_terms, thing_words
+from .existence import NOT_SEEN_LIKENESS, asks_if_seen, thing_held, thing_terms, thing_words
 from .lexical import asks, bm25, false_friends, stem, terms
 from .naming import TIME_MARKER, naming_shares, restated, said_words, text_words
 from .retrieval_index import RetrievalIndex, middle_layers
@@ -413,14 +413,13 @@ class Retriever:
 
     def unseen(self, question: str, blocks: list[ArchivedBlock], texts: dict[int, MessageText]) -> bool:
         """Whether the question asks if a thing was seen that no text of `blocks` names (none of the question's words
-        but its form's held by any, nor but a name's held half beside a word none holds: `false_friends`) or is like
+        but its form's held by any, nor but a name's held half beside a word none holds: `thing_held`) or is like
         in meaning (every cosine to the words that name the thing below NOT_SEEN_LIKENESS); False where it names no
         thing, where the blocks hold a frame (what a camera saw has no words) or the encoder cannot judge."""
         thing = thing_terms(question)
         if not asks_if_seen(question) or not thing or not texts or any(b.frame for b in blocks):
             return False
-        held = set().union(*(t.terms for t in texts.values()))
-        if (thing - false_friends(question, held)) & held:  # "work" of "a work platform" names no thing held
+        if thing_held(question, set().union(*(t.terms for t in texts.values()))):
             return False
         alike = self.likeness(thing_words(question), texts)
         return alike is not None and float(alike.max()) < NOT_SEEN_LIKENESS
